@@ -1,0 +1,237 @@
+"""Typed pod and container contexts: the one place hook requests become Python and answers go back.
+
+A hook request is converted to a context once, plugins change only ``context.response``,
+and the response is converted to the protocol message once.  The reconciler (Standalone
+mode) builds the same contexts from CRI status, so a plugin never knows which mode it
+runs in.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+
+from koord.apis.runtime.v1alpha1 import api_pb2
+
+QOS_LABEL = "koordinator.sh/qosClass"
+
+
+class KoordQoS(enum.StrEnum):
+    """Koordinator QoS class from the pod label ``koordinator.sh/qosClass``."""
+
+    LSE = "LSE"
+    LSR = "LSR"
+    LS = "LS"
+    BE = "BE"
+    SYSTEM = "SYSTEM"
+    NONE = ""
+
+    @classmethod
+    def of(cls, labels: dict[str, str]) -> KoordQoS:
+        try:
+            return cls(labels.get(QOS_LABEL, ""))
+        except ValueError:
+            return cls.NONE
+
+
+class KubeQoS(enum.StrEnum):
+    """Kubernetes QoS class, as kubelet encodes it in the pod's cgroup parent."""
+
+    GUARANTEED = "guaranteed"
+    BURSTABLE = "burstable"
+    BESTEFFORT = "besteffort"
+
+    @classmethod
+    def of_cgroup_parent(cls, cgroup_parent: str) -> KubeQoS:
+        if "besteffort" in cgroup_parent:
+            return cls.BESTEFFORT
+        if "burstable" in cgroup_parent:
+            return cls.BURSTABLE
+        return cls.GUARANTEED
+
+
+@dataclass
+class Resources:
+    """Resource values; None means "not set by anyone" (the protocol's zero value).
+
+    cpu_bvt_warp_ns is koordlet-only (group identity): it is written to cgroup files
+    and never travels on the wire.
+    """
+
+    cpu_period: int | None = None
+    cpu_quota: int | None = None
+    cpu_shares: int | None = None
+    memory_limit: int | None = None
+    cpuset_cpus: str | None = None
+    cpuset_mems: str | None = None
+    cpu_bvt_warp_ns: int | None = None
+    unified: dict[str, str] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, f.name) in (None, {}) for f in fields(self))
+
+    def update(self, other: Resources) -> None:
+        """Takes every value ``other`` sets; used when a later plugin refines an earlier one."""
+        for f in fields(self):
+            value = getattr(other, f.name)
+            if f.name == "unified":
+                self.unified.update(value)
+            elif value is not None:
+                setattr(self, f.name, value)
+
+    @classmethod
+    def from_proto(cls, msg: api_pb2.LinuxContainerResources) -> Resources:
+        return cls(
+            cpu_period=msg.cpu_period or None,
+            cpu_quota=msg.cpu_quota or None,
+            cpu_shares=msg.cpu_shares or None,
+            memory_limit=msg.memory_limit_in_bytes or None,
+            cpuset_cpus=msg.cpuset_cpus or None,
+            cpuset_mems=msg.cpuset_mems or None,
+            unified=dict(msg.unified),
+        )
+
+    def to_proto(self) -> api_pb2.LinuxContainerResources | None:
+        """None when nothing travels on the wire (bvt is koordlet-only)."""
+        msg = api_pb2.LinuxContainerResources(
+            cpu_period=self.cpu_period or 0,
+            cpu_quota=self.cpu_quota or 0,
+            cpu_shares=self.cpu_shares or 0,
+            memory_limit_in_bytes=self.memory_limit or 0,
+            cpuset_cpus=self.cpuset_cpus or "",
+            cpuset_mems=self.cpuset_mems or "",
+            unified=self.unified,
+        )
+        return msg if msg.ByteSize() else None
+
+
+@dataclass
+class PodMeta:
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    attempt: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def from_proto(cls, msg: api_pb2.PodSandboxMetadata) -> PodMeta:
+        return cls(name=msg.name, namespace=msg.namespace, uid=msg.uid, attempt=msg.attempt)
+
+
+@dataclass
+class PodRequest:
+    meta: PodMeta = field(default_factory=PodMeta)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cgroup_parent: str = ""
+    resources: Resources = field(default_factory=Resources)
+    runtime_handler: str = ""
+
+    @property
+    def koord_qos(self) -> KoordQoS:
+        return KoordQoS.of(self.labels)
+
+    @property
+    def kube_qos(self) -> KubeQoS:
+        return KubeQoS.of_cgroup_parent(self.cgroup_parent)
+
+
+@dataclass
+class PodResponse:
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cgroup_parent: str | None = None
+    resources: Resources = field(default_factory=Resources)
+
+
+@dataclass
+class PodContext:
+    request: PodRequest
+    response: PodResponse = field(default_factory=PodResponse)
+
+    @classmethod
+    def from_proto(cls, msg: api_pb2.PodSandboxHookRequest) -> PodContext:
+        return cls(PodRequest(
+            meta=PodMeta.from_proto(msg.pod_meta),
+            labels=dict(msg.labels),
+            annotations=dict(msg.annotations),
+            cgroup_parent=msg.cgroup_parent,
+            resources=Resources.from_proto(msg.resources),
+            runtime_handler=msg.runtime_handler,
+        ))
+
+    def to_proto(self) -> api_pb2.PodSandboxHookResponse:
+        r = self.response
+        return api_pb2.PodSandboxHookResponse(
+            labels=r.labels,
+            annotations=r.annotations,
+            cgroup_parent=r.cgroup_parent or "",
+            resources=r.resources.to_proto(),
+        )
+
+
+@dataclass
+class ContainerRequest:
+    pod_meta: PodMeta = field(default_factory=PodMeta)
+    container_name: str = ""
+    container_id: str = ""
+    attempt: int = 0
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    container_annotations: dict[str, str] = field(default_factory=dict)
+    pod_cgroup_parent: str = ""
+    envs: dict[str, str] = field(default_factory=dict)
+    resources: Resources = field(default_factory=Resources)
+    pod_resources: Resources = field(default_factory=Resources)
+
+    @property
+    def koord_qos(self) -> KoordQoS:
+        return KoordQoS.of(self.pod_labels)
+
+    @property
+    def kube_qos(self) -> KubeQoS:
+        return KubeQoS.of_cgroup_parent(self.pod_cgroup_parent)
+
+
+@dataclass
+class ContainerResponse:
+    annotations: dict[str, str] = field(default_factory=dict)
+    envs: dict[str, str] = field(default_factory=dict)
+    resources: Resources = field(default_factory=Resources)
+    pod_cgroup_parent: str | None = None
+
+
+@dataclass
+class ContainerContext:
+    request: ContainerRequest
+    response: ContainerResponse = field(default_factory=ContainerResponse)
+
+    @classmethod
+    def from_proto(cls, msg: api_pb2.ContainerResourceHookRequest) -> ContainerContext:
+        return cls(ContainerRequest(
+            pod_meta=PodMeta.from_proto(msg.pod_meta),
+            container_name=msg.container_meta.name,
+            container_id=msg.container_meta.id,
+            attempt=msg.container_meta.attempt,
+            pod_labels=dict(msg.pod_labels),
+            pod_annotations=dict(msg.pod_annotations),
+            container_annotations=dict(msg.container_annotations),
+            pod_cgroup_parent=msg.pod_cgroup_parent,
+            envs=dict(msg.container_envs),
+            resources=Resources.from_proto(msg.container_resources),
+            pod_resources=Resources.from_proto(msg.pod_resources),
+        ))
+
+    def to_proto(self) -> api_pb2.ContainerResourceHookResponse:
+        r = self.response
+        return api_pb2.ContainerResourceHookResponse(
+            container_annotations=r.annotations,
+            container_resources=r.resources.to_proto(),
+            pod_cgroup_parent=r.pod_cgroup_parent or "",
+            container_envs=r.envs,
+        )
+
+
+HookContext = PodContext | ContainerContext
