@@ -125,7 +125,7 @@ class Hooks:
             try:
                 reg.fn(ctx)
             except Exception as exc:  # a plugin's bug must not take the server down
-                who = _describe(ctx)
+                who = describe(ctx)
                 log.warning("plugin %s failed at %s for %s: %s", reg.plugin, stage, who, exc)
                 if self.failure_policy is FailurePolicy.FAIL:
                     raise HookError(f"plugin {reg.plugin} failed at {stage} for {who}: {exc}") from exc
@@ -133,7 +133,8 @@ class Hooks:
         return errors
 
 
-def _describe(ctx: HookContext) -> str:
+def describe(ctx: HookContext) -> str:
+    """``pod ns/name`` or ``pod ns/name container c``: the subject of every hook log line."""
     if isinstance(ctx, PodContext):
         return f"pod {ctx.request.meta}"
     assert isinstance(ctx, ContainerContext)

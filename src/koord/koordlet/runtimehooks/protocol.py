@@ -119,6 +119,10 @@ class PodMeta:
     def from_proto(cls, msg: api_pb2.PodSandboxMetadata) -> PodMeta:
         return cls(name=msg.name, namespace=msg.namespace, uid=msg.uid, attempt=msg.attempt)
 
+    def to_proto(self) -> api_pb2.PodSandboxMetadata:
+        return api_pb2.PodSandboxMetadata(
+            name=self.name, namespace=self.namespace, uid=self.uid, attempt=self.attempt)
+
 
 @dataclass
 class PodRequest:
@@ -128,10 +132,35 @@ class PodRequest:
     cgroup_parent: str = ""
     resources: Resources = field(default_factory=Resources)
     runtime_handler: str = ""
+    overhead: Resources = field(default_factory=Resources)
 
     @property
     def koord_qos(self) -> KoordQoS:
         return KoordQoS.of(self.labels)
+
+    @classmethod
+    def from_proto(cls, msg: api_pb2.PodSandboxHookRequest) -> PodRequest:
+        return cls(
+            meta=PodMeta.from_proto(msg.pod_meta),
+            labels=dict(msg.labels),
+            annotations=dict(msg.annotations),
+            cgroup_parent=msg.cgroup_parent,
+            resources=Resources.from_proto(msg.resources),
+            runtime_handler=msg.runtime_handler,
+            overhead=Resources.from_proto(msg.overhead),
+        )
+
+    def to_proto(self) -> api_pb2.PodSandboxHookRequest:
+        """The request as a caller (proxy, SDK tests, benchmarks) sends it."""
+        return api_pb2.PodSandboxHookRequest(
+            pod_meta=self.meta.to_proto(),
+            runtime_handler=self.runtime_handler,
+            labels=self.labels,
+            annotations=self.annotations,
+            cgroup_parent=self.cgroup_parent,
+            overhead=self.overhead.to_proto(),
+            resources=self.resources.to_proto(),
+        )
 
     @property
     def kube_qos(self) -> KubeQoS:
@@ -145,6 +174,31 @@ class PodResponse:
     cgroup_parent: str | None = None
     resources: Resources = field(default_factory=Resources)
 
+    @classmethod
+    def from_proto(cls, msg: api_pb2.PodSandboxHookResponse) -> PodResponse:
+        return cls(
+            labels=dict(msg.labels),
+            annotations=dict(msg.annotations),
+            cgroup_parent=msg.cgroup_parent or None,
+            resources=Resources.from_proto(msg.resources),
+        )
+
+    def to_proto(self) -> api_pb2.PodSandboxHookResponse:
+        return api_pb2.PodSandboxHookResponse(
+            labels=self.labels,
+            annotations=self.annotations,
+            cgroup_parent=self.cgroup_parent or "",
+            resources=self.resources.to_proto(),
+        )
+
+    def merge(self, other: PodResponse) -> None:
+        """Takes every change ``other`` makes; keys and values of ``other`` win."""
+        self.labels.update(other.labels)
+        self.annotations.update(other.annotations)
+        if other.cgroup_parent:
+            self.cgroup_parent = other.cgroup_parent
+        self.resources.update(other.resources)
+
 
 @dataclass
 class PodContext:
@@ -153,23 +207,10 @@ class PodContext:
 
     @classmethod
     def from_proto(cls, msg: api_pb2.PodSandboxHookRequest) -> PodContext:
-        return cls(PodRequest(
-            meta=PodMeta.from_proto(msg.pod_meta),
-            labels=dict(msg.labels),
-            annotations=dict(msg.annotations),
-            cgroup_parent=msg.cgroup_parent,
-            resources=Resources.from_proto(msg.resources),
-            runtime_handler=msg.runtime_handler,
-        ))
+        return cls(PodRequest.from_proto(msg))
 
     def to_proto(self) -> api_pb2.PodSandboxHookResponse:
-        r = self.response
-        return api_pb2.PodSandboxHookResponse(
-            labels=r.labels,
-            annotations=r.annotations,
-            cgroup_parent=r.cgroup_parent or "",
-            resources=r.resources.to_proto(),
-        )
+        return self.response.to_proto()
 
 
 @dataclass
@@ -194,23 +235,9 @@ class ContainerRequest:
     def kube_qos(self) -> KubeQoS:
         return KubeQoS.of_cgroup_parent(self.pod_cgroup_parent)
 
-
-@dataclass
-class ContainerResponse:
-    annotations: dict[str, str] = field(default_factory=dict)
-    envs: dict[str, str] = field(default_factory=dict)
-    resources: Resources = field(default_factory=Resources)
-    pod_cgroup_parent: str | None = None
-
-
-@dataclass
-class ContainerContext:
-    request: ContainerRequest
-    response: ContainerResponse = field(default_factory=ContainerResponse)
-
     @classmethod
-    def from_proto(cls, msg: api_pb2.ContainerResourceHookRequest) -> ContainerContext:
-        return cls(ContainerRequest(
+    def from_proto(cls, msg: api_pb2.ContainerResourceHookRequest) -> ContainerRequest:
+        return cls(
             pod_meta=PodMeta.from_proto(msg.pod_meta),
             container_name=msg.container_meta.name,
             container_id=msg.container_meta.id,
@@ -222,16 +249,68 @@ class ContainerContext:
             envs=dict(msg.container_envs),
             resources=Resources.from_proto(msg.container_resources),
             pod_resources=Resources.from_proto(msg.pod_resources),
-        ))
+        )
+
+    def to_proto(self) -> api_pb2.ContainerResourceHookRequest:
+        """The request as a caller (proxy, SDK tests, benchmarks) sends it."""
+        return api_pb2.ContainerResourceHookRequest(
+            pod_meta=self.pod_meta.to_proto(),
+            container_meta=api_pb2.ContainerMetadata(
+                name=self.container_name, id=self.container_id, attempt=self.attempt),
+            container_annotations=self.container_annotations,
+            container_resources=self.resources.to_proto(),
+            pod_resources=self.pod_resources.to_proto(),
+            pod_annotations=self.pod_annotations,
+            pod_labels=self.pod_labels,
+            pod_cgroup_parent=self.pod_cgroup_parent,
+            container_envs=self.envs,
+        )
+
+
+@dataclass
+class ContainerResponse:
+    annotations: dict[str, str] = field(default_factory=dict)
+    envs: dict[str, str] = field(default_factory=dict)
+    resources: Resources = field(default_factory=Resources)
+    pod_cgroup_parent: str | None = None
+
+    @classmethod
+    def from_proto(cls, msg: api_pb2.ContainerResourceHookResponse) -> ContainerResponse:
+        return cls(
+            annotations=dict(msg.container_annotations),
+            envs=dict(msg.container_envs),
+            resources=Resources.from_proto(msg.container_resources),
+            pod_cgroup_parent=msg.pod_cgroup_parent or None,
+        )
 
     def to_proto(self) -> api_pb2.ContainerResourceHookResponse:
-        r = self.response
         return api_pb2.ContainerResourceHookResponse(
-            container_annotations=r.annotations,
-            container_resources=r.resources.to_proto(),
-            pod_cgroup_parent=r.pod_cgroup_parent or "",
-            container_envs=r.envs,
+            container_annotations=self.annotations,
+            container_resources=self.resources.to_proto(),
+            pod_cgroup_parent=self.pod_cgroup_parent or "",
+            container_envs=self.envs,
         )
+
+    def merge(self, other: ContainerResponse) -> None:
+        """Takes every change ``other`` makes; keys and values of ``other`` win."""
+        self.annotations.update(other.annotations)
+        self.envs.update(other.envs)
+        if other.pod_cgroup_parent:
+            self.pod_cgroup_parent = other.pod_cgroup_parent
+        self.resources.update(other.resources)
+
+
+@dataclass
+class ContainerContext:
+    request: ContainerRequest
+    response: ContainerResponse = field(default_factory=ContainerResponse)
+
+    @classmethod
+    def from_proto(cls, msg: api_pb2.ContainerResourceHookRequest) -> ContainerContext:
+        return cls(ContainerRequest.from_proto(msg))
+
+    def to_proto(self) -> api_pb2.ContainerResourceHookResponse:
+        return self.response.to_proto()
 
 
 HookContext = PodContext | ContainerContext

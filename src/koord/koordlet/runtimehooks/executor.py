@@ -1,0 +1,326 @@
+"""The cgroup executor: the only code that knows cgroup file names, versions and drivers.
+
+Plugins speak in logical resources (``cpu_shares``, ``memory_limit`` ...) and relative
+cgroup dirs; this module maps them to v1 (``<root>/<subsystem>/<dir>/<file>``) or v2
+(``<root>/<dir>/<file>``) files, converts values between the two (shares to weight,
+quota to ``cpu.max``), validates ranges before touching the kernel, and skips writes that
+would not change anything so a periodic reconcile stays cheap and quiet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path, PurePosixPath
+
+from .protocol import KubeQoS, Resources
+
+log = logging.getLogger(__name__)
+
+CGROUPFS = "cgroupfs"
+SYSTEMD = "systemd"
+
+# cgroup v1 memory.limit_in_bytes reads back LONG_MAX rounded down to a page when unlimited.
+_V1_MEMORY_UNLIMITED = 9223372036854771712
+_MAX_SHARES = 262144
+_MIN_SHARES = 2
+_CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+class CgroupError(Exception):
+    """A cgroup file could not be read or written; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class _File:
+    subsystem: str
+    v1: str
+    v2: str
+
+
+# Logical resource name -> files. "tasks" is read-only: the thread ids of a cgroup.
+_FILES: dict[str, _File] = {
+    "cpu_shares": _File("cpu", "cpu.shares", "cpu.weight"),
+    "cpu_quota": _File("cpu", "cpu.cfs_quota_us", "cpu.max"),
+    "cpu_period": _File("cpu", "cpu.cfs_period_us", "cpu.max"),
+    "memory_limit": _File("memory", "memory.limit_in_bytes", "memory.max"),
+    "cpuset_cpus": _File("cpuset", "cpuset.cpus", "cpuset.cpus"),
+    "cpuset_mems": _File("cpuset", "cpuset.mems", "cpuset.mems"),
+    "cpu_bvt_warp_ns": _File("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns"),
+    "tasks": _File("cpu", "tasks", "cgroup.threads"),
+}
+_READ_ONLY = {"tasks"}
+
+# Write order inside one cgroup: period before quota so a v1 quota below the old period is
+# accepted; mems before cpus as runc does.
+_APPLY_ORDER = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit",
+                "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns")
+
+
+def parse_cpuset(text: str) -> list[int]:
+    """Kernel list syntax ("0-3,5") to sorted cpu ids; "" is the empty set. ValueError if malformed."""
+    text = text.strip()
+    if not text:
+        return []
+    if not _CPUSET_RE.match(text):
+        raise ValueError(f"bad cpuset {text!r}: want a list like '0-3,5'")
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if last < first:
+            raise ValueError(f"bad cpuset {text!r}: range {part} runs backwards")
+        cpus.update(range(first, last + 1))
+    return sorted(cpus)
+
+
+def format_cpuset(cpus: list[int] | set[int]) -> str:
+    """Sorted ids to the compact kernel form: [0,1,2,3,5] -> "0-3,5"."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def shares_to_weight(shares: int) -> int:
+    """cgroup v2 cpu.weight for v1 cpu.shares, the formula runc and kubelet use."""
+    return 1 + ((shares - 2) * 9999) // 262142
+
+
+def _systemd_slice_dir(slice_name: str) -> str:
+    """Expands a systemd slice name into its nesting: "a-b-c.slice" -> "a.slice/a-b.slice/a-b-c.slice"."""
+    stem = slice_name.removesuffix(".slice")
+    parts = stem.split("-")
+    return "/".join("-".join(parts[:i]) + ".slice" for i in range(1, len(parts) + 1))
+
+
+class CgroupExecutor:
+    """Reads and writes cgroup files of pods and containers below ``root``."""
+
+    def __init__(self, root: Path = Path("/sys/fs/cgroup"), driver: str | None = None,
+                 version: int | None = None) -> None:
+        if driver not in (None, CGROUPFS, SYSTEMD):
+            raise ValueError(f"cgroup driver {driver!r}: want {CGROUPFS!r} or {SYSTEMD!r}")
+        if version not in (None, 1, 2):
+            raise ValueError(f"cgroup version {version!r}: want 1 or 2")
+        self.root = Path(root)
+        self.driver = driver
+        self.version: int = version or (2 if (self.root / "cgroup.controllers").exists() else 1)
+
+    # ---- layout -------------------------------------------------------------------------
+
+    def _driver_for(self, cgroup_parent: str | None) -> str:
+        if self.driver:
+            return self.driver
+        if cgroup_parent is not None:
+            return SYSTEMD if cgroup_parent.rstrip("/").endswith(".slice") else CGROUPFS
+        # No parent to look at: believe the tree kubelet made.
+        base = self.root / "cpu" if self.version == 1 else self.root
+        return SYSTEMD if (base / "kubepods.slice").is_dir() else CGROUPFS
+
+    def kube_qos_dir(self, qos: KubeQoS) -> str:
+        if self._driver_for(None) == SYSTEMD:
+            if qos is KubeQoS.GUARANTEED:
+                return "kubepods.slice"
+            return f"kubepods.slice/kubepods-{qos.value}.slice"
+        return "kubepods" if qos is KubeQoS.GUARANTEED else f"kubepods/{qos.value}"
+
+    def pod_dir(self, cgroup_parent: str) -> str:
+        """kubelet's cgroup parent, in either driver's form, as a dir relative to the hierarchy."""
+        parent = cgroup_parent.strip().strip("/")
+        if not parent:
+            raise CgroupError("empty pod cgroup parent")
+        if "/" not in parent and parent.endswith(".slice"):
+            parent = _systemd_slice_dir(parent)
+        return self._checked_dir(parent)
+
+    def container_dir(self, pod_cgroup_parent: str, container_id: str) -> str:
+        if not container_id or "/" in container_id:
+            raise CgroupError(f"bad container id {container_id!r} under {pod_cgroup_parent!r}")
+        pod = self.pod_dir(pod_cgroup_parent)
+        if self._driver_for(pod_cgroup_parent) == SYSTEMD:
+            return f"{pod}/cri-containerd-{container_id}.scope"
+        return f"{pod}/{container_id}"
+
+    def path(self, cgroup_dir: str, resource: str) -> Path:
+        spec = _FILES.get(resource)
+        if spec is None:
+            raise CgroupError(f"unknown cgroup resource {resource!r}; known: {', '.join(_FILES)}")
+        rel = self._checked_dir(cgroup_dir)
+        if self.version == 1:
+            return self.root / spec.subsystem / rel / spec.v1
+        return self.root / rel / spec.v2
+
+    @staticmethod
+    def _checked_dir(cgroup_dir: str) -> str:
+        """Keeps every path inside the hierarchy: a pod's parent must not name ``..``."""
+        rel = PurePosixPath(cgroup_dir.strip("/"))
+        if ".." in rel.parts:
+            raise CgroupError(f"cgroup dir {cgroup_dir!r} leaves the cgroup root")
+        return str(rel)
+
+    # ---- read / write -------------------------------------------------------------------
+
+    def supports(self, cgroup_dir: str, resource: str) -> bool:
+        try:
+            return self.path(cgroup_dir, resource).is_file()
+        except CgroupError:
+            return False
+
+    def read(self, cgroup_dir: str, resource: str) -> str:
+        path = self.path(cgroup_dir, resource)
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            raise CgroupError(f"{path}: missing (cgroup or file does not exist)") from None
+        except OSError as exc:
+            raise CgroupError(f"{path}: read failed: {exc.strerror or exc}") from None
+
+    def write(self, cgroup_dir: str, resource: str, value: int | str) -> bool:
+        """Writes one resource; False when the file already holds the value."""
+        if resource in _READ_ONLY:
+            raise CgroupError(f"{self.path(cgroup_dir, resource)}: read-only resource {resource!r}")
+        path = self.path(cgroup_dir, resource)
+        canonical = self._validate(path, resource, value)
+        if self.version == 2 and resource in ("cpu_quota", "cpu_period"):
+            return self._write_cpu_max(cgroup_dir, **{resource: canonical})
+        current = self.read(cgroup_dir, resource)
+        text = self._to_file_text(resource, canonical)
+        if self._normalize(resource, current) == self._normalize(resource, text):
+            return False
+        self._write_file(path, text)
+        return True
+
+    def apply(self, cgroup_dir: str, res: Resources) -> list[str]:
+        """Writes every set field of ``res``; returns the resources actually written."""
+        written: list[str] = []
+        todo = {f.name: getattr(res, f.name) for f in fields(res)
+                if f.name in _APPLY_ORDER and getattr(res, f.name) is not None}
+        if self.version == 2 and "cpu_quota" in todo and "cpu_period" in todo:
+            # One cpu.max write, so the kernel never sees a half-updated pair.
+            path = self.path(cgroup_dir, "cpu_quota")
+            quota = self._validate(path, "cpu_quota", todo.pop("cpu_quota"))
+            period = self._validate(path, "cpu_period", todo.pop("cpu_period"))
+            if self._write_cpu_max(cgroup_dir, cpu_quota=quota, cpu_period=period):
+                written += ["cpu_period", "cpu_quota"]
+        for name in _APPLY_ORDER:
+            if name in todo and self.write(cgroup_dir, name, todo[name]):
+                written.append(name)
+        if res.unified:
+            written += self._apply_unified(cgroup_dir, res.unified)
+        return written
+
+    def _apply_unified(self, cgroup_dir: str, unified: dict[str, str]) -> list[str]:
+        if self.version == 1:
+            log.warning("cgroup %s: ignoring unified %s: only cgroup v2 has unified files",
+                        cgroup_dir, sorted(unified))
+            return []
+        written = []
+        for name, value in sorted(unified.items()):
+            if not name or "/" in name or name.startswith("."):
+                raise CgroupError(f"cgroup {cgroup_dir}: bad unified file name {name!r}")
+            path = self.root / self._checked_dir(cgroup_dir) / name
+            if not path.is_file():
+                raise CgroupError(f"{path}: missing (unified key {name!r})")
+            if path.read_text().strip() != value.strip():
+                self._write_file(path, value)
+                written.append(f"unified:{name}")
+        return written
+
+    def _write_cpu_max(self, cgroup_dir: str, cpu_quota: str | None = None,
+                       cpu_period: str | None = None) -> bool:
+        current = self.read(cgroup_dir, "cpu_quota")
+        cur_quota, _, cur_period = current.partition(" ")
+        quota = cur_quota if cpu_quota is None else ("max" if cpu_quota == "-1" else cpu_quota)
+        period = cur_period or "100000"
+        if cpu_period is not None:
+            period = cpu_period
+        text = f"{quota} {period}"
+        if text == f"{cur_quota} {cur_period}":
+            return False
+        self._write_file(self.path(cgroup_dir, "cpu_quota"), text)
+        return True
+
+    @staticmethod
+    def _write_file(path: Path, text: str) -> None:
+        try:
+            # O_TRUNC without O_CREAT: a missing cgroup must fail, not grow a plain file.
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        except FileNotFoundError:
+            raise CgroupError(f"{path}: missing (cgroup or file does not exist)") from None
+        except OSError as exc:
+            raise CgroupError(f"{path}: open for write failed: {exc.strerror or exc}") from None
+        try:
+            os.write(fd, text.encode())
+        except OSError as exc:
+            raise CgroupError(f"{path}: write {text!r} failed: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+        log.debug("wrote %r to %s", text, path)
+
+    # ---- values -------------------------------------------------------------------------
+
+    @staticmethod
+    def _validate(path: Path, resource: str, value: int | str) -> str:
+        """Checks the logical value before it reaches the kernel; returns it as text."""
+        def bad(reason: str) -> CgroupError:
+            return CgroupError(f"{path}: {resource}={value!r} {reason}")
+
+        if resource in ("cpuset_cpus", "cpuset_mems"):
+            if not isinstance(value, str):
+                raise bad("is not a cpu list string")
+            try:
+                parse_cpuset(value)
+            except ValueError as exc:
+                raise bad(f"rejected: {exc}") from None
+            return value.strip()
+        if isinstance(value, bool):
+            raise bad("is not an integer")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise bad("is not an integer") from None
+        if resource == "cpu_shares" and not _MIN_SHARES <= number <= _MAX_SHARES:
+            raise bad(f"out of range [{_MIN_SHARES}, {_MAX_SHARES}]")
+        if resource == "cpu_bvt_warp_ns" and not -1 <= number <= 2:
+            raise bad("out of range [-1, 2]")
+        if resource in ("cpu_quota", "memory_limit") and not (number == -1 or number > 0):
+            raise bad("out of range: want -1 (unlimited) or > 0")
+        if resource == "cpu_period" and not 1000 <= number <= 1000000:
+            raise bad("out of range [1000, 1000000]")
+        return str(number)
+
+    def _to_file_text(self, resource: str, canonical: str) -> str:
+        if self.version == 2:
+            if resource == "cpu_shares":
+                return str(shares_to_weight(int(canonical)))
+            if resource == "memory_limit" and canonical == "-1":
+                return "max"
+        return canonical
+
+    @staticmethod
+    def _normalize(resource: str, text: str) -> object:
+        """File content in a comparable form, so equal values in different spellings match."""
+        text = text.strip()
+        if resource in ("cpuset_cpus", "cpuset_mems"):
+            try:
+                return tuple(parse_cpuset(text))
+            except ValueError:
+                return text
+        if resource == "memory_limit":
+            if text == "max":
+                return -1
+            if text.lstrip("-").isdigit() and int(text) >= _V1_MEMORY_UNLIMITED:
+                return -1
+        try:
+            return int(text)
+        except ValueError:
+            return text

@@ -1,0 +1,246 @@
+"""Rule: turns NodeSLO and the Node object into the immutable rules the plugins read.
+
+Rules are frozen values, so a plugin compares old and new rules to learn whether existing
+pods need a refresh (``RuntimePlugin.update_rules``), and a half-parsed NodeSLO can never
+leak into a plugin: ``parse_rules`` either returns complete rules or raises RuleError
+naming the field that was wrong.
+
+Defaults follow upstream koordinator's merged NodeSLO (DESIGN.md §8): group identity
+LSR 2, LS 2, BE -1, SYSTEM 0, all classes disabled until NodeSLO enables them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .executor import parse_cpuset
+from .protocol import KoordQoS, KubeQoS
+
+NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
+NODE_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
+NODE_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
+KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
+POD_CPU_QOS = "koordinator.sh/cpuQOS"
+
+CPU_MANAGER_POLICIES = ("none", "static")
+CPU_POLICY_GROUP_IDENTITY = "groupIdentity"
+CPU_POLICIES = (CPU_POLICY_GROUP_IDENTITY, "coreSched")
+NONE_BVT = 0
+"""The kernel's neutral group identity: what a class gets while its cpuQOS is disabled."""
+
+
+class RuleError(ValueError):
+    """NodeSLO, Node or a pod annotation holds a value the rules cannot use; names the field."""
+
+
+@dataclass(frozen=True)
+class ClassCPUQoS:
+    enable: bool
+    group_identity: int
+
+    @property
+    def bvt(self) -> int:
+        return self.group_identity if self.enable else NONE_BVT
+
+
+@dataclass(frozen=True)
+class GroupIdentityRule:
+    """Group identity (``cpu.bvt_warp_ns``) per Koordinator QoS class."""
+
+    lsr: ClassCPUQoS = ClassCPUQoS(False, 2)
+    ls: ClassCPUQoS = ClassCPUQoS(False, 2)
+    be: ClassCPUQoS = ClassCPUQoS(False, -1)
+    system: ClassCPUQoS = ClassCPUQoS(False, 0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.lsr.enable or self.ls.enable or self.be.enable or self.system.enable
+
+    def pod_bvt(self, qos: KoordQoS, annotations: dict[str, str]) -> int | None:
+        """The pod cgroup's value; LS pods may override it with ``koordinator.sh/cpuQOS``.
+
+        Disabled classes get 0 rather than None, so turning a class off in NodeSLO resets
+        pods that were set while it was on. LSE has no class of its own in NodeSLO and
+        shares LSR's; pods without a QoS label stay neutral (0).
+        """
+        if qos is KoordQoS.LS and POD_CPU_QOS in annotations:
+            override = _pod_cpu_qos(annotations[POD_CPU_QOS])
+            if override is not None:
+                return override
+        return {
+            KoordQoS.LSE: self.lsr.bvt,
+            KoordQoS.LSR: self.lsr.bvt,
+            KoordQoS.LS: self.ls.bvt,
+            KoordQoS.BE: self.be.bvt,
+            KoordQoS.SYSTEM: self.system.bvt,
+        }.get(qos, NONE_BVT)
+
+    def kube_qos_bvt(self, kube_qos: KubeQoS) -> int | None:
+        """The kube-QoS dir's value: guaranteed stays 0 (kernel requirement upstream notes)."""
+        if kube_qos is KubeQoS.BURSTABLE:
+            return self.ls.bvt
+        if kube_qos is KubeQoS.BESTEFFORT:
+            return self.be.bvt
+        return NONE_BVT
+
+
+def _pod_cpu_qos(text: str) -> int | None:
+    """``{"enable":true,"groupIdentity":-1}`` -> -1; ``enable: false`` -> 0; no groupIdentity -> None."""
+    where = f"pod annotation {POD_CPU_QOS}"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RuleError(f"{where}: bad JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise RuleError(f"{where}: want a JSON object, got {text!r}")
+    enable = value.get("enable", True)
+    if not isinstance(enable, bool):
+        raise RuleError(f"{where}: enable={enable!r} is not a boolean")
+    if not enable:
+        return NONE_BVT
+    if "groupIdentity" not in value:
+        return None
+    return _bvt(value["groupIdentity"], f"{where}: groupIdentity")
+
+
+@dataclass(frozen=True)
+class CPUSharedPool:
+    socket: int
+    node: int
+    cpuset: str
+
+
+@dataclass(frozen=True)
+class Rules:
+    group_identity: GroupIdentityRule = field(default_factory=GroupIdentityRule)
+    cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
+    be_cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
+    kubelet_cpu_manager_policy: str = "none"
+    cpu_normalization_ratio: float | None = None
+
+
+def parse_rules(node_slo: dict | None, node: dict | None) -> Rules:
+    """NodeSLO (the object or its ``spec``) and the Node object -> Rules, defaults merged in."""
+    annotations = _node_annotations(node)
+    return Rules(
+        group_identity=_group_identity(node_slo),
+        cpu_shared_pools=_shared_pools(annotations, NODE_CPU_SHARED_POOLS),
+        be_cpu_shared_pools=_shared_pools(annotations, NODE_BE_CPU_SHARED_POOLS),
+        kubelet_cpu_manager_policy=_cpu_manager_policy(annotations),
+        cpu_normalization_ratio=_normalization_ratio(annotations),
+    )
+
+
+_CLASSES = (("lsrClass", "lsr"), ("lsClass", "ls"), ("beClass", "be"), ("systemClass", "system"))
+
+
+def _group_identity(node_slo: dict | None) -> GroupIdentityRule:
+    default = GroupIdentityRule()
+    if node_slo is None:
+        return default
+    spec = node_slo.get("spec", node_slo) if isinstance(node_slo, dict) else node_slo
+    where = "NodeSLO spec"
+    spec = _object(spec, where)
+    strategy = _object(spec.get("resourceQOSStrategy"), f"{where}.resourceQOSStrategy")
+    base = f"spec.resourceQOSStrategy"
+    policies = _object(strategy.get("policies"), f"{base}.policies")
+    cpu_policy = policies.get("cpuPolicy", CPU_POLICY_GROUP_IDENTITY)
+    if cpu_policy not in CPU_POLICIES:
+        raise RuleError(f"{base}.policies.cpuPolicy={cpu_policy!r}: want one of {CPU_POLICIES}")
+    values: dict[str, ClassCPUQoS] = {}
+    for key, attr in _CLASSES:
+        fallback: ClassCPUQoS = getattr(default, attr)
+        path = f"{base}.{key}.cpuQOS"
+        klass = _object(strategy.get(key), f"{base}.{key}")
+        cpu_qos = _object(klass.get("cpuQOS"), path)
+        enable = cpu_qos.get("enable", fallback.enable)
+        if not isinstance(enable, bool):
+            raise RuleError(f"{path}.enable={enable!r} is not a boolean")
+        bvt = _bvt(cpu_qos.get("groupIdentity", fallback.group_identity), f"{path}.groupIdentity")
+        # Core scheduling replaces group identity: the classes stay neutral then.
+        values[attr] = ClassCPUQoS(enable and cpu_policy == CPU_POLICY_GROUP_IDENTITY, bvt)
+    return GroupIdentityRule(**values)
+
+
+def _bvt(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= 2:
+        raise RuleError(f"{where}={value!r}: want an integer in [-1, 2]")
+    return value
+
+
+def _object(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RuleError(f"{where}: want an object, got {type(value).__name__}")
+    return value
+
+
+def _node_annotations(node: dict | None) -> dict[str, str]:
+    if node is None:
+        return {}
+    meta = _object(_object(node, "Node").get("metadata"), "Node metadata")
+    annotations = _object(meta.get("annotations"), "Node metadata.annotations")
+    return annotations
+
+
+def _node_json(annotations: dict[str, str], key: str) -> Any:
+    try:
+        return json.loads(annotations[key])
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise RuleError(f"node annotation {key}: bad JSON: {exc}") from None
+
+
+def _shared_pools(annotations: dict[str, str], key: str) -> tuple[CPUSharedPool, ...]:
+    if not annotations.get(key):
+        return ()
+    raw = _node_json(annotations, key)
+    if not isinstance(raw, list):
+        raise RuleError(f"node annotation {key}: want a JSON list of pools")
+    pools = []
+    for i, item in enumerate(raw):
+        where = f"node annotation {key}[{i}]"
+        item = _object(item, where)
+        socket, numa = item.get("socket", 0), item.get("node", 0)
+        for name, number in (("socket", socket), ("node", numa)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise RuleError(f"{where}.{name}={number!r}: want a non-negative integer")
+        cpuset = item.get("cpuset")
+        if not isinstance(cpuset, str):
+            raise RuleError(f"{where}.cpuset={cpuset!r}: want a cpu list string")
+        try:
+            parse_cpuset(cpuset)
+        except ValueError as exc:
+            raise RuleError(f"{where}.cpuset: {exc}") from None
+        pools.append(CPUSharedPool(socket=socket, node=numa, cpuset=cpuset))
+    return tuple(pools)
+
+
+def _cpu_manager_policy(annotations: dict[str, str]) -> str:
+    if not annotations.get(KUBELET_CPU_MANAGER_POLICY):
+        return "none"
+    raw = _object(_node_json(annotations, KUBELET_CPU_MANAGER_POLICY),
+                  f"node annotation {KUBELET_CPU_MANAGER_POLICY}")
+    policy = raw.get("policy") or "none"
+    if policy not in CPU_MANAGER_POLICIES:
+        raise RuleError(f"node annotation {KUBELET_CPU_MANAGER_POLICY}: policy={policy!r}: "
+                        f"want one of {CPU_MANAGER_POLICIES}")
+    return policy
+
+
+def _normalization_ratio(annotations: dict[str, str]) -> float | None:
+    text = annotations.get(NODE_CPU_NORMALIZATION_RATIO)
+    if text is None or text == "":
+        return None
+    where = f"node annotation {NODE_CPU_NORMALIZATION_RATIO}"
+    try:
+        ratio = float(text)
+    except (TypeError, ValueError):
+        raise RuleError(f"{where}={text!r}: not a number") from None
+    if not math.isfinite(ratio) or ratio < 1.0:
+        # Below 1 would inflate quotas beyond what the scheduler granted.
+        raise RuleError(f"{where}={text!r}: want a finite ratio >= 1.0")
+    return ratio

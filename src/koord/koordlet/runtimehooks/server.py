@@ -1,0 +1,203 @@
+"""gRPC server for runtime.v1alpha1.RuntimeHookService (Proxy mode, seed 002).
+
+Each request becomes a typed context once, the hooks framework runs the stage's
+plugin functions on it, and the context becomes the response once. What the proxy
+cannot apply (group identity's ``cpu.bvt_warp_ns``, pod-level resources, which the
+upstream proxy drops) is written here to the pod's cgroup when that cgroup already
+exists; otherwise the reconciler writes it on its next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Iterable
+from concurrent import futures
+from pathlib import Path
+from dataclasses import fields
+
+import grpc
+
+from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
+
+from .executor import CgroupError, CgroupExecutor
+from .hooks import HookError, Hooks, Stage, describe
+from .protocol import ContainerContext, HookContext, PodContext, Resources
+
+log = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o660
+
+
+class Network:
+    UNIX = "unix"
+    TCP = "tcp"
+
+
+def grpc_target(network: str, addr: str) -> str:
+    """The address in grpc's syntax, for both servers and clients."""
+    if network == Network.UNIX:
+        return "unix:" + addr.removeprefix("unix://")
+    if network == Network.TCP:
+        return addr
+    raise ValueError(f"unknown network {network!r}: expected unix or tcp")
+
+
+class RuntimeHookServer:
+    """Serves the seven hook RPCs from a :class:`Hooks` registry.
+
+    ``executor`` is None for servers that never touch cgroups (plugins built with the SDK).
+    """
+
+    def __init__(self, hooks: Hooks, *, network: str = Network.UNIX, addr: str,
+                 executor: CgroupExecutor | None = None,
+                 disabled_stages: Iterable[Stage] = (), max_workers: int = 8) -> None:
+        self.hooks = hooks
+        self.network = network
+        self.addr = addr.removeprefix("unix://") if network == Network.UNIX else addr
+        self.executor = executor
+        self.disabled_stages = frozenset(disabled_stages)
+        self._max_workers = max_workers
+        self._server: grpc.Server | None = None
+        self._port = 0
+
+    @property
+    def endpoint(self) -> str:
+        """Where clients reach the server: the socket path, or host:port with the bound port."""
+        if self.network == Network.TCP and self._port:
+            host = self.addr.rpartition(":")[0]
+            return f"{host}:{self._port}"
+        return self.addr
+
+    def stages(self) -> set[Stage]:
+        """Stages worth registering with the proxy: at least one function, not disabled."""
+        return self.hooks.stages() - self.disabled_stages
+
+    def start(self) -> None:
+        target = grpc_target(self.network, self.addr)
+        if self.network == Network.UNIX:
+            _prepare_socket_path(Path(self.addr))
+        server = grpc.server(futures.ThreadPoolExecutor(
+            max_workers=self._max_workers, thread_name_prefix="hook-server"))
+        api_pb2_grpc.add_RuntimeHookServiceServicer_to_server(_Servicer(self), server)
+        self._port = server.add_insecure_port(target)
+        if not self._port:
+            raise OSError(f"cannot listen on {self.network} {self.addr}")
+        server.start()
+        if self.network == Network.UNIX:
+            os.chmod(self.addr, SOCKET_MODE)
+        self._server = server
+        log.info("runtime hook server listening on %s %s, stages %s (disabled: %s)",
+                 self.network, self.endpoint, ",".join(sorted(self.stages())) or "none",
+                 ",".join(sorted(self.disabled_stages)) or "none")
+
+    def stop(self, grace: float = 2.0) -> None:
+        if self._server is None:
+            return
+        self._server.stop(grace).wait()
+        self._server = None
+        if self.network == Network.UNIX:
+            Path(self.addr).unlink(missing_ok=True)
+        log.info("runtime hook server on %s stopped", self.endpoint)
+
+    def handle(self, stage: Stage, request, context: grpc.ServicerContext):
+        if stage in self.disabled_stages:
+            return _empty_response(stage)
+        ctx: HookContext = (PodContext.from_proto(request) if stage.is_pod_stage
+                            else ContainerContext.from_proto(request))
+        try:
+            self.hooks.run(stage, ctx)
+        except HookError as exc:
+            context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        if self.executor is not None:
+            self._write_node_side(stage, ctx)
+        response = ctx.to_proto()
+        log.debug("%s for %s answered: %s", stage, describe(ctx), _short(response))
+        return response
+
+    def _write_node_side(self, stage: Stage, ctx: HookContext) -> None:
+        """Cgroup writes the proxy cannot do; best effort, the reconciler retries them."""
+        assert self.executor is not None
+        if isinstance(ctx, PodContext):
+            resources = ctx.response.resources
+            parent = ctx.response.cgroup_parent or ctx.request.cgroup_parent
+            if resources.is_empty() or not parent:
+                return
+            cgroup_dir = self.executor.pod_dir(parent)
+        else:
+            bvt = ctx.response.resources.cpu_bvt_warp_ns
+            if bvt is None or not ctx.request.container_id:
+                return
+            resources = Resources(cpu_bvt_warp_ns=bvt)
+            cgroup_dir = self.executor.container_dir(ctx.request.pod_cgroup_parent,
+                                                     ctx.request.container_id)
+        if not cgroup_dir_exists(self.executor, cgroup_dir, resources):
+            log.debug("%s for %s: cgroup %s does not exist yet, left to the reconciler",
+                      stage, describe(ctx), cgroup_dir)
+            return
+        try:
+            written = self.executor.apply(cgroup_dir, resources)
+        except CgroupError as exc:
+            log.warning("%s for %s: %s; the reconciler retries", stage, describe(ctx), exc)
+            return
+        if written:
+            log.info("%s for %s: wrote %s to cgroup %s", stage, describe(ctx),
+                     ", ".join(written), cgroup_dir)
+
+
+def cgroup_dir_exists(executor: CgroupExecutor, cgroup_dir: str, resources: Resources) -> bool:
+    """Whether the cgroup of the first resource to write exists (v1 checks that subsystem)."""
+    for f in fields(resources):
+        if f.name != "unified" and getattr(resources, f.name) is not None:
+            return executor.path(cgroup_dir, f.name).parent.is_dir()
+    return executor.path(cgroup_dir, "cpu_shares").parent.is_dir()
+
+
+class _Servicer(api_pb2_grpc.RuntimeHookServiceServicer):
+    def __init__(self, server: RuntimeHookServer) -> None:
+        self._s = server
+
+    def PreRunPodSandboxHook(self, request, context):
+        return self._s.handle(Stage.PRE_RUN_POD_SANDBOX, request, context)
+
+    def PostStopPodSandboxHook(self, request, context):
+        return self._s.handle(Stage.POST_STOP_POD_SANDBOX, request, context)
+
+    def PreCreateContainerHook(self, request, context):
+        return self._s.handle(Stage.PRE_CREATE_CONTAINER, request, context)
+
+    def PreStartContainerHook(self, request, context):
+        return self._s.handle(Stage.PRE_START_CONTAINER, request, context)
+
+    def PostStartContainerHook(self, request, context):
+        return self._s.handle(Stage.POST_START_CONTAINER, request, context)
+
+    def PostStopContainerHook(self, request, context):
+        return self._s.handle(Stage.POST_STOP_CONTAINER, request, context)
+
+    def PreUpdateContainerResourcesHook(self, request, context):
+        return self._s.handle(Stage.PRE_UPDATE_CONTAINER_RESOURCES, request, context)
+
+
+def _prepare_socket_path(path: Path) -> None:
+    """Creates the socket's directory and removes a socket left by a previous run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path} exists and is not a socket; refusing to replace it")
+    log.info("removing stale socket %s", path)
+    path.unlink()
+
+
+def _empty_response(stage: Stage):
+    if stage.is_pod_stage:
+        return api_pb2.PodSandboxHookResponse()
+    return api_pb2.ContainerResourceHookResponse()
+
+
+def _short(msg) -> str:
+    return str(msg).replace("\n", " ").strip() or "no changes"

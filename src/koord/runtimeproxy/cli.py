@@ -1,0 +1,162 @@
+"""koord-runtime-proxy's entry point: parses flags, wires the seed-000 boxes, serves.
+
+Start-up order matters: wait for the backend, rebuild the store, and only then open the
+socket, so kubelet never reaches a proxy that would hand plugins empty info.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+
+from . import store as store_mod
+from .config import BackendMode, OptionError, Options, parse_options
+from .criserver import SERVER_OPTIONS, Backend, CRIServer
+from .dispatcher import RuntimeDispatcher
+from .metrics import HealthServer, ProxyMetrics
+from .pluginsmanager import PluginsManager
+
+log = logging.getLogger("koord-runtime-proxy")
+
+SHUTDOWN_GRACE_SECONDS = 10.0
+SOCKET_MODE = 0o660
+BACKEND_PROBE_SECONDS = 2.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        options = parse_options(argv)
+    except OptionError as exc:
+        print(f"koord-runtime-proxy: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=options.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if options.backend_mode is BackendMode.DOCKER:
+        print("koord-runtime-proxy: --backend-runtime-mode=Docker is not yet supported by this "
+              "implementation; use Containerd", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(run(options))
+    except KeyboardInterrupt:
+        return 0
+
+
+class _State:
+    """What /readyz reports: the store is rebuilt and the backend answered recently."""
+
+    def __init__(self) -> None:
+        self.store_ready = False
+        self.backend_ok = False
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.store_ready:
+            return False, "store not rebuilt yet"
+        if not self.backend_ok:
+            return False, "backend not reachable"
+        return True, "ok"
+
+
+async def run(options: Options) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    metrics = ProxyMetrics()
+    state = _State()
+    health = None
+    if options.metrics_address:
+        health = HealthServer(options.metrics_address, metrics, state.ready)
+        health.start()
+        log.info("serving /metrics, /healthz, /readyz on %s", options.metrics_address)
+
+    plugins = PluginsManager(options.hook_config_dir, default_timeout=options.hook_timeout,
+                             on_change=lambda: metrics.registered_plugins.set(len(plugins.snapshot())))
+    plugins.start()
+    backend = Backend(options.runtime_endpoint, options.image_endpoint)
+    store = store_mod.Store()
+    dispatcher = RuntimeDispatcher(plugins, metrics)
+    try:
+        if not await _prepare(backend, store, state, stop, options):
+            return 0
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server.add_generic_rpc_handlers((CRIServer(backend, store, dispatcher, metrics,
+                                                   (options.skip_key, options.skip_val)),))
+        _prepare_socket(Path(options.proxy_endpoint))
+        server.add_insecure_port(f"unix://{options.proxy_endpoint}")
+        await server.start()
+        os.chmod(options.proxy_endpoint, SOCKET_MODE)
+        metrics.registered_plugins.set(len(plugins.snapshot()))
+        log.info("serving CRI on %s, backend %s (images %s), hook config %s",
+                 options.proxy_endpoint, options.runtime_endpoint, options.image_endpoint,
+                 options.hook_config_dir)
+        probe = asyncio.create_task(_probe_backend(backend, state, store, metrics))
+        await stop.wait()
+        log.info("shutting down: finishing in-flight calls (at most %.0fs)", SHUTDOWN_GRACE_SECONDS)
+        probe.cancel()
+        await server.stop(SHUTDOWN_GRACE_SECONDS)
+        Path(options.proxy_endpoint).unlink(missing_ok=True)
+        return 0
+    finally:
+        plugins.stop()
+        await dispatcher.close()
+        await backend.close()
+        if health is not None:
+            health.stop()
+
+
+async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
+                   stop: asyncio.Event, options: Options) -> bool:
+    """Waits for the backend and rebuilds the store, retrying with backoff; False if told to stop."""
+    delay, waited, last_log = 0.05, 0.0, -10.0
+    while not stop.is_set():
+        try:
+            await store_mod.rebuild(store, backend.runtime)
+        except grpc.aio.AioRpcError as exc:
+            if waited - last_log >= 5.0:
+                log.warning("waiting for backend %s: %s", options.runtime_endpoint,
+                            store_mod.describe_error(exc))
+                last_log = waited
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+            waited += delay
+            delay = min(delay * 2, 2.0)
+            continue
+        pods, containers = store.sizes()
+        log.info("store rebuilt from the backend: %d pods, %d containers", pods, containers)
+        state.store_ready = state.backend_ok = True
+        return True
+    return False
+
+
+async def _probe_backend(backend: Backend, state: _State, store: store_mod.Store,
+                         metrics: ProxyMetrics) -> None:
+    from cri_api.v1 import api_pb2 as cri
+
+    while True:
+        try:
+            await backend.runtime.Version(cri.VersionRequest(), timeout=BACKEND_PROBE_SECONDS)
+            state.backend_ok = True
+        except grpc.aio.AioRpcError:
+            state.backend_ok = False
+        pods, containers = store.sizes()
+        metrics.store_pods.set(pods)
+        metrics.store_containers.set(containers)
+        await asyncio.sleep(BACKEND_PROBE_SECONDS)
+
+
+def _prepare_socket(path: Path) -> None:
+    """Creates the socket's directory and removes a stale socket left by a killed proxy."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket() or path.exists():
+        if not path.is_socket():
+            raise OSError(f"{path} exists and is not a socket; refusing to replace it")
+        path.unlink()

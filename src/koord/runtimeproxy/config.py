@@ -1,0 +1,151 @@
+"""Command-line options of koord-runtime-proxy, parsed and validated in one place.
+
+Flag names and defaults are the upstream binary's (DESIGN.md §2) so that seed 003's
+install steps work verbatim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import ipaddress
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PROXY_ENDPOINT = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
+DEFAULT_RUNTIME_ENDPOINT = "/var/run/containerd/containerd.sock"
+DEFAULT_HOOK_CONFIG_DIR = "/etc/runtime/hookserver.d"
+DEFAULT_SKIP_KEY = "runtimeproxy.koordinator.sh/skip-hookserver"
+DEFAULT_SKIP_VAL = "true"
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9319"
+DEFAULT_HOOK_TIMEOUT = 5.0
+
+
+class BackendMode(enum.StrEnum):
+    CONTAINERD = "Containerd"
+    DOCKER = "Docker"
+
+
+class OptionError(ValueError):
+    """A flag value is wrong; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class Options:
+    proxy_endpoint: str
+    runtime_endpoint: str
+    image_endpoint: str
+    backend_mode: BackendMode
+    skip_key: str
+    skip_val: str
+    hook_config_dir: Path
+    metrics_address: str
+    hook_timeout: float
+    log_level: str
+
+
+def unix_socket_path(value: str, flag: str) -> str:
+    """Accepts ``/path`` or ``unix:///path``; anything else is a flag error."""
+    path = value.removeprefix("unix://")
+    if "://" in path:
+        raise OptionError(f"{flag}: only unix sockets are supported, got {value!r}")
+    if not path.startswith("/"):
+        raise OptionError(f"{flag}: socket path must be absolute, got {value!r}")
+    return path
+
+
+def parse_duration(value: str, flag: str) -> float:
+    """Seconds from ``5``, ``2.5``, ``500ms``, ``5s`` or ``1m`` (Go duration style)."""
+    text = value.strip()
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0))
+    scale = 1.0
+    for suffix, factor in units:
+        if text.endswith(suffix):
+            text, scale = text[: -len(suffix)], factor
+            break
+    try:
+        seconds = float(text) * scale
+    except ValueError:
+        raise OptionError(f"{flag}: not a duration: {value!r} (examples: 5s, 500ms, 2.5)") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise OptionError(f"{flag}: must be a positive duration, got {value!r}")
+    return seconds
+
+
+def check_bind_address(value: str, flag: str) -> str:
+    """``host:port`` (``:9319`` = all interfaces, ``[::1]:9319``); empty disables."""
+    if value == "":
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise OptionError(f"{flag}: expected host:port, got {value!r}")
+    host = host.strip("[]")
+    if host and host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise OptionError(f"{flag}: host must be an IP address or localhost, got {host!r}") from None
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="koord-runtime-proxy",
+        description="CRI proxy between kubelet and containerd that calls runtime plugins "
+        "before and after pod and container lifecycle calls.",
+    )
+    p.add_argument("--koord-runtimeproxy-endpoint", default=DEFAULT_PROXY_ENDPOINT,
+                   help="unix socket the proxy serves CRI on; point kubelet's "
+                   "--container-runtime-endpoint here (default: %(default)s)")
+    p.add_argument("--remote-runtime-service-endpoint", default=DEFAULT_RUNTIME_ENDPOINT,
+                   help="backend runtime service socket (default: %(default)s)")
+    p.add_argument("--remote-image-service-endpoint", default=None,
+                   help="backend image service socket (default: the runtime endpoint)")
+    p.add_argument("--backend-runtime-mode", default=BackendMode.CONTAINERD.value,
+                   help="Containerd or Docker (default: %(default)s)")
+    p.add_argument("--runtime-hook-server-key", default=DEFAULT_SKIP_KEY,
+                   help="pod label key that makes the proxy skip all hooks for the pod "
+                   "(default: %(default)s)")
+    p.add_argument("--runtime-hook-server-val", default=DEFAULT_SKIP_VAL,
+                   help="value of that label (default: %(default)s)")
+    p.add_argument("--runtime-hook-config-dir", default=DEFAULT_HOOK_CONFIG_DIR,
+                   help="directory of *.json plugin registrations, watched for changes "
+                   "(default: %(default)s)")
+    p.add_argument("--metrics-bind-address", default=DEFAULT_METRICS_ADDRESS,
+                   help="host:port serving /metrics, /healthz and /readyz; empty disables "
+                   "(default: %(default)s)")
+    p.add_argument("--hook-timeout", default=str(DEFAULT_HOOK_TIMEOUT),
+                   help="default time a plugin has to answer one hook call, e.g. 5s or 500ms; "
+                   "a registration's timeout-seconds overrides it (default: 5s)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log verbosity (default: %(default)s)")
+    return p
+
+
+def parse_options(argv: list[str] | None = None) -> Options:
+    """Parses and validates; raises OptionError naming the bad flag."""
+    ns = build_parser().parse_args(argv)
+    try:
+        mode = BackendMode(ns.backend_runtime_mode)
+    except ValueError:
+        raise OptionError(f"--backend-runtime-mode: expected Containerd or Docker, "
+                          f"got {ns.backend_runtime_mode!r}") from None
+    runtime = unix_socket_path(ns.remote_runtime_service_endpoint, "--remote-runtime-service-endpoint")
+    image = runtime
+    if ns.remote_image_service_endpoint:
+        image = unix_socket_path(ns.remote_image_service_endpoint, "--remote-image-service-endpoint")
+    if not ns.runtime_hook_server_key:
+        raise OptionError("--runtime-hook-server-key: must not be empty")
+    return Options(
+        proxy_endpoint=unix_socket_path(ns.koord_runtimeproxy_endpoint, "--koord-runtimeproxy-endpoint"),
+        runtime_endpoint=runtime,
+        image_endpoint=image,
+        backend_mode=mode,
+        skip_key=ns.runtime_hook_server_key,
+        skip_val=ns.runtime_hook_server_val,
+        hook_config_dir=Path(ns.runtime_hook_config_dir),
+        metrics_address=check_bind_address(ns.metrics_bind_address, "--metrics-bind-address"),
+        hook_timeout=parse_duration(ns.hook_timeout, "--hook-timeout"),
+        log_level=ns.log_level,
+    )

@@ -1,0 +1,263 @@
+"""CRI request -> hook request, hook answer -> hook request (merge), hook request -> CRI request.
+
+Every rule about what a plugin may change lives here, once:
+
+* ``pod_hook_request`` / ``container_hook_request`` build the hook request.
+* ``merge_pod_response`` / ``merge_container_response`` fold one plugin's answer into the
+  hook request (so the next plugin sees it) and return the names of the fields that changed.
+* ``apply_to_*`` write the final hook request back into the CRI request.
+* ``validate_*`` reject an answer before it can reach the backend.
+
+CRI's and the hook protocol's ``LinuxContainerResources`` share field numbers 1-10
+(checked by a unit test), so resources convert through the wire format, keeping fields
+either side does not know.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from cri_api.v1 import api_pb2 as cri
+
+from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+
+PodHookRequest = hook.PodSandboxHookRequest
+ContainerHookRequest = hook.ContainerResourceHookRequest
+
+
+def to_hook_resources(res: cri.LinuxContainerResources) -> hook.LinuxContainerResources:
+    return hook.LinuxContainerResources.FromString(res.SerializeToString())
+
+
+def to_cri_resources(res: hook.LinuxContainerResources) -> cri.LinuxContainerResources:
+    return cri.LinuxContainerResources.FromString(res.SerializeToString())
+
+
+# ---------------------------------------------------------------- CRI -> hook request
+
+def pod_hook_request(req: cri.RunPodSandboxRequest) -> PodHookRequest:
+    cfg = req.config
+    out = PodHookRequest(
+        pod_meta=hook.PodSandboxMetadata(
+            name=cfg.metadata.name, uid=cfg.metadata.uid,
+            namespace=cfg.metadata.namespace, attempt=cfg.metadata.attempt),
+        runtime_handler=req.runtime_handler,
+        labels=cfg.labels,
+        annotations=cfg.annotations,
+        cgroup_parent=cfg.linux.cgroup_parent,
+    )
+    if cfg.linux.HasField("overhead"):
+        out.overhead.CopyFrom(to_hook_resources(cfg.linux.overhead))
+    if cfg.linux.HasField("resources"):
+        out.resources.CopyFrom(to_hook_resources(cfg.linux.resources))
+    return out
+
+
+def container_record(config: cri.ContainerConfig, container_id: str = "") -> ContainerHookRequest:
+    """The container's own half of a hook request (no pod fields): what the store keeps."""
+    out = ContainerHookRequest(
+        container_meta=hook.ContainerMetadata(
+            name=config.metadata.name, attempt=config.metadata.attempt, id=container_id),
+        container_annotations=config.annotations,
+        container_envs={kv.key: kv.value for kv in config.envs},
+    )
+    if config.linux.HasField("resources"):
+        out.container_resources.CopyFrom(to_hook_resources(config.linux.resources))
+    return out
+
+
+def container_hook_request(pod: PodHookRequest, container: ContainerHookRequest) -> ContainerHookRequest:
+    """Joins the pod's info (from the store) with the container's."""
+    out = ContainerHookRequest()
+    out.CopyFrom(container)
+    out.pod_meta.CopyFrom(pod.pod_meta)
+    if pod.HasField("resources"):
+        out.pod_resources.CopyFrom(pod.resources)
+    out.pod_annotations.update(pod.annotations)
+    out.pod_labels.update(pod.labels)
+    out.pod_cgroup_parent = pod.cgroup_parent
+    return out
+
+
+def pod_record_from_config(config: cri.PodSandboxConfig, runtime_handler: str = "") -> PodHookRequest:
+    return pod_hook_request(cri.RunPodSandboxRequest(config=config, runtime_handler=runtime_handler))
+
+
+# ---------------------------------------------------------------- merge rules
+
+def merge_resources(dst: hook.LinuxContainerResources, src: hook.LinuxContainerResources,
+                    prefix: str) -> list[str]:
+    """Upstream koord's rules (DESIGN.md §4): zero means "not specified"."""
+    changed: list[str] = []
+
+    def take(name: str, wanted: bool) -> None:
+        value = getattr(src, name)
+        if wanted and getattr(dst, name) != value:
+            setattr(dst, name, value)
+            changed.append(f"{prefix}.{name}")
+
+    take("cpu_period", src.cpu_period > 0)
+    take("cpu_quota", src.cpu_quota != 0)
+    take("cpu_shares", src.cpu_shares > 0)
+    take("memory_limit_in_bytes", src.memory_limit_in_bytes > 0)
+    take("memory_swap_limit_in_bytes", src.memory_swap_limit_in_bytes > 0)
+    take("oom_score_adj", src.oom_score_adj != 0 and -1000 <= src.oom_score_adj <= 1000)
+    take("cpuset_cpus", src.cpuset_cpus != "")
+    take("cpuset_mems", src.cpuset_mems != "")
+    if src.hugepage_limits and list(src.hugepage_limits) != list(dst.hugepage_limits):
+        del dst.hugepage_limits[:]
+        dst.hugepage_limits.extend(src.hugepage_limits)
+        changed.append(f"{prefix}.hugepage_limits")
+    changed += merge_map(dst.unified, src.unified, f"{prefix}.unified")
+    return changed
+
+
+def merge_map(dst, src, prefix: str) -> list[str]:  # protobuf map fields have no common public type
+    changed = []
+    for key, value in sorted(src.items()):
+        if dst.get(key) != value:
+            dst[key] = value
+            changed.append(f"{prefix}[{key}]")
+    return changed
+
+
+def merge_pod_response(req: PodHookRequest, resp: hook.PodSandboxHookResponse) -> list[str]:
+    changed = merge_map(req.labels, resp.labels, "labels")
+    changed += merge_map(req.annotations, resp.annotations, "annotations")
+    if resp.cgroup_parent and resp.cgroup_parent != req.cgroup_parent:
+        req.cgroup_parent = resp.cgroup_parent
+        changed.append("cgroup_parent")
+    if resp.HasField("resources"):
+        changed += merge_resources(req.resources, resp.resources, "resources")
+    return changed
+
+
+def merge_container_response(req: ContainerHookRequest, resp: hook.ContainerResourceHookResponse) -> list[str]:
+    changed = merge_map(req.container_annotations, resp.container_annotations, "container_annotations")
+    if resp.HasField("container_resources"):
+        changed += merge_resources(req.container_resources, resp.container_resources, "container_resources")
+    if resp.pod_cgroup_parent and resp.pod_cgroup_parent != req.pod_cgroup_parent:
+        req.pod_cgroup_parent = resp.pod_cgroup_parent
+        changed.append("pod_cgroup_parent")
+    changed += merge_map(req.container_envs, resp.container_envs, "container_envs")
+    return changed
+
+
+# ---------------------------------------------------------------- hook request -> CRI
+
+def apply_to_run_pod_sandbox(req: cri.RunPodSandboxRequest, final: PodHookRequest) -> None:
+    cfg = req.config
+    _replace_map(cfg.labels, final.labels)
+    _replace_map(cfg.annotations, final.annotations)
+    cfg.linux.cgroup_parent = final.cgroup_parent
+    if final.HasField("resources"):
+        cfg.linux.resources.CopyFrom(to_cri_resources(final.resources))
+
+
+def apply_to_create_container(req: cri.CreateContainerRequest, final: ContainerHookRequest) -> None:
+    cfg = req.config
+    _replace_map(cfg.annotations, final.container_annotations)
+    if final.HasField("container_resources"):
+        cfg.linux.resources.CopyFrom(to_cri_resources(final.container_resources))
+    merge_envs(cfg.envs, final.container_envs)
+    if final.pod_cgroup_parent != req.sandbox_config.linux.cgroup_parent:
+        req.sandbox_config.linux.cgroup_parent = final.pod_cgroup_parent
+
+
+def apply_to_update_resources(req: cri.UpdateContainerResourcesRequest, final: ContainerHookRequest) -> None:
+    if final.HasField("container_resources"):
+        req.linux.CopyFrom(to_cri_resources(final.container_resources))
+    for key, value in final.container_annotations.items():
+        if key in req.annotations:
+            req.annotations[key] = value
+
+
+def merge_envs(envs, wanted) -> None:
+    """Keeps the original order, updates values in place, appends new keys sorted.
+
+    Upstream replaces the whole list from a map and loses order, which breaks
+    ``$(VAR)`` references between envs.
+    """
+    seen = set()
+    for kv in envs:
+        seen.add(kv.key)
+        if kv.key in wanted and kv.value != wanted[kv.key]:
+            kv.value = wanted[kv.key]
+    for key in sorted(k for k in wanted if k not in seen):
+        envs.add(key=key, value=wanted[key])
+
+
+def _replace_map(dst, src) -> None:
+    if dict(dst) != dict(src):
+        dst.clear()
+        dst.update(src)
+
+
+# ---------------------------------------------------------------- validation
+
+_CPUSET = re.compile(r"^\s*\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*\s*$")
+_UNIFIED_KEY = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_.]+$")
+_ENV_KEY_FORBIDDEN = re.compile(r"[=\x00]")
+
+
+def _valid_cpuset(text: str) -> bool:
+    if not _CPUSET.match(text):
+        return False
+    for part in text.replace(" ", "").split(","):
+        lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            return False
+    return True
+
+
+def validate_resources(res: hook.LinuxContainerResources, prefix: str) -> list[str]:
+    problems = []
+    for name in ("cpu_period", "cpu_shares"):
+        if getattr(res, name) < 0:
+            problems.append(f"{prefix}.{name} must not be negative, got {getattr(res, name)}")
+    for name in ("cpu_quota", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
+        if getattr(res, name) < -1:
+            problems.append(f"{prefix}.{name} must be >= -1 (-1 = unlimited), got {getattr(res, name)}")
+    if not -1000 <= res.oom_score_adj <= 1000:
+        problems.append(f"{prefix}.oom_score_adj must be in [-1000, 1000], got {res.oom_score_adj}")
+    for name in ("cpuset_cpus", "cpuset_mems"):
+        value = getattr(res, name)
+        if value and not _valid_cpuset(value):
+            problems.append(f"{prefix}.{name} is not a cpu list like 0-3,5: {value!r}")
+    for key in res.unified:
+        if not _UNIFIED_KEY.match(key):
+            problems.append(f"{prefix}.unified key {key!r} is not a cgroup v2 file name like memory.max")
+    for limit in res.hugepage_limits:
+        if not re.match(r"^\d+[KMGTP]B$", limit.page_size):
+            problems.append(f"{prefix}.hugepage_limits page_size {limit.page_size!r} is not like 2MB or 1GB")
+    return problems
+
+
+def _validate_cgroup_parent(value: str, name: str) -> list[str]:
+    if value and (".." in value.split("/") or "\x00" in value):
+        return [f"{name} {value!r} must not contain '..' or NUL"]
+    return []
+
+
+def _validate_map_keys(keys: Iterable[str], name: str) -> list[str]:
+    return [f"{name} has an empty key" for k in keys if not k][:1]
+
+
+def validate_pod_response(resp: hook.PodSandboxHookResponse) -> list[str]:
+    problems = _validate_map_keys(resp.labels, "labels") + _validate_map_keys(resp.annotations, "annotations")
+    problems += _validate_cgroup_parent(resp.cgroup_parent, "cgroup_parent")
+    if resp.HasField("resources"):
+        problems += validate_resources(resp.resources, "resources")
+    return problems
+
+
+def validate_container_response(resp: hook.ContainerResourceHookResponse) -> list[str]:
+    problems = _validate_map_keys(resp.container_annotations, "container_annotations")
+    problems += _validate_cgroup_parent(resp.pod_cgroup_parent, "pod_cgroup_parent")
+    if resp.HasField("container_resources"):
+        problems += validate_resources(resp.container_resources, "container_resources")
+    for key in resp.container_envs:
+        if not key or _ENV_KEY_FORBIDDEN.search(key):
+            problems.append(f"container_envs key {key!r} must be non-empty and contain no '=' or NUL")
+    return problems

@@ -1,0 +1,373 @@
+"""The CRI Server (seed 000): serves kubelet and forwards every call to the backend.
+
+Every method is forwarded as raw bytes by its path, so methods this code has never
+heard of (a newer CRI, ``runtime.v1alpha2`` from old kubelets, streaming calls) pass
+untouched, with the caller's metadata and deadline, and the backend's status code and
+message come back unchanged.
+
+Eight lifecycle methods are intercepted (for v1 and v1alpha2, whose messages share
+field numbers): each reads top to bottom as build hook request -> Pre hooks -> forward ->
+store -> Post hooks.  When no plugin changes anything the original request bytes are
+forwarded, so an unhooked call is byte-for-byte the same as a direct one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+from cri_api.v1 import api_pb2 as cri
+from cri_api.v1 import api_pb2_grpc as cri_grpc
+from cri_api.v1alpha2 import api_pb2 as cri_v1alpha2
+from google.protobuf.message import DecodeError, Message
+
+from . import convert
+from . import store as store_mod
+from .dispatcher import HookFailed, RuntimeDispatcher, Target
+from .metrics import ProxyMetrics
+from .pluginsmanager import HookPoint
+from .store import ContainerRecord, Store
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 << 20
+"""Above kubelet's 16 MiB, so the proxy is never the limit on a large node."""
+
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # A restarted containerd must be served again within a second, not after grpc's 2 min backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
+
+_NO_DEADLINE = 1e8  # the sync API reports "no deadline" as a huge number, aio as None
+
+
+class Backend:
+    """Channels to the backend runtime and image services."""
+
+    def __init__(self, runtime_endpoint: str, image_endpoint: str) -> None:
+        self.runtime_channel = grpc.aio.insecure_channel(f"unix://{runtime_endpoint}", options=CHANNEL_OPTIONS)
+        self.image_channel = (self.runtime_channel if image_endpoint == runtime_endpoint else
+                              grpc.aio.insecure_channel(f"unix://{image_endpoint}", options=CHANNEL_OPTIONS))
+        self.runtime = cri_grpc.RuntimeServiceStub(self.runtime_channel)
+
+    def channel_for(self, path: str) -> grpc.aio.Channel:
+        return self.image_channel if ".ImageService/" in path else self.runtime_channel
+
+    async def close(self) -> None:
+        await self.runtime_channel.close()
+        if self.image_channel is not self.runtime_channel:
+            await self.image_channel.close()
+
+
+@dataclass(slots=True)
+class Call:
+    """One CRI call in flight: its raw request, deadline and metadata, and how to forward it."""
+
+    raw: bytes
+    timeout: float | None
+    metadata: tuple[tuple[str, str], ...]
+    upstream: Callable[..., Awaitable[bytes]]
+
+    async def forward(self, changed: Message | None = None) -> bytes:
+        """Sends the original bytes, or ``changed`` when a plugin changed the request."""
+        request = self.raw if changed is None else changed.SerializeToString()
+        return await self.upstream(request, timeout=self.timeout, metadata=self.metadata)
+
+
+def call_options(context: grpc.aio.ServicerContext) -> tuple[float | None, tuple[tuple[str, str], ...]]:
+    remaining = context.time_remaining()
+    timeout = None if remaining is None or remaining > _NO_DEADLINE else max(remaining, 0.001)
+    metadata = tuple((m.key, m.value) for m in context.invocation_metadata() or ()
+                     if not m.key.startswith((":", "grpc-")))
+    return timeout, metadata
+
+
+def _trailing(err: grpc.aio.AioRpcError) -> tuple[tuple[str, str], ...]:
+    return tuple((k, v) for k, v in (err.trailing_metadata() or ()) if not k.startswith((":", "grpc-")))
+
+
+# The intercepted methods and the hook-free CRI request type used to decode them.
+_LIFECYCLE = {
+    "RunPodSandbox": cri.RunPodSandboxRequest,
+    "CreateContainer": cri.CreateContainerRequest,
+    "StartContainer": cri.StartContainerRequest,
+    "UpdateContainerResources": cri.UpdateContainerResourcesRequest,
+    "StopContainer": cri.StopContainerRequest,
+    "RemoveContainer": cri.RemoveContainerRequest,
+    "StopPodSandbox": cri.StopPodSandboxRequest,
+    "RemovePodSandbox": cri.RemovePodSandboxRequest,
+}
+_RUNTIME_SERVICES = ("runtime.v1.RuntimeService", "runtime.v1alpha2.RuntimeService")
+
+
+def _cri_paths(server_streaming: bool) -> frozenset[str]:
+    """Method paths of CRI v1 and v1alpha2 with the given streaming kind."""
+    return frozenset(
+        f"/{service.full_name}/{m.name}"
+        for module in (cri, cri_v1alpha2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for m in service.methods
+        if m.server_streaming == server_streaming and not m.client_streaming
+    )
+
+
+class CRIServer(grpc.GenericRpcHandler):
+    """Answers every method path; see the module docstring for the three kinds of handler."""
+
+    def __init__(self, backend: Backend, store: Store, dispatcher: RuntimeDispatcher,
+                 metrics: ProxyMetrics, skip_label: tuple[str, str]) -> None:
+        self.backend = backend
+        self.store = store
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.skip_key, self.skip_val = skip_label
+        self._unary = _cri_paths(server_streaming=False)
+        self._streaming = _cri_paths(server_streaming=True)
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        path = handler_call_details.method
+        handler = self._handlers.get(path)
+        if handler is None:
+            handler = self._handlers[path] = self._make_handler(path)
+        return handler
+
+    def _make_handler(self, path: str) -> grpc.RpcMethodHandler:
+        service, _, method = path.lstrip("/").partition("/")
+        channel = self.backend.channel_for(path)
+        if service in _RUNTIME_SERVICES and method in _LIFECYCLE:
+            return self._intercepted(path, _LIFECYCLE[method], getattr(self, _snake(method)),
+                                     channel.unary_unary(path))
+        if path in self._unary:
+            return self._unary_passthrough(path, channel.unary_unary(path))
+        if path in self._streaming:
+            return self._stream_passthrough(path, channel.unary_stream(path))
+        return self._generic_passthrough(path, channel.stream_stream(path))
+
+    # ------------------------------------------------------------ pass-through handlers
+
+    def _unary_passthrough(self, path: str, upstream) -> grpc.RpcMethodHandler:
+        label = path[1:]
+        observe = self.metrics.observe_cri
+
+        async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            start = time.perf_counter()
+            timeout, metadata = call_options(context)
+            try:
+                response = await upstream(request, timeout=timeout, metadata=metadata)
+            except grpc.aio.AioRpcError as err:
+                observe(label, err.code().name, time.perf_counter() - start)
+                await context.abort(err.code(), err.details(), _trailing(err))
+            observe(label, "OK", time.perf_counter() - start)
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(handler)
+
+    def _stream_passthrough(self, path: str, upstream) -> grpc.RpcMethodHandler:
+        label = path[1:]
+
+        async def handler(request: bytes, context: grpc.aio.ServicerContext):
+            timeout, metadata = call_options(context)
+            call = upstream(request, timeout=timeout, metadata=metadata)
+            code = "OK"
+            try:
+                async for message in call:
+                    yield message
+            except grpc.aio.AioRpcError as err:
+                code = err.code().name
+                await context.abort(err.code(), err.details(), _trailing(err))
+            finally:
+                call.cancel()
+                self.metrics.observe_cri(label, code, 0.0)
+
+        return grpc.unary_stream_rpc_method_handler(handler)
+
+    def _generic_passthrough(self, path: str, upstream) -> grpc.RpcMethodHandler:
+        """Any method we do not know: stream-stream carries unary and streaming calls alike."""
+        label = path[1:]
+
+        async def handler(requests, context: grpc.aio.ServicerContext):
+            timeout, metadata = call_options(context)
+            call = upstream(requests, timeout=timeout, metadata=metadata)
+            code = "OK"
+            try:
+                async for message in call:
+                    yield message
+            except grpc.aio.AioRpcError as err:
+                code = err.code().name
+                await context.abort(err.code(), err.details(), _trailing(err))
+            finally:
+                call.cancel()
+                self.metrics.observe_cri(label, code, 0.0)
+
+        return grpc.stream_stream_rpc_method_handler(handler)
+
+    # ------------------------------------------------------------ the interception path
+
+    def _intercepted(self, path: str, request_type: type[Message],
+                     lifecycle: Callable[[Message, Call], Awaitable[bytes]], upstream) -> grpc.RpcMethodHandler:
+        label = path[1:]
+        observe = self.metrics.observe_cri
+
+        async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            start = time.perf_counter()
+            timeout, metadata = call_options(context)
+            call = Call(request, timeout, metadata, upstream)
+            code = "OK"
+            try:
+                try:
+                    decoded = request_type.FromString(request)
+                except DecodeError:
+                    return await call.forward()  # the backend answers what it cannot parse
+                return await lifecycle(decoded, call)
+            except grpc.aio.AioRpcError as err:
+                code = err.code().name
+                await context.abort(err.code(), err.details(), _trailing(err))
+            except HookFailed as err:
+                code = grpc.StatusCode.UNKNOWN.name
+                await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+            finally:
+                observe(label, code, time.perf_counter() - start)
+
+        return grpc.unary_unary_rpc_method_handler(handler)
+
+    def _hooked(self, pod: convert.PodHookRequest | None) -> bool:
+        return pod is not None and pod.labels.get(self.skip_key) != self.skip_val
+
+    async def run_pod_sandbox(self, req: cri.RunPodSandboxRequest, call: Call) -> bytes:
+        pod = convert.pod_hook_request(req)
+        changed = False
+        if self._hooked(pod):
+            changed = await self.dispatcher.run_pre(HookPoint.PRE_RUN_POD_SANDBOX, pod, _pod_target(pod))
+            if changed:
+                convert.apply_to_run_pod_sandbox(req, pod)
+        raw = await call.forward(req if changed else None)
+        self.store.put_pod(cri.RunPodSandboxResponse.FromString(raw).pod_sandbox_id, pod)
+        return raw
+
+    async def create_container(self, req: cri.CreateContainerRequest, call: Call) -> bytes:
+        pod = await self._pod(req.pod_sandbox_id, req.sandbox_config)
+        container = convert.container_record(req.config)
+        changed = False
+        if self._hooked(pod):
+            request = convert.container_hook_request(pod, container)
+            target = _pod_target(pod, req.config.metadata.name)
+            changed = await self.dispatcher.run_pre(HookPoint.PRE_CREATE_CONTAINER, request, target)
+            if changed:
+                convert.apply_to_create_container(req, request)
+                container = convert.container_record(req.config)
+        raw = await call.forward(req if changed else None)
+        container_id = cri.CreateContainerResponse.FromString(raw).container_id
+        container.container_meta.id = container_id
+        self.store.put_container(container_id, ContainerRecord(req.pod_sandbox_id, container))
+        return raw
+
+    async def start_container(self, req: cri.StartContainerRequest, call: Call) -> bytes:
+        record, pod = await self._container(req.container_id)
+        if not self._hooked(pod):
+            return await call.forward()
+        request = convert.container_hook_request(pod, record.info)
+        target = _pod_target(pod, record.info.container_meta.name)
+        if await self.dispatcher.run_pre(HookPoint.PRE_START_CONTAINER, request, target):
+            if request.container_resources != record.info.container_resources:
+                # The container exists already: resources can only change through an update.
+                await self.backend.runtime.UpdateContainerResources(
+                    cri.UpdateContainerResourcesRequest(
+                        container_id=req.container_id,
+                        linux=convert.to_cri_resources(request.container_resources)),
+                    timeout=call.timeout, metadata=call.metadata)
+                record.info.container_resources.CopyFrom(request.container_resources)
+        raw = await call.forward()
+        await self.dispatcher.run_post(HookPoint.POST_START_CONTAINER, request, target)
+        return raw
+
+    async def update_container_resources(self, req: cri.UpdateContainerResourcesRequest, call: Call) -> bytes:
+        record, pod = await self._container(req.container_id)
+        changed = False
+        if self._hooked(pod):
+            request = convert.container_hook_request(pod, record.info)
+            request.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+            request.container_annotations.update(req.annotations)
+            target = _pod_target(pod, record.info.container_meta.name)
+            changed = await self.dispatcher.run_pre(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, request, target)
+            if changed:
+                convert.apply_to_update_resources(req, request)
+        raw = await call.forward(req if changed else None)
+        if record is not None:
+            record.info.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+        return raw
+
+    async def stop_container(self, req: cri.StopContainerRequest, call: Call) -> bytes:
+        raw = await call.forward()
+        record, pod = await self._container(req.container_id)
+        if self._hooked(pod):
+            await self.dispatcher.run_post(HookPoint.POST_STOP_CONTAINER,
+                                           convert.container_hook_request(pod, record.info),
+                                           _pod_target(pod, record.info.container_meta.name))
+        return raw
+
+    async def stop_pod_sandbox(self, req: cri.StopPodSandboxRequest, call: Call) -> bytes:
+        raw = await call.forward()
+        pod = await self._pod(req.pod_sandbox_id)
+        if self._hooked(pod):
+            await self.dispatcher.run_post(HookPoint.POST_STOP_POD_SANDBOX, pod, _pod_target(pod))
+        return raw
+
+    async def remove_container(self, req: cri.RemoveContainerRequest, call: Call) -> bytes:
+        raw = await call.forward()
+        self.store.delete_container(req.container_id)
+        return raw
+
+    async def remove_pod_sandbox(self, req: cri.RemovePodSandboxRequest, call: Call) -> bytes:
+        raw = await call.forward()
+        self.store.delete_pod(req.pod_sandbox_id)
+        return raw
+
+    # ------------------------------------------------------------ store look-ups
+
+    async def _pod(self, sandbox_id: str,
+                   fallback: cri.PodSandboxConfig | None = None) -> convert.PodHookRequest | None:
+        """From the store, else from the backend (and kept), else from kubelet's copy of the config."""
+        pod = self.store.get_pod(sandbox_id)
+        if pod is not None:
+            return pod
+        try:
+            pod = await store_mod.fetch_pod(self.backend.runtime, sandbox_id)
+        except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
+            if fallback is not None and fallback.ByteSize():
+                return convert.pod_record_from_config(fallback)
+            log.warning("no info for sandbox %s, hooks skipped: %s", sandbox_id, store_mod.describe_error(exc))
+            return None
+        self.store.put_pod(sandbox_id, pod)
+        return pod
+
+    async def _container(self, container_id: str) -> tuple[ContainerRecord | None, convert.PodHookRequest | None]:
+        record = self.store.get_container(container_id)
+        if record is None:
+            try:
+                record = await store_mod.fetch_container(self.backend.runtime, container_id)
+            except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
+                log.warning("no info for container %s, hooks skipped: %s",
+                            container_id, store_mod.describe_error(exc))
+                return None, None
+            self.store.put_container(container_id, record)
+        return record, await self._pod(record.sandbox_id)
+
+
+def _pod_target(pod: convert.PodHookRequest, container: str = "") -> Target:
+    return Target(f"{pod.pod_meta.namespace}/{pod.pod_meta.name}", container)
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")

@@ -1,0 +1,184 @@
+"""Prometheus metrics of the proxy and the HTTP endpoint serving them with /healthz and /readyz.
+
+``observe_*`` sit on the path of every CRI call, so label children are resolved once per
+label combination and cached: a call costs a dict lookup plus the observation itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import socket
+import socketserver
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""A forwarded call costs ~100 µs, a hook call a few ms, a hung plugin its timeout (seconds)."""
+
+HOOK_OUTCOMES = frozenset({"ok", "error", "timeout", "invalid", "unavailable"})
+
+
+class ProxyMetrics:
+    """The proxy's metrics, in a registry of their own so tests can build several."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.cri_requests = Histogram(
+            "koord_runtime_proxy_cri_request_duration_seconds",
+            "Duration of CRI calls served by the proxy, hooks included, by method and gRPC status code.",
+            ["method", "code"], buckets=LATENCY_BUCKETS, registry=r)
+        self.cri_requests_total = Counter(
+            "koord_runtime_proxy_cri_requests_total",
+            "CRI calls served by the proxy, by method and gRPC status code.",
+            ["method", "code"], registry=r)
+        self.hook_calls = Histogram(
+            "koord_runtime_proxy_hook_duration_seconds",
+            "Duration of calls to runtime plugins, by plugin file, hook point and outcome "
+            "(ok, error, timeout, invalid answer, unavailable plugin).",
+            ["plugin", "hook", "outcome"], buckets=LATENCY_BUCKETS, registry=r)
+        self.registered_plugins = Gauge(
+            "koord_runtime_proxy_registered_plugins",
+            "Valid plugin registration files in the hook config dir.", registry=r)
+        self.invalid_registrations = Gauge(
+            "koord_runtime_proxy_invalid_registrations",
+            "Plugin registration files that are ignored because they are invalid.", registry=r)
+        self.store_pods = Gauge(
+            "koord_runtime_proxy_store_pods", "Pod sandboxes held in the proxy's store.", registry=r)
+        self.store_containers = Gauge(
+            "koord_runtime_proxy_store_containers", "Containers held in the proxy's store.", registry=r)
+        self._cri_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._hook_children: dict[tuple[str, str, str], Any] = {}
+
+    def observe_cri(self, method: str, code: str, seconds: float) -> None:
+        children = self._cri_children.get((method, code))
+        if children is None:
+            children = (self.cri_requests.labels(method, code), self.cri_requests_total.labels(method, code))
+            self._cri_children[(method, code)] = children
+        children[0].observe(seconds)
+        children[1].inc()
+
+    def observe_hook(self, plugin: str, hook: str, outcome: str, seconds: float) -> None:
+        child = self._hook_children.get((plugin, hook, outcome))
+        if child is None:
+            if outcome not in HOOK_OUTCOMES:
+                raise ValueError(f"hook outcome {outcome!r} is not one of {', '.join(sorted(HOOK_OUTCOMES))}")
+            child = self.hook_calls.labels(plugin, hook, outcome)
+            self._hook_children[(plugin, hook, outcome)] = child
+        child.observe(seconds)
+
+
+def parse_bind_address(address: str) -> tuple[socket.AddressFamily, str, int]:
+    """``host:port`` → (family, host, port); an empty host means all interfaces, as in Go."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"bind address {address!r}: expected host:port with a port in 0-65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"bind address {address!r}: put an IPv6 host in brackets, e.g. [::1]:9319")
+    if host == "":
+        return (socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET), "", int(port_text)
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"bind address {address!r}: host must be an IP address or localhost") from None
+    return (socket.AF_INET6 if ip.version == 6 else socket.AF_INET), str(ip), int(port_text)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """wsgiref writes every request to stderr; scrapes every few seconds would drown the proxy's log."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("health server: " + format, *args)
+
+
+class _Server(ThreadingWSGIServer):
+    allow_reuse_address = True
+
+    def server_bind(self) -> None:
+        """HTTPServer.server_bind resolves the host name (DNS, can hang); we never need it."""
+        if self.address_family == socket.AF_INET6 and self.server_address[0] in ("", "::"):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # "all interfaces" = v4 too
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+        self.setup_environ()
+
+
+class HealthServer:
+    """Serves /metrics, /healthz (the process answers) and /readyz (``ready()`` says why not)."""
+
+    def __init__(self, bind_address: str, metrics: ProxyMetrics,
+                 ready: Callable[[], tuple[bool, str]]) -> None:
+        self._family, self._host, self.port = parse_bind_address(bind_address)
+        self._address = bind_address
+        self._ready = ready
+        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        try:
+            self._server = self._bind(self._family)
+        except OSError as e:
+            if not (self._host == "" and self._family == socket.AF_INET6 and e.errno == errno.EAFNOSUPPORT):
+                raise OSError(e.errno, f"cannot serve metrics on {self._address}: {e.strerror}") from e
+            self._server = self._bind(socket.AF_INET)  # IPv6 disabled in the kernel: all IPv4 interfaces
+        self._server.set_app(self._app)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="health-server", daemon=True)
+        self._thread.start()
+        log.info("serving /metrics, /healthz and /readyz on %s (port %d)", self._address, self.port)
+
+    def _bind(self, family: socket.AddressFamily) -> _Server:
+        server_class = type("HealthHTTPServer", (_Server,), {"address_family": family})
+        return server_class((self._host, self.port), _QuietHandler)
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join()
+        self._server = self._thread = None
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return _text(start_response, "405 Method Not Allowed", "only GET and HEAD are served\n",
+                         [("Allow", "GET, HEAD")])
+        if path == "/metrics":
+            return self._metrics_app(environ, start_response)
+        if path == "/healthz":
+            return _text(start_response, "200 OK", "ok\n")
+        if path == "/readyz":
+            try:
+                ok, reason = self._ready()
+            except Exception as e:
+                log.exception("readiness check failed")
+                ok, reason = False, f"readiness check failed: {e!r}"
+            if ok:
+                return _text(start_response, "200 OK", "ok\n")
+            return _text(start_response, "503 Service Unavailable", f"{reason}\n")
+        return _text(start_response, "404 Not Found", "not found: try /metrics, /healthz or /readyz\n")
+
+
+def _text(start_response: Callable[..., Any], status: str, body: str,
+          extra: list[tuple[str, str]] | None = None) -> list[bytes]:
+    data = body.encode("utf-8")
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                            ("Content-Length", str(len(data)))] + (extra or []))
+    return [data]

@@ -1,0 +1,70 @@
+"""Flag parsing: defaults are upstream's, and every bad value names its flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from koord.runtimeproxy import cli
+from koord.runtimeproxy.config import BackendMode, OptionError, parse_options
+
+
+def test_defaults_are_upstreams() -> None:
+    o = parse_options([])
+    assert o.proxy_endpoint == "/var/run/koord-runtimeproxy/runtimeproxy.sock"
+    assert o.runtime_endpoint == o.image_endpoint == "/var/run/containerd/containerd.sock"
+    assert o.backend_mode is BackendMode.CONTAINERD
+    assert (o.skip_key, o.skip_val) == ("runtimeproxy.koordinator.sh/skip-hookserver", "true")
+    assert o.hook_config_dir == Path("/etc/runtime/hookserver.d")
+    assert o.metrics_address == "127.0.0.1:9319"
+    assert o.hook_timeout == 5.0
+
+
+def test_unix_prefix_and_separate_image_endpoint() -> None:
+    o = parse_options(["--remote-runtime-service-endpoint=unix:///run/c.sock",
+                       "--remote-image-service-endpoint", "/run/i.sock",
+                       "--koord-runtimeproxy-endpoint", "unix:///tmp/p.sock"])
+    assert (o.runtime_endpoint, o.image_endpoint, o.proxy_endpoint) == ("/run/c.sock", "/run/i.sock", "/tmp/p.sock")
+
+
+@pytest.mark.parametrize("value,seconds", [("5", 5.0), ("2.5", 2.5), ("500ms", 0.5), ("3s", 3.0), ("1m", 60.0)])
+def test_hook_timeout_durations(value: str, seconds: float) -> None:
+    assert parse_options(["--hook-timeout", value]).hook_timeout == seconds
+
+
+BAD = [
+    (["--remote-runtime-service-endpoint", "tcp://1.2.3.4:5"], "--remote-runtime-service-endpoint"),
+    (["--remote-image-service-endpoint", "relative.sock"], "--remote-image-service-endpoint"),
+    (["--koord-runtimeproxy-endpoint", "x"], "--koord-runtimeproxy-endpoint"),
+    (["--backend-runtime-mode", "cri-o"], "--backend-runtime-mode"),
+    (["--metrics-bind-address", "nope"], "--metrics-bind-address"),
+    (["--metrics-bind-address", "example.com:80"], "--metrics-bind-address"),
+    (["--metrics-bind-address", "127.0.0.1:99999"], "--metrics-bind-address"),
+    (["--hook-timeout", "0"], "--hook-timeout"),
+    (["--hook-timeout", "soon"], "--hook-timeout"),
+    (["--runtime-hook-server-key", ""], "--runtime-hook-server-key"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", BAD, ids=[a[0] for a, _ in BAD])
+def test_bad_values_name_the_flag(argv: list[str], flag: str) -> None:
+    with pytest.raises(OptionError, match=flag):
+        parse_options(argv)
+
+
+@pytest.mark.parametrize("argv,flag", BAD, ids=[a[0] for a, _ in BAD])
+def test_main_exits_2_naming_the_flag(argv, flag, capsys) -> None:
+    assert cli.main(argv) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_docker_mode_not_yet_supported(capsys) -> None:
+    assert cli.main(["--backend-runtime-mode=Docker"]) == 2
+    assert "not yet supported" in capsys.readouterr().err
+
+
+def test_metrics_address_accepts_all_interfaces_and_ipv6() -> None:
+    assert parse_options(["--metrics-bind-address", ":9319"]).metrics_address == ":9319"
+    assert parse_options(["--metrics-bind-address", "[::1]:0"]).metrics_address == "[::1]:0"
+    assert parse_options(["--metrics-bind-address", ""]).metrics_address == ""
