@@ -145,7 +145,7 @@ def _group_identity(node_slo: dict | None) -> GroupIdentityRule:
     where = "NodeSLO spec"
     spec = _object(spec, where)
     strategy = _object(spec.get("resourceQOSStrategy"), f"{where}.resourceQOSStrategy")
-    base = f"spec.resourceQOSStrategy"
+    base = "spec.resourceQOSStrategy"
     policies = _object(strategy.get("policies"), f"{base}.policies")
     cpu_policy = policies.get("cpuPolicy", CPU_POLICY_GROUP_IDENTITY)
     if cpu_policy not in CPU_POLICIES:

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what the demo and the tests need on a fresh Debian machine (run as root):
+# containerd + runc + a static libc for the test image, and the project in .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "install.sh: must run as root (containerd, runc and cgroup files need it)" >&2
+  exit 1
+fi
+
+missing=()
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+command -v gcc >/dev/null || missing+=(gcc)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install.sh: installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+echo "install.sh: ready ($(containerd --version | cut -d' ' -f1-3), $(runc --version | head -1), $(.venv/bin/python --version))"

@@ -1,0 +1,5 @@
+"""``python -m koord.koordlet`` is the ``koordlet`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

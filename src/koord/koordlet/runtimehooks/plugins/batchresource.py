@@ -1,0 +1,178 @@
+"""BatchResource: gives BE pods the cgroup limits of their batch resources.
+
+BE pods request ``kubernetes.io/batch-cpu`` / ``kubernetes.io/batch-memory`` (extended
+resources kubelet knows nothing about), so kubelet creates them as BestEffort with no
+limits. The scheduler writes the real amounts into ``node.koordinator.sh/extended-resource-spec``
+and this plugin turns them into shares, cfs quota and memory limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ..hooks import HookError, Hooks, RuntimePlugin, Stage
+from ..protocol import ContainerContext, HookContext, KoordQoS, PodContext, Resources
+
+log = logging.getLogger(__name__)
+
+EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
+BATCH_CPU = "kubernetes.io/batch-cpu"
+BATCH_MEMORY = "kubernetes.io/batch-memory"
+DEFAULT_CFS_PERIOD = 100000
+MIN_SHARES = 2
+MIN_QUOTA = 1000  # the kernel refuses a cfs quota below 1ms
+
+_QUANTITY_RE = re.compile(
+    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
+_SUFFIXES: dict[str, Fraction] = {
+    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50), "Ei": Fraction(2**60), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3), "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
+    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+}
+
+
+def parse_quantity(value: object) -> Fraction:
+    """A Kubernetes quantity ("2Gi", "500m", "1e3", 1000) as an exact number; ValueError if bad."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"quantity {value!r} is neither a string nor an integer")
+    match = _QUANTITY_RE.match(str(value).strip())
+    if not match:
+        raise ValueError(f"bad quantity {value!r}")
+    number = Fraction(match["num"])
+    if match["exp"]:
+        number *= Fraction(10) ** int(match["exp"][1:])
+    elif match["suffix"]:
+        number *= _SUFFIXES[match["suffix"]]
+    return number
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One container's batch amounts; None means not requested / not limited."""
+
+    cpu_request_milli: int | None = None
+    cpu_limit_milli: int | None = None
+    memory_limit: int | None = None
+
+
+def _milli_cpu(value: object, where: str) -> int:
+    """batch-cpu is counted in milli-cores already: "500" means half a core."""
+    try:
+        number = parse_quantity(value)
+    except ValueError as exc:
+        raise HookError(f"{where}: {exc}") from None
+    if number.denominator != 1 or number < 0:
+        raise HookError(f"{where}={value!r}: want a non-negative whole number of milli-cores")
+    return int(number)
+
+
+def _bytes(value: object, where: str) -> int:
+    try:
+        number = parse_quantity(value)
+    except ValueError as exc:
+        raise HookError(f"{where}: {exc}") from None
+    if number <= 0:
+        raise HookError(f"{where}={value!r}: want a positive memory amount")
+    return math.ceil(number)
+
+
+def parse_extended_resource_spec(annotations: dict[str, str]) -> dict[str, BatchSpec]:
+    """Container name -> its batch amounts; {} without the annotation; HookError when malformed."""
+    text = annotations.get(EXTENDED_RESOURCE_SPEC)
+    if not text:
+        return {}
+    where = f"pod annotation {EXTENDED_RESOURCE_SPEC}"
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HookError(f"{where}: bad JSON: {exc.msg}") from None
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    if not isinstance(containers, dict):
+        raise HookError(f"{where}: want {{\"containers\": {{<name>: {{requests, limits}}}}}}")
+    result = {}
+    for name, body in containers.items():
+        at = f"{where}: containers.{name}"
+        if not isinstance(body, dict):
+            raise HookError(f"{at}: want an object with requests/limits")
+        requests, limits = body.get("requests") or {}, body.get("limits") or {}
+        if not isinstance(requests, dict) or not isinstance(limits, dict):
+            raise HookError(f"{at}: requests and limits must be objects")
+        result[name] = BatchSpec(
+            cpu_request_milli=(_milli_cpu(requests[BATCH_CPU], f"{at}.requests.{BATCH_CPU}")
+                               if BATCH_CPU in requests else None),
+            cpu_limit_milli=(_milli_cpu(limits[BATCH_CPU], f"{at}.limits.{BATCH_CPU}")
+                             if BATCH_CPU in limits else None),
+            memory_limit=(_bytes(limits[BATCH_MEMORY], f"{at}.limits.{BATCH_MEMORY}")
+                          if BATCH_MEMORY in limits else None),
+        )
+    return result
+
+
+def shares_of(milli: int) -> int:
+    return max(MIN_SHARES, milli * 1024 // 1000)
+
+
+def quota_of(milli: int | None, period: int) -> int:
+    if not milli:
+        return -1
+    return max(MIN_QUOTA, milli * period // 1000)
+
+
+def batch_resources(specs: list[BatchSpec], period: int) -> Resources:
+    """Shares from the summed requests; quota and memory from summed limits, -1 if any is unlimited."""
+    requests = [s.cpu_request_milli for s in specs if s.cpu_request_milli is not None]
+    cpu_limits = [s.cpu_limit_milli for s in specs]
+    memory_limits = [s.memory_limit for s in specs]
+    return Resources(
+        cpu_shares=shares_of(sum(requests)) if requests else None,
+        cpu_quota=-1 if None in cpu_limits else quota_of(sum(cpu_limits), period),
+        memory_limit=-1 if None in memory_limits else sum(memory_limits),
+    )
+
+
+class BatchResource(RuntimePlugin):
+    name = "BatchResource"
+
+    def register(self, hooks: Hooks) -> None:
+        description = "set cgroup limits of BE pods from batch resources"
+        hooks.register(Stage.PRE_RUN_POD_SANDBOX, self.name, description + " (pod)", self.set_pod_resources)
+        for stage in (Stage.PRE_CREATE_CONTAINER, Stage.PRE_UPDATE_CONTAINER_RESOURCES):
+            hooks.register(stage, self.name, description, self.set_container_resources)
+
+    def set_pod_resources(self, ctx: HookContext) -> None:
+        assert isinstance(ctx, PodContext)
+        req = ctx.request
+        if req.koord_qos is not KoordQoS.BE:
+            return
+        try:
+            specs = parse_extended_resource_spec(req.annotations)
+        except HookError as exc:
+            raise HookError(f"plugin {self.name}: pod {req.meta}: {exc}") from None
+        if not specs:
+            return
+        period = req.resources.cpu_period or DEFAULT_CFS_PERIOD
+        ctx.response.resources.update(batch_resources(list(specs.values()), period))
+        log.debug("plugin %s: pod %s: %s", self.name, req.meta, ctx.response.resources)
+
+    def set_container_resources(self, ctx: HookContext) -> None:
+        assert isinstance(ctx, ContainerContext)
+        req = ctx.request
+        if req.koord_qos is not KoordQoS.BE:
+            return
+        who = f"pod {req.pod_meta} container {req.container_name}"
+        try:
+            spec = parse_extended_resource_spec(req.pod_annotations).get(req.container_name)
+        except HookError as exc:
+            raise HookError(f"plugin {self.name}: {who}: {exc}") from None
+        if spec is None:
+            return
+        period = req.resources.cpu_period or DEFAULT_CFS_PERIOD
+        ctx.response.resources.update(batch_resources([spec], period))
+        log.debug("plugin %s: %s: %s", self.name, who, ctx.response.resources)

@@ -1,0 +1,95 @@
+"""CPUSetAllocator: pins containers to the cpus the scheduler or the node's pools grant.
+
+Decisions (DESIGN.md §8, upstream koordlet's cpuset rule):
+
+- a pod whose ``scheduling.koordinator.sh/resource-status`` carries a cpuset gets exactly
+  that set; LSE/LSR pods also lose their cfs quota (-1), since bound cpus are theirs;
+- LS pods get every shared pool of the node, BE pods every BE shared pool;
+- pods without a QoS label (and LSE/LSR pods not yet allocated) get the shared pools too,
+  unless kubelet runs the static cpu manager policy: then kubelet owns their cpusets and
+  they stay untouched. LS/BE pods are Koordinator's and get pools under either policy;
+- SYSTEM pods stay untouched; so does any pod when the node has no matching pool, because
+  an empty cpuset would mean "no cpus", not "all cpus".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from ..executor import format_cpuset, parse_cpuset
+from ..hooks import HookError, Hooks, RuntimePlugin, Stage
+from ..protocol import ContainerContext, HookContext, KoordQoS
+from ..rule import CPUSharedPool
+
+log = logging.getLogger(__name__)
+
+RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+
+
+def resource_status_cpuset(annotations: dict[str, str]) -> str | None:
+    """The cpuset the scheduler allocated to a pod, or None; HookError when the annotation is bad."""
+    text = annotations.get(RESOURCE_STATUS)
+    if not text:
+        return None
+    try:
+        status = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HookError(f"pod annotation {RESOURCE_STATUS}: bad JSON: {exc.msg}") from None
+    if not isinstance(status, dict):
+        raise HookError(f"pod annotation {RESOURCE_STATUS}: want a JSON object, got {text!r}")
+    cpuset = status.get("cpuset")
+    if cpuset is None or cpuset == "":
+        return None
+    if not isinstance(cpuset, str):
+        raise HookError(f"pod annotation {RESOURCE_STATUS}: cpuset={cpuset!r} is not a string")
+    try:
+        parse_cpuset(cpuset)
+    except ValueError as exc:
+        raise HookError(f"pod annotation {RESOURCE_STATUS}: {exc}") from None
+    return cpuset
+
+
+def join_pools(pools: tuple[CPUSharedPool, ...]) -> str:
+    cpus: set[int] = set()
+    for pool in pools:
+        cpus.update(parse_cpuset(pool.cpuset))
+    return format_cpuset(cpus)
+
+
+class CPUSetAllocator(RuntimePlugin):
+    name = "CPUSetAllocator"
+
+    def register(self, hooks: Hooks) -> None:
+        for stage in (Stage.PRE_CREATE_CONTAINER, Stage.PRE_UPDATE_CONTAINER_RESOURCES):
+            hooks.register(stage, self.name, "set container cpuset by allocation and shared pools",
+                           self.set_container_cpuset)
+
+    def set_container_cpuset(self, ctx: HookContext) -> None:
+        assert isinstance(ctx, ContainerContext)
+        req, res = ctx.request, ctx.response.resources
+        who = f"pod {req.pod_meta} container {req.container_name}"
+        qos = req.koord_qos
+        try:
+            allocated = resource_status_cpuset(req.pod_annotations)
+        except HookError as exc:
+            raise HookError(f"plugin {self.name}: {who}: {exc}") from None
+        if allocated is not None:
+            res.cpuset_cpus = allocated
+            if qos in (KoordQoS.LSE, KoordQoS.LSR):
+                res.cpu_quota = -1
+            log.debug("plugin %s: %s: allocated cpuset %s", self.name, who, allocated)
+            return
+        if self.rules is None:
+            return
+        if qos is KoordQoS.BE:
+            pools = self.rules.be_cpu_shared_pools
+        elif qos is KoordQoS.LS:
+            pools = self.rules.cpu_shared_pools
+        elif qos is KoordQoS.SYSTEM or self.rules.kubelet_cpu_manager_policy == "static":
+            return
+        else:
+            pools = self.rules.cpu_shared_pools
+        if pools:
+            res.cpuset_cpus = join_pools(pools)
+            log.debug("plugin %s: %s: shared pool cpuset %s", self.name, who, res.cpuset_cpus)

@@ -1,0 +1,62 @@
+"""GPUEnvInject: tells the NVIDIA container runtime which GPUs the scheduler allocated.
+
+Only Proxy mode can inject environment variables (they exist only at creation), so in
+Standalone mode this plugin's answer is simply not applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from ..hooks import HookError, Hooks, RuntimePlugin, Stage
+from ..protocol import ContainerContext, HookContext
+
+log = logging.getLogger(__name__)
+
+DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+
+def gpu_minors(annotations: dict[str, str]) -> list[int]:
+    """GPU minors from ``{"gpu":[{"minor":0},...]}``; [] when none; HookError when malformed."""
+    text = annotations.get(DEVICE_ALLOCATED)
+    if not text:
+        return []
+    where = f"pod annotation {DEVICE_ALLOCATED}"
+    try:
+        allocated = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HookError(f"{where}: bad JSON: {exc.msg}") from None
+    if not isinstance(allocated, dict):
+        raise HookError(f"{where}: want a JSON object, got {text!r}")
+    gpus = allocated.get("gpu") or []
+    if not isinstance(gpus, list):
+        raise HookError(f"{where}: gpu: want a list of allocations")
+    minors = []
+    for i, gpu in enumerate(gpus):
+        minor = gpu.get("minor") if isinstance(gpu, dict) else None
+        if isinstance(minor, bool) or not isinstance(minor, int) or minor < 0:
+            raise HookError(f"{where}: gpu[{i}].minor={minor!r}: want a non-negative integer")
+        minors.append(minor)
+    return minors
+
+
+class GPUEnvInject(RuntimePlugin):
+    name = "GPUEnvInject"
+
+    def register(self, hooks: Hooks) -> None:
+        hooks.register(Stage.PRE_CREATE_CONTAINER, self.name,
+                       f"set {ENV_VISIBLE_DEVICES} from allocated GPUs", self.inject_env)
+
+    def inject_env(self, ctx: HookContext) -> None:
+        assert isinstance(ctx, ContainerContext)
+        req = ctx.request
+        try:
+            minors = gpu_minors(req.pod_annotations)
+        except HookError as exc:
+            raise HookError(f"plugin {self.name}: pod {req.pod_meta} container {req.container_name}: {exc}") from None
+        if minors:
+            ctx.response.envs[ENV_VISIBLE_DEVICES] = ",".join(map(str, minors))
+            log.debug("plugin %s: pod %s container %s: %s=%s", self.name, req.pod_meta,
+                      req.container_name, ENV_VISIBLE_DEVICES, ctx.response.envs[ENV_VISIBLE_DEVICES])

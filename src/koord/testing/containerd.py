@@ -1,0 +1,383 @@
+"""A private containerd for e2e tests, with cleanup that survives failed tests.
+
+Everything containerd owns lives under one work dir (root, state, sockets, opt,
+runc root, CNI dirs), so several sessions can run side by side with the node's
+own containerd. The exceptions are cgroups: pods use kubelet's layout
+(``/kubepods/<qos>/pod<uid>``) because koordlet's plugins read exactly that, so
+cleanup removes only the pod dirs of pods that went through this instance.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import grpc
+
+from koord.testing.image import DEFAULT_REF, build_pause_image
+from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target
+
+log = logging.getLogger(__name__)
+
+REQUIRED_BINARIES = ("containerd", "ctr", "runc", "containerd-shim-runc-v2", "gcc")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_MNT_DETACH = 2
+
+
+def containerd_binaries_present() -> None:
+    """Raises naming every missing tool: a missing runtime is a broken test setup, not a skip."""
+    missing = [name for name in REQUIRED_BINARIES if shutil.which(name) is None]
+    if missing:
+        raise RuntimeError(
+            f"e2e tests need {', '.join(missing)} on PATH (Debian packages: containerd, runc, gcc)"
+        )
+
+
+def wait_cri_ready(endpoint: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    """Polls CRI Version every 50 ms until it answers; raises TimeoutError otherwise."""
+    pb, grpc_mod = cri_modules("v1")
+    end = time.monotonic() + timeout
+    last: Exception | None = None
+    with grpc.insecure_channel(grpc_target(endpoint)) as channel:
+        stub = grpc_mod.RuntimeServiceStub(channel)
+        while time.monotonic() < end:
+            if not alive():
+                raise RuntimeError(f"process serving {endpoint} exited before CRI answered")
+            if os.path.exists(endpoint):
+                try:
+                    stub.Version(pb.VersionRequest(), timeout=1.0)
+                    return
+                except grpc.RpcError as err:
+                    last = err
+            time.sleep(0.05)
+    raise TimeoutError(f"CRI at {endpoint} did not answer Version within {timeout}s: {last}")
+
+
+def _unescape_mountinfo(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and i + 4 <= len(field):
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mounts_under(directory: Path) -> list[str]:
+    """Mount points at or below ``directory`` in mount order."""
+    prefix = str(directory).rstrip("/")
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mount_point = _unescape_mountinfo(line.split()[4])
+            if mount_point == prefix or mount_point.startswith(prefix + "/"):
+                found.append(mount_point)
+    return found
+
+
+def unmount_all(directory: Path) -> list[str]:
+    """Unmounts everything under ``directory``, newest first, lazily if busy; returns failures."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    failures = []
+    for mount_point in reversed(mounts_under(directory)):
+        path = mount_point.encode()
+        if libc.umount2(path, 0) == 0:
+            continue
+        if libc.umount2(path, _MNT_DETACH) != 0:
+            failures.append(f"{mount_point}: {os.strerror(ctypes.get_errno())}")
+    return failures
+
+
+def _processes_mentioning(needle: str) -> list[int]:
+    """PIDs whose command line contains ``needle`` (our shims carry our socket path)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle.encode() in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def _kill(pids: Iterable[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _cgroup_pids(cgroup_dir: Path) -> list[int]:
+    pids: list[int] = []
+    for procs in cgroup_dir.rglob("cgroup.procs"):
+        try:
+            pids.extend(int(p) for p in procs.read_text().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _rmdir_tree(directory: Path) -> list[str]:
+    """Removes a cgroup dir and its children, deepest first; returns dirs that stayed."""
+    if not directory.is_dir():
+        return []
+    stayed = []
+    for child in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        try:
+            child.rmdir()
+        except OSError as err:
+            stayed.append(f"{child}: {err.strerror}")
+    try:
+        directory.rmdir()
+    except OSError as err:
+        stayed.append(f"{directory}: {err.strerror}")
+    return stayed
+
+
+class Containerd:
+    """One private containerd + CRI plugin under ``workdir``; a context manager."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        image_ref: str = DEFAULT_REF,
+        cgroup_root: Path = CGROUP_ROOT,
+        image_cache: Path | None = None,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.root = self.workdir / "root"
+        self.state = self.workdir / "state"
+        self.endpoint = str(self.workdir / "containerd.sock")
+        self.ttrpc_endpoint = str(self.workdir / "containerd.sock.ttrpc")
+        self.opt = self.workdir / "opt"
+        self.runc_root = self.state / "runc"
+        self.cni_conf_dir = self.workdir / "cni" / "conf"
+        self.cni_bin_dir = self.workdir / "cni" / "bin"
+        self.config_path = self.workdir / "config.toml"
+        self.log_path = self.workdir / "containerd.log"
+        self.image = image_ref
+        self.image_cache = Path(image_cache) if image_cache else self.workdir / "image"
+        self.cgroup_root = Path(cgroup_root)
+        self.pod_cgroup_parents: set[str] = set()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file = None
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    def config_toml(self) -> str:
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        return f"""version = 2
+root = "{self.root}"
+state = "{self.state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "{self.endpoint}"
+
+[ttrpc]
+  address = "{self.ttrpc_endpoint}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{self.opt}"
+
+[{cri}]
+  sandbox_image = "{self.image}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[{cri}.cni]
+  bin_dir = "{self.cni_bin_dir}"
+  conf_dir = "{self.cni_conf_dir}"
+
+[{cri}.containerd]
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  Root = "{self.runc_root}"
+"""
+
+    def start(self, timeout: float = 30.0) -> "Containerd":
+        """Starts containerd, waits for CRI and imports the test image (idempotent image build)."""
+        containerd_binaries_present()
+        for directory in (self.root, self.state, self.opt, self.runc_root, self.cni_conf_dir, self.cni_bin_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self.config_toml())
+        self._log_file = open(self.log_path, "ab")
+        self._proc = subprocess.Popen(
+            ["containerd", "--config", str(self.config_path), "--log-level", "info"],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_cri_ready(self.endpoint, timeout, alive=lambda: self._proc is not None and self._proc.poll() is None)
+        except Exception as err:
+            raise RuntimeError(f"containerd did not start: {err}\n--- {self.log_path} tail ---\n{self.log_tail()}") from err
+        self.import_image(build_pause_image(self.image_cache, self.image))
+        return self
+
+    def import_image(self, archive: Path) -> None:
+        proc = subprocess.run(
+            ["ctr", "--address", self.endpoint, "-n", "k8s.io", "images", "import", str(archive)],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"ctr images import {archive} failed: {proc.stderr.strip()}")
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop_daemon(self) -> None:
+        """Stops only the containerd process (pods and shims stay): a backend outage."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def restart_daemon(self, timeout: float = 30.0) -> None:
+        """Starts containerd again on the same sockets and state after ``stop_daemon``."""
+        self.stop_daemon()
+        self._log_file = open(self.log_path, "ab")
+        self._proc = subprocess.Popen(
+            ["containerd", "--config", str(self.config_path), "--log-level", "info"],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_cri_ready(self.endpoint, timeout, alive=lambda: self.running)
+
+    def stop(self) -> None:
+        """Tears everything down; safe after any failure and safe to call twice."""
+        problems: list[str] = []
+        if self.running:
+            problems += self._remove_all_pods()
+        self.stop_daemon()
+        problems += self._kill_leftovers()
+        problems += unmount_all(self.workdir)
+        problems += self._remove_pod_cgroups()
+        for directory in (self.state, self.root):
+            if not mounts_under(directory):
+                shutil.rmtree(directory, ignore_errors=True)
+        if problems:
+            log.warning("containerd cleanup under %s left: %s", self.workdir, "; ".join(problems))
+
+    def __enter__(self) -> "Containerd":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- helpers for tests ---------------------------------------------------
+
+    def track_pod_cgroup(self, cgroup_parent: str) -> None:
+        """Remembers a pod cgroup to remove at ``stop`` (passed to KubeletClient as on_pod_created)."""
+        self.pod_cgroup_parents.add(cgroup_parent)
+
+    def client(self, version: str = "v1", log_root: Path | None = None) -> KubeletClient:
+        return KubeletClient(self.endpoint, version, on_pod_created=self.track_pod_cgroup, log_root=log_root)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # ---- cleanup steps ---------------------------------------------------------
+
+    def _remove_all_pods(self) -> list[str]:
+        problems = []
+        with KubeletClient(self.endpoint, log_root=self.workdir / "pod-logs") as cri:
+            try:
+                pods = cri.runtime.ListPodSandbox(cri.pb.ListPodSandboxRequest(), timeout=30).items
+            except grpc.RpcError as err:
+                return [f"ListPodSandbox: {err.code().name}: {err.details()}"]
+            for pod in pods:
+                self._remember_pod_cgroup(cri, pod.id)
+                cri.pods.append(pod.id)
+            problems += cri.cleanup()
+        return problems
+
+    def _remember_pod_cgroup(self, cri: KubeletClient, sandbox_id: str) -> None:
+        # Pods created by clients that were not wired to track_pod_cgroup still get cleaned.
+        try:
+            info = cri.pod_status(sandbox_id, verbose=True, timeout=10).info.get("info", "{}")
+            parent = json.loads(info).get("config", {}).get("linux", {}).get("cgroup_parent", "")
+        except (grpc.RpcError, ValueError):
+            return
+        if parent:
+            self.pod_cgroup_parents.add(parent)
+
+    def _kill_leftovers(self) -> list[str]:
+        """Kills our shims and every process left in containers runc still knows about."""
+        container_pids: list[int] = []
+        for state_file in self.runc_root.glob("*/*/state.json"):
+            try:
+                state = json.loads(state_file.read_text())
+            except (OSError, ValueError):
+                continue
+            for path in state.get("cgroup_paths", {}).values():
+                container_pids += _cgroup_pids(Path(path))
+            if state.get("init_process_pid"):
+                container_pids.append(state["init_process_pid"])
+        for parent in self.pod_cgroup_parents:
+            for subsystem in ("pids", "memory", "cpu", "freezer"):
+                container_pids += _cgroup_pids(self.cgroup_root / subsystem / parent.strip("/"))
+        _kill(container_pids)
+        shims = _processes_mentioning(str(self.workdir))
+        _kill(shims)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in shims):
+            time.sleep(0.05)
+        return [f"pid {p} still alive" for p in shims if Path(f"/proc/{p}/cmdline").exists()
+                and str(self.workdir).encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+    def _remove_pod_cgroups(self) -> list[str]:
+        problems = []
+        subsystems = [p for p in self.cgroup_root.iterdir() if p.is_dir()] if self.cgroup_root.is_dir() else []
+        for parent in sorted(self.pod_cgroup_parents):
+            for subsystem in subsystems:
+                pod_dir = subsystem / parent.strip("/")
+                problems += _rmdir_tree(pod_dir)
+                # QoS and kubepods dirs are shared with other sessions: remove only when empty.
+                for shared in pod_dir.parents:
+                    if shared == subsystem or not shared.is_dir():
+                        break
+                    try:
+                        shared.rmdir()
+                    except OSError:
+                        break
+        return problems

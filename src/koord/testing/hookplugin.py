@@ -1,0 +1,122 @@
+"""A runtime plugin for tests: serves runtime.v1alpha1.RuntimeHookService on a unix socket
+with our generated code, records every request, and answers what the test tells it to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from koord.apis.runtime.v1alpha1 import api_pb2
+
+POD_HOOKS = ("PreRunPodSandbox", "PostStopPodSandbox")
+CONTAINER_HOOKS = ("PreCreateContainer", "PreStartContainer", "PostStartContainer",
+                   "PostStopContainer", "PreUpdateContainerResources")
+ALL_HOOKS = POD_HOOKS + CONTAINER_HOOKS
+
+Answer = Callable[[object], object]
+"""Takes the request, returns the response message (or raises grpc errors via abort)."""
+
+
+@dataclass
+class Behaviour:
+    answer: Answer | None = None
+    delay: float = 0.0
+    error: tuple[grpc.StatusCode, str] | None = None
+
+
+@dataclass
+class RecordingPlugin:
+    """One plugin server; ``behaviours[hook]`` decides each answer, ``calls`` records requests."""
+
+    socket: Path
+    name: str = "plugin"
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    calls: list[tuple[str, object]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+
+    def start(self) -> RecordingPlugin:
+        self.socket.parent.mkdir(parents=True, exist_ok=True)
+        self.socket.unlink(missing_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        server.add_generic_rpc_handlers((self._handler(),))
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(0).wait()
+            self._server = None
+        self.socket.unlink(missing_ok=True)
+
+    def registration(self, config_dir: Path, file_name: str, hooks=ALL_HOOKS,
+                     failure_policy: str = "Ignore", timeout: float | None = None) -> Path:
+        """Writes the plugin's registration file the way a real plugin would (atomically, 0644)."""
+        doc: dict[str, object] = {"remote-endpoint": str(self.socket), "failure-policy": failure_policy,
+                                  "runtime-hooks": list(hooks)}
+        if timeout is not None:
+            doc["timeout-seconds"] = timeout
+        config_dir.mkdir(parents=True, exist_ok=True)
+        tmp = config_dir / f".{file_name}.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, config_dir / file_name)
+        return config_dir / file_name
+
+    def requests(self, hook: str) -> list:
+        with self._lock:
+            return [req for h, req in self.calls if h == hook]
+
+    def hooks_seen(self) -> list[str]:
+        with self._lock:
+            return [h for h, _ in self.calls]
+
+    def wait_for(self, hook: str, count: int = 1, timeout: float = 10.0) -> list:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.requests(hook)
+            if len(got) >= count:
+                return got
+            time.sleep(0.02)
+        raise AssertionError(f"{self.name}: expected {count} {hook} call(s) within {timeout}s, "
+                             f"saw {self.hooks_seen()}")
+
+    def _handler(self) -> grpc.GenericRpcHandler:
+        handlers = {}
+        for hook in ALL_HOOKS:
+            pod = hook in POD_HOOKS
+            req_type = api_pb2.PodSandboxHookRequest if pod else api_pb2.ContainerResourceHookRequest
+            resp_type = api_pb2.PodSandboxHookResponse if pod else api_pb2.ContainerResourceHookResponse
+            handlers[f"{hook}Hook"] = grpc.unary_unary_rpc_method_handler(
+                self._serve(hook, resp_type),
+                request_deserializer=req_type.FromString,
+                response_serializer=resp_type.SerializeToString)
+        return grpc.method_handlers_generic_handler("runtime.v1alpha1.RuntimeHookService", handlers)
+
+    def _serve(self, hook: str, resp_type: type) -> Callable:
+        def serve(request, context: grpc.ServicerContext):
+            with self._lock:
+                self.calls.append((hook, request))
+            behaviour = self.behaviours.get(hook, Behaviour())
+            if behaviour.delay:
+                time.sleep(behaviour.delay)
+            if behaviour.error is not None:
+                context.abort(*behaviour.error)
+            if behaviour.answer is not None:
+                return behaviour.answer(request)
+            return resp_type()
+        return serve
+

@@ -1,0 +1,155 @@
+"""The runtime dispatcher against real plugin servers on unix sockets (no backend needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.runtimeproxy.dispatcher import HookFailed, RuntimeDispatcher, Target
+from koord.runtimeproxy.metrics import ProxyMetrics
+from koord.runtimeproxy.pluginsmanager import HookPoint, PluginsManager
+from koord.testing.hookplugin import Behaviour, RecordingPlugin
+
+TARGET = Target("ns/web", "c1")
+
+
+@pytest.fixture
+def env(tmp_path: Path):
+    plugins: list[RecordingPlugin] = []
+    config_dir = tmp_path / "hookserver.d"
+    config_dir.mkdir()
+
+    def add(file_name: str, **registration) -> RecordingPlugin:
+        plugin = RecordingPlugin(tmp_path / f"{file_name}.sock", name=file_name).start()
+        plugin.registration(config_dir, file_name, **registration)
+        plugins.append(plugin)
+        return plugin
+
+    yield config_dir, add
+    for plugin in plugins:
+        plugin.stop()
+
+
+def _dispatch(config_dir: Path, coro_fn):
+    async def main():
+        manager = PluginsManager(config_dir, default_timeout=5.0)
+        manager.start()
+        metrics = ProxyMetrics(CollectorRegistry())
+        dispatcher = RuntimeDispatcher(manager, metrics)
+        try:
+            return await coro_fn(dispatcher), metrics
+        finally:
+            await dispatcher.close()
+            manager.stop()
+    return asyncio.run(main())
+
+
+def _sample(metrics: ProxyMetrics, plugin: str, outcome: str) -> float:
+    for family in metrics.registry.collect():
+        for s in family.samples:
+            if s.name.endswith("hook_duration_seconds_count") and s.labels.get("plugin") == plugin \
+                    and s.labels.get("outcome") == outcome:
+                return s.value
+    return 0.0
+
+
+def test_plugins_are_chained_in_file_order_and_overrides_are_logged(env, caplog) -> None:
+    config_dir, add = env
+    second = add("20-b.json", hooks=["PreCreateContainer"])
+    first = add("10-a.json", hooks=["PreCreateContainer"])
+    first.behaviours["PreCreateContainer"] = Behaviour(answer=lambda req: hook.ContainerResourceHookResponse(
+        container_annotations={"from-a": "1"}, container_resources=hook.LinuxContainerResources(cpu_shares=100)))
+    second.behaviours["PreCreateContainer"] = Behaviour(answer=lambda req: hook.ContainerResourceHookResponse(
+        container_resources=hook.LinuxContainerResources(cpu_shares=200)))
+    request = hook.ContainerResourceHookRequest(container_meta=hook.ContainerMetadata(name="c1"))
+    caplog.set_level(logging.INFO)
+    changed, _ = _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_CREATE_CONTAINER, request, TARGET))
+    assert changed
+    assert request.container_resources.cpu_shares == 200
+    assert request.container_annotations["from-a"] == "1"
+    assert second.requests("PreCreateContainer")[0].container_annotations["from-a"] == "1"
+    assert any("20-b.json overrides container_resources.cpu_shares set by plugin 10-a.json" in r.message
+               for r in caplog.records)
+
+
+def test_timeout_with_ignore_goes_on(env) -> None:
+    config_dir, add = env
+    slow = add("10-slow.json", hooks=["PreRunPodSandbox"], timeout=0.3)
+    slow.behaviours["PreRunPodSandbox"] = Behaviour(delay=3.0)
+    fast = add("20-fast.json", hooks=["PreRunPodSandbox"])
+    fast.behaviours["PreRunPodSandbox"] = Behaviour(
+        answer=lambda req: hook.PodSandboxHookResponse(labels={"fast": "yes"}))
+    request = hook.PodSandboxHookRequest()
+    start = time.monotonic()
+    changed, metrics = _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_RUN_POD_SANDBOX, request, TARGET))
+    assert time.monotonic() - start < 2.5, "the hung plugin must be cut off by its timeout"
+    assert changed and request.labels["fast"] == "yes"
+    assert _sample(metrics, "10-slow.json", "timeout") == 1
+
+
+def test_fail_policy_error_names_plugin_hook_and_error(env) -> None:
+    config_dir, add = env
+    bad = add("10-strict.json", hooks=["PreStartContainer"], failure_policy="Fail")
+    bad.behaviours["PreStartContainer"] = Behaviour(error=(grpc.StatusCode.INTERNAL, "no cpus left"))
+    with pytest.raises(HookFailed) as err:
+        _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_START_CONTAINER,
+                                                  hook.ContainerResourceHookRequest(), TARGET))
+    text = str(err.value)
+    assert "10-strict.json" in text and "PreStartContainer" in text and "no cpus left" in text
+
+
+def test_invalid_answer_is_an_error_and_never_merged(env) -> None:
+    config_dir, add = env
+    bad = add("10-bad.json", hooks=["PreCreateContainer"])
+    bad.behaviours["PreCreateContainer"] = Behaviour(answer=lambda req: hook.ContainerResourceHookResponse(
+        container_resources=hook.LinuxContainerResources(cpuset_cpus="zero", cpu_shares=7)))
+    request = hook.ContainerResourceHookRequest()
+    changed, metrics = _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_CREATE_CONTAINER, request, TARGET))
+    assert not changed and request.container_resources.cpu_shares == 0
+    assert _sample(metrics, "10-bad.json", "invalid") == 1
+
+
+def test_invalid_answer_with_fail_policy_fails_the_call(env) -> None:
+    config_dir, add = env
+    bad = add("10-bad.json", hooks=["PreCreateContainer"], failure_policy="Fail")
+    bad.behaviours["PreCreateContainer"] = Behaviour(answer=lambda req: hook.ContainerResourceHookResponse(
+        container_envs={"": "x"}))
+    with pytest.raises(HookFailed, match="invalid answer: container_envs"):
+        _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_CREATE_CONTAINER,
+                                                  hook.ContainerResourceHookRequest(), TARGET))
+
+
+def test_unreachable_plugin_with_ignore_is_skipped(env, tmp_path) -> None:
+    config_dir, add = env
+    gone = add("10-gone.json", hooks=["PreRunPodSandbox"])
+    gone.stop()
+    request = hook.PodSandboxHookRequest()
+    changed, metrics = _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_RUN_POD_SANDBOX, request, TARGET))
+    assert not changed
+    assert _sample(metrics, "10-gone.json", "unavailable") == 1
+
+
+def test_post_hook_errors_are_never_raised(env) -> None:
+    config_dir, add = env
+    bad = add("10-strict.json", hooks=["PostStopContainer"], failure_policy="Fail")
+    bad.behaviours["PostStopContainer"] = Behaviour(error=(grpc.StatusCode.INTERNAL, "boom"))
+    ok = add("20-ok.json", hooks=["PostStopContainer"])
+    _, metrics = _dispatch(config_dir, lambda d: d.run_post(HookPoint.POST_STOP_CONTAINER,
+                                                            hook.ContainerResourceHookRequest(), TARGET))
+    assert len(ok.requests("PostStopContainer")) == 1
+    assert _sample(metrics, "10-strict.json", "error") == 1
+
+
+def test_plugin_without_the_hook_point_is_not_called(env) -> None:
+    config_dir, add = env
+    only_pod = add("10-pod.json", hooks=["PreRunPodSandbox"])
+    _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_CREATE_CONTAINER,
+                                              hook.ContainerResourceHookRequest(), TARGET))
+    assert only_pod.hooks_seen() == []
