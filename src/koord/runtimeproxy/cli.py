@@ -74,11 +74,15 @@ async def run(options: Options) -> int:
     if options.metrics_address:
         health = HealthServer(options.metrics_address, metrics, state.ready)
         health.start()
-        log.info("serving /metrics, /healthz, /readyz on %s", options.metrics_address)
+
+    def publish_plugins() -> None:
+        metrics.registered_plugins.set(len(plugins.snapshot()))
+        metrics.invalid_registrations.set(len(plugins.invalid()))
 
     plugins = PluginsManager(options.hook_config_dir, default_timeout=options.hook_timeout,
-                             on_change=lambda: metrics.registered_plugins.set(len(plugins.snapshot())))
+                             on_change=publish_plugins)
     plugins.start()
+    publish_plugins()
     backend = Backend(options.runtime_endpoint, options.image_endpoint)
     store = store_mod.Store()
     dispatcher = RuntimeDispatcher(plugins, metrics)
@@ -92,7 +96,6 @@ async def run(options: Options) -> int:
         server.add_insecure_port(f"unix://{options.proxy_endpoint}")
         await server.start()
         os.chmod(options.proxy_endpoint, SOCKET_MODE)
-        metrics.registered_plugins.set(len(plugins.snapshot()))
         log.info("serving CRI on %s, backend %s (images %s), hook config %s",
                  options.proxy_endpoint, options.runtime_endpoint, options.image_endpoint,
                  options.hook_config_dir)

@@ -225,17 +225,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         for directory in (self.root, self.state, self.opt, self.runc_root, self.cni_conf_dir, self.cni_bin_dir):
             directory.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_toml())
-        self._log_file = open(self.log_path, "ab")
-        self._proc = subprocess.Popen(
-            ["containerd", "--config", str(self.config_path), "--log-level", "info"],
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            wait_cri_ready(self.endpoint, timeout, alive=lambda: self._proc is not None and self._proc.poll() is None)
-        except Exception as err:
-            raise RuntimeError(f"containerd did not start: {err}\n--- {self.log_path} tail ---\n{self.log_tail()}") from err
+        self._spawn(timeout)
         self.import_image(build_pause_image(self.image_cache, self.image))
         return self
 
@@ -271,6 +261,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def restart_daemon(self, timeout: float = 30.0) -> None:
         """Starts containerd again on the same sockets and state after ``stop_daemon``."""
         self.stop_daemon()
+        self._spawn(timeout)
+
+    def _spawn(self, timeout: float) -> None:
         self._log_file = open(self.log_path, "ab")
         self._proc = subprocess.Popen(
             ["containerd", "--config", str(self.config_path), "--log-level", "info"],
@@ -278,7 +271,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_cri_ready(self.endpoint, timeout, alive=lambda: self.running)
+        try:
+            wait_cri_ready(self.endpoint, timeout, alive=lambda: self.running)
+        except Exception as err:
+            raise RuntimeError(
+                f"containerd did not start: {err}\n--- {self.log_path} tail ---\n{self.log_tail()}"
+            ) from err
 
     def stop(self) -> None:
         """Tears everything down; safe after any failure and safe to call twice."""
@@ -308,7 +306,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.pod_cgroup_parents.add(cgroup_parent)
 
     def client(self, version: str = "v1", log_root: Path | None = None) -> KubeletClient:
-        return KubeletClient(self.endpoint, version, on_pod_created=self.track_pod_cgroup, log_root=log_root)
+        """A kubelet-like client to this containerd whose pods are cleaned up by ``stop``."""
+        return KubeletClient(
+            self.endpoint, version, on_pod_created=self.track_pod_cgroup, log_root=log_root or self.workdir / "pod-logs"
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:

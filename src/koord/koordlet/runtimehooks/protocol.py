@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
+from typing import TypeVar
+
+from google.protobuf.message import Message
 
 from koord.apis.runtime.v1alpha1 import api_pb2
 
@@ -93,7 +96,7 @@ class Resources:
 
     def to_proto(self) -> api_pb2.LinuxContainerResources | None:
         """None when nothing travels on the wire (bvt is koordlet-only)."""
-        msg = api_pb2.LinuxContainerResources(
+        return _present(api_pb2.LinuxContainerResources(
             cpu_period=self.cpu_period or 0,
             cpu_quota=self.cpu_quota or 0,
             cpu_shares=self.cpu_shares or 0,
@@ -101,8 +104,7 @@ class Resources:
             cpuset_cpus=self.cpuset_cpus or "",
             cpuset_mems=self.cpuset_mems or "",
             unified=self.unified,
-        )
-        return msg if msg.ByteSize() else None
+        ))
 
 
 @dataclass
@@ -119,9 +121,10 @@ class PodMeta:
     def from_proto(cls, msg: api_pb2.PodSandboxMetadata) -> PodMeta:
         return cls(name=msg.name, namespace=msg.namespace, uid=msg.uid, attempt=msg.attempt)
 
-    def to_proto(self) -> api_pb2.PodSandboxMetadata:
-        return api_pb2.PodSandboxMetadata(
-            name=self.name, namespace=self.namespace, uid=self.uid, attempt=self.attempt)
+    def to_proto(self) -> api_pb2.PodSandboxMetadata | None:
+        """None when empty, so an absent field stays absent on the way back."""
+        return _present(api_pb2.PodSandboxMetadata(
+            name=self.name, namespace=self.namespace, uid=self.uid, attempt=self.attempt))
 
 
 @dataclass
@@ -255,8 +258,8 @@ class ContainerRequest:
         """The request as a caller (proxy, SDK tests, benchmarks) sends it."""
         return api_pb2.ContainerResourceHookRequest(
             pod_meta=self.pod_meta.to_proto(),
-            container_meta=api_pb2.ContainerMetadata(
-                name=self.container_name, id=self.container_id, attempt=self.attempt),
+            container_meta=_present(api_pb2.ContainerMetadata(
+                name=self.container_name, id=self.container_id, attempt=self.attempt)),
             container_annotations=self.container_annotations,
             container_resources=self.resources.to_proto(),
             pod_resources=self.pod_resources.to_proto(),
@@ -314,3 +317,10 @@ class ContainerContext:
 
 
 HookContext = PodContext | ContainerContext
+
+_M = TypeVar("_M", bound=Message)
+
+
+def _present(msg: _M) -> _M | None:
+    """An all-zero sub-message as None, so it stays absent on the wire (zero = not specified)."""
+    return msg if msg.ByteSize() else None

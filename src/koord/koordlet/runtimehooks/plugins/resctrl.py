@@ -1,0 +1,247 @@
+"""Resctrl: per-pod LLC (cache ways) and memory-bandwidth isolation through Linux resctrl.
+
+Pod annotation ``node.koordinator.sh/resctrl`` (upstream's format; keys are matched
+case-insensitively because older upstream releases used "LLC"/"MB"):
+
+    {"llc": {"schemata": {"range": [20, 80]},
+             "schemataPerCache": [{"cacheID": 1, "range": [0, 50]}]},
+     "mb":  {"schemata": {"percent": 20},
+             "schemataPerCache": [{"cacheID": 1, "percent": 50}]}}
+
+``range`` is [start%, end%) of the cache ways, turned into a contiguous bit mask of the
+root's ``info/L3/cbm_mask`` as upstream does (cbm 0x3ff, [10, 80] -> 0xfe); ``percent`` is
+the memory-bandwidth share. ``schemata`` applies to every cache id found in the root
+``schemata``; ``schemataPerCache`` overrides single ids.
+
+Lifecycle: PreRunPodSandbox creates group ``koordlet-<podUID>`` and writes its schemata;
+PostStartContainer (re-)ensures the group and moves the container's threads into it;
+PostStopPodSandbox removes the group. These are file-system side effects by nature: the
+group must exist before the container's threads can join it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..executor import CgroupError
+from ..hooks import HookError, Hooks, RuntimePlugin, Stage
+from ..protocol import ContainerContext, HookContext, PodContext
+
+log = logging.getLogger(__name__)
+
+RESCTRL_ANNOTATION = "node.koordinator.sh/resctrl"
+GROUP_PREFIX = "koordlet-"
+
+
+@dataclass(frozen=True)
+class ResctrlConfig:
+    """Per resource: cache id (None = every id) -> L3 [start%, end%] range or MB percent."""
+
+    llc: dict[int | None, tuple[int, int]] = field(default_factory=dict)
+    mb: dict[int | None, int] = field(default_factory=dict)
+
+
+def _get(obj: dict, key: str) -> object:
+    for k, v in obj.items():
+        if k.lower() == key.lower():
+            return v
+    return None
+
+
+def _object(value: object, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise HookError(f"{where}: want an object")
+    return value
+
+
+def _range(value: object, where: str) -> tuple[int, int]:
+    if (not isinstance(value, list) or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            or not 0 <= value[0] < value[1] <= 100):
+        raise HookError(f"{where}.range={value!r}: want [start, end] with 0 <= start < end <= 100")
+    return value[0], value[1]
+
+
+def _percent(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 100:
+        raise HookError(f"{where}.percent={value!r}: want an integer in (0, 100]")
+    return value
+
+
+def parse_resctrl(text: str) -> ResctrlConfig:
+    where = f"pod annotation {RESCTRL_ANNOTATION}"
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HookError(f"{where}: bad JSON: {exc.msg}") from None
+    raw = _object(raw, where)
+    config = ResctrlConfig()
+    for key, target, parse, value_key in (("llc", config.llc, _range, "range"),
+                                          ("mb", config.mb, _percent, "percent")):
+        section = _object(_get(raw, key), f"{where}: {key}")
+        schemata = _object(_get(section, "schemata"), f"{where}: {key}.schemata")
+        if _get(schemata, value_key) is not None:
+            target[None] = parse(_get(schemata, value_key), f"{where}: {key}.schemata")
+        per_cache = _get(section, "schemataPerCache") or []
+        if not isinstance(per_cache, list):
+            raise HookError(f"{where}: {key}.schemataPerCache: want a list")
+        for i, item in enumerate(per_cache):
+            at = f"{where}: {key}.schemataPerCache[{i}]"
+            item = _object(item, at)
+            cache_id = _get(item, "cacheID")
+            if isinstance(cache_id, bool) or not isinstance(cache_id, int) or cache_id < 0:
+                raise HookError(f"{at}.cacheID={cache_id!r}: want a non-negative integer")
+            target[cache_id] = parse(_get(item, value_key), at)
+    return config
+
+
+def l3_mask(cbm: int, start: int, end: int) -> str:
+    """Bits for ways [ceil(ways*start%), ceil(ways*end%)) of a contiguous root mask, in hex."""
+    if cbm <= 0 or (cbm + 1) & cbm:
+        raise HookError(f"root cbm_mask {cbm:x} is not a contiguous low mask")
+    ways = cbm.bit_length()
+    start_way, end_way = -(-ways * start // 100), -(-ways * end // 100)
+    if end_way <= start_way:
+        raise HookError(f"L3 range [{start}, {end}] covers no cache way of {ways}")
+    return f"{(1 << end_way) - (1 << start_way):x}"
+
+
+def _root_ids(schemata: str, resource: str) -> list[int]:
+    """Cache/domain ids of one resource line of the root schemata ("L3:0=fff;1=fff")."""
+    for line in schemata.splitlines():
+        name, _, domains = line.strip().partition(":")
+        if name == resource:
+            return [int(d.split("=")[0]) for d in domains.split(";") if "=" in d]
+    return []
+
+
+class Resctrl(RuntimePlugin):
+    name = "Resctrl"
+
+    _unsupported_logged = False
+
+    @property
+    def root(self) -> Path:
+        return self.env.sys_fs_root / "resctrl"
+
+    def group_dir(self, pod_uid: str) -> Path:
+        if not pod_uid or "/" in pod_uid or pod_uid.startswith("."):
+            raise HookError(f"plugin {self.name}: bad pod uid {pod_uid!r} for a resctrl group")
+        return self.root / f"{GROUP_PREFIX}{pod_uid}"
+
+    def register(self, hooks: Hooks) -> None:
+        hooks.register(Stage.PRE_RUN_POD_SANDBOX, self.name, "create pod resctrl group", self.create_group)
+        hooks.register(Stage.POST_START_CONTAINER, self.name, "add container tasks to pod resctrl group",
+                       self.add_tasks)
+        hooks.register(Stage.POST_STOP_POD_SANDBOX, self.name, "remove pod resctrl group", self.remove_group)
+
+    def supported(self) -> bool:
+        if (self.root / "schemata").is_file():
+            return True
+        if not self._unsupported_logged:
+            self._unsupported_logged = True
+            log.info("plugin %s: %s/schemata missing (resctrl not mounted or no RDT); doing nothing",
+                     self.name, self.root)
+        return False
+
+    def schemata_lines(self, config: ResctrlConfig) -> list[str]:
+        root_schemata = (self.root / "schemata").read_text()
+        lines = []
+        if config.llc:
+            cbm_path = self.root / "info" / "L3" / "cbm_mask"
+            try:
+                cbm = int(cbm_path.read_text().strip(), 16)
+            except (OSError, ValueError) as exc:
+                raise HookError(f"LLC isolation asked for but {cbm_path} is unusable: {exc}") from None
+            ids = _root_ids(root_schemata, "L3")
+            masks = {i: l3_mask(cbm, *config.llc[i if i in config.llc else None])
+                     for i in ids if i in config.llc or None in config.llc}
+            if masks:
+                lines.append("L3:" + ";".join(f"{i}={m}" for i, m in sorted(masks.items())))
+        if config.mb:
+            ids = _root_ids(root_schemata, "MB")
+            percents = {i: config.mb[i if i in config.mb else None]
+                        for i in ids if i in config.mb or None in config.mb}
+            if percents:
+                lines.append("MB:" + ";".join(f"{i}={p}" for i, p in sorted(percents.items())))
+        return lines
+
+    def ensure_group(self, pod_uid: str, annotation: str, who: str) -> Path:
+        config = parse_resctrl(annotation)
+        group = self.group_dir(pod_uid)
+        lines = self.schemata_lines(config)
+        group.mkdir(exist_ok=True)
+        if lines:
+            # The kernel parses each line of one write; unnamed resources keep the root values.
+            (group / "schemata").write_text("\n".join(lines) + "\n")
+        log.info("plugin %s: %s: resctrl group %s schemata %s", self.name, who, group.name, lines)
+        return group
+
+    def create_group(self, ctx: HookContext) -> None:
+        assert isinstance(ctx, PodContext)
+        req = ctx.request
+        annotation = req.annotations.get(RESCTRL_ANNOTATION)
+        if not annotation or not self.supported():
+            return
+        try:
+            self.ensure_group(req.meta.uid, annotation, f"pod {req.meta}")
+        except (HookError, OSError) as exc:
+            raise HookError(f"plugin {self.name}: pod {req.meta}: {exc}") from None
+
+    def add_tasks(self, ctx: HookContext) -> None:
+        assert isinstance(ctx, ContainerContext)
+        req = ctx.request
+        annotation = req.pod_annotations.get(RESCTRL_ANNOTATION)
+        if not annotation or not self.supported():
+            return
+        who = f"pod {req.pod_meta} container {req.container_name}"
+        executor = self.env.executor
+        try:
+            group = self.ensure_group(req.pod_meta.uid, annotation, who)
+            cgroup = executor.container_dir(req.pod_cgroup_parent, req.container_id)
+            tids = executor.read(cgroup, "tasks").split()
+            moved = self._move_tasks(group / "tasks", tids)
+        except (HookError, CgroupError, OSError) as exc:
+            raise HookError(f"plugin {self.name}: {who}: {exc}") from None
+        log.info("plugin %s: %s: moved %d of %d tasks into %s", self.name, who, moved, len(tids), group.name)
+
+    @staticmethod
+    def _move_tasks(tasks_file: Path, tids: list[str]) -> int:
+        """One write per thread id, as the kernel takes one; threads that exited are skipped."""
+        moved = 0
+        fd = os.open(tasks_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            for tid in tids:
+                try:
+                    os.write(fd, f"{tid}\n".encode())
+                    moved += 1
+                except ProcessLookupError:
+                    continue
+        finally:
+            os.close(fd)
+        return moved
+
+    def remove_group(self, ctx: HookContext) -> None:
+        assert isinstance(ctx, PodContext)
+        req = ctx.request
+        group = self.group_dir(req.meta.uid)
+        if not group.is_dir():
+            return
+        try:
+            os.rmdir(group)
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise HookError(f"plugin {self.name}: pod {req.meta}: remove {group}: {exc.strerror}") from None
+            # The kernel's resctrl rmdir drops its control files itself; a plain directory
+            # (a tree not mounted as resctrl) needs them removed first.
+            for child in group.iterdir():
+                child.unlink()
+            os.rmdir(group)
+        log.info("plugin %s: pod %s: removed resctrl group %s", self.name, req.meta, group.name)

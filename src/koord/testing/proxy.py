@@ -1,0 +1,141 @@
+"""Runs ``python -m koord.runtimeproxy`` as a real subprocess for e2e tests.
+
+A subprocess (not an in-process server) so tests see exactly what kubelet sees:
+the real flag parsing, the socket file, signal handling and restarts.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from koord.testing.containerd import wait_cri_ready
+
+START_TIMEOUT = 20.0
+
+
+class RuntimeProxy:
+    """One proxy process in front of ``backend_endpoint``, serving on a socket under ``workdir``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        backend_endpoint: str,
+        hook_config_dir: Path | None = None,
+        extra_args: Sequence[str] = (),
+        metrics_bind_address: str = "",
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.backend_endpoint = backend_endpoint
+        self.hook_config_dir = Path(hook_config_dir) if hook_config_dir else self.workdir / "hookserver.d"
+        self.hook_config_dir.mkdir(parents=True, exist_ok=True)
+        self.endpoint = str(self.workdir / "runtimeproxy.sock")
+        self.extra_args = tuple(extra_args)
+        self.metrics_bind_address = metrics_bind_address
+        self.stderr_path = self.workdir / "runtimeproxy.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr = None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "koord.runtimeproxy",
+            "--koord-runtimeproxy-endpoint",
+            self.endpoint,
+            "--remote-runtime-service-endpoint",
+            self.backend_endpoint,
+            "--runtime-hook-config-dir",
+            str(self.hook_config_dir),
+            "--metrics-bind-address",
+            self.metrics_bind_address,
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = START_TIMEOUT) -> "RuntimeProxy":
+        """Starts the proxy and returns once its socket answers CRI Version."""
+        if self.running:
+            raise RuntimeError(f"proxy on {self.endpoint} is already running (pid {self.pid})")
+        self._stderr = open(self.stderr_path, "ab")
+        self._proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._stderr,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+        try:
+            wait_cri_ready(self.endpoint, timeout, alive=lambda: self.running)
+        except Exception as err:
+            self.kill()
+            raise RuntimeError(
+                f"runtime proxy did not serve CRI on {self.endpoint}: {err}\n"
+                f"command: {' '.join(self.command())}\n--- proxy stderr tail ---\n{self.logs(tail=60)}"
+            ) from err
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc is not None else None
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM and wait (SIGKILL after ``timeout``); returns the exit code."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        return self._finish()
+
+    def kill(self) -> int | None:
+        """SIGKILL: a crash, leaving a stale socket behind like a real crash would."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        return self._finish()
+
+    def restart(self, timeout: float = START_TIMEOUT) -> "RuntimeProxy":
+        self.stop()
+        return self.start(timeout)
+
+    def _finish(self) -> int | None:
+        rc = self._proc.returncode if self._proc is not None else None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        return rc
+
+    def logs(self, tail: int | None = None) -> str:
+        """The proxy's stderr (all runs of this instance), optionally only the last lines."""
+        try:
+            text = self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        if tail is not None:
+            return "\n".join(text.splitlines()[-tail:])
+        return text
+
+    def __enter__(self) -> "RuntimeProxy":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+

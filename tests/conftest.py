@@ -1,0 +1,75 @@
+"""Fixtures for e2e tests: one private containerd per session, a proxy per test.
+
+The e2e fixtures fail (never skip) when the machine can't run them: a silently
+skipped transparency suite would look like a passing one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from koord.testing.containerd import Containerd, containerd_binaries_present
+from koord.testing.kubelet import KubeletClient
+from koord.testing.proxy import RuntimeProxy
+
+
+def _require_e2e_machine() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("e2e tests need root: they run containerd/runc and write cgroups", pytrace=False)
+    try:
+        containerd_binaries_present()
+    except RuntimeError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    _require_e2e_machine()
+    instance = Containerd(tmp_path_factory.mktemp("containerd"))
+    try:
+        instance.start()
+        yield instance
+    finally:
+        instance.stop()
+
+
+def _cleanup_direct(containerd: Containerd, client: KubeletClient) -> None:
+    """Removes a client's pods straight at containerd, so a broken proxy can't leak them."""
+    with containerd.client() as direct:
+        direct.pods = list(client.pods)
+        errors = direct.cleanup()
+    client.close()
+    if errors:
+        print("pod cleanup errors:", *errors, sep="\n  ")
+
+
+@pytest.fixture
+def kubelet(containerd: Containerd) -> Iterator[KubeletClient]:
+    client = containerd.client()
+    yield client
+    _cleanup_direct(containerd, client)
+
+
+@pytest.fixture
+def proxy(containerd: Containerd, tmp_path: Path) -> Iterator[RuntimeProxy]:
+    instance = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, hook_config_dir=tmp_path / "hookserver.d")
+    try:
+        instance.start()
+        yield instance
+    finally:
+        instance.stop()
+        # Shown by pytest only when the test failed.
+        print("--- runtime proxy log ---\n" + instance.logs(tail=200))
+
+
+@pytest.fixture
+def proxied_kubelet(containerd: Containerd, proxy: RuntimeProxy) -> Iterator[KubeletClient]:
+    client = KubeletClient(
+        proxy.endpoint, on_pod_created=containerd.track_pod_cgroup, log_root=containerd.workdir / "pod-logs"
+    )
+    yield client
+    _cleanup_direct(containerd, client)

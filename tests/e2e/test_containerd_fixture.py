@@ -1,0 +1,94 @@
+"""The e2e infrastructure itself: a kubelet-shaped lifecycle straight against the private containerd."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from cri_api.v1 import api_pb2 as cri
+
+from koord.testing.containerd import Containerd, mounts_under
+from koord.testing.image import image_archive_bytes
+from koord.testing.kubelet import KubeletClient, container_cgroup_dir, read_cgroup
+
+pytestmark = pytest.mark.e2e
+
+
+def test_direct_lifecycle(containerd: Containerd, kubelet: KubeletClient) -> None:
+    uid = str(uuid.uuid4())
+    sandbox_id = kubelet.run_pod("fixture-pod", namespace="e2e", uid=uid, qos="burstable")
+    parent = kubelet.pod_cgroup_parent(sandbox_id)
+    assert parent == f"/kubepods/burstable/pod{uid}"
+
+    pod = kubelet.pod_status(sandbox_id).status
+    assert pod.state == cri.SANDBOX_READY
+    assert pod.metadata.uid == uid
+    assert pod.labels["io.kubernetes.pod.namespace"] == "e2e"
+
+    container_id = kubelet.create_container(
+        sandbox_id, "app", containerd.image, envs={"KOORD_E2E": "yes"}, resources={"cpu_shares": 1024}
+    )
+    kubelet.start_container(container_id)
+    assert kubelet.container_status(container_id).status.state == cri.CONTAINER_RUNNING
+    assert container_cgroup_dir("cpu", parent, container_id).is_dir()
+
+    result = kubelet.exec_sync(container_id, ["/pause", "env"])
+    assert result.exit_code == 0
+    assert "KOORD_E2E=yes" in result.stdout.decode().splitlines()
+
+    assert read_cgroup("cpu", parent, container_id, "cpu.shares") == "1024"
+    kubelet.update_resources(container_id, {"cpu_shares": 333, "cpu_quota": 50000, "cpu_period": 100000})
+    assert read_cgroup("cpu", parent, container_id, "cpu.shares") == "333"
+    assert read_cgroup("cpu", parent, container_id, "cpu.cfs_quota_us") == "50000"
+
+    kubelet.stop_container(container_id, grace=2)
+    assert kubelet.container_status(container_id).status.state == cri.CONTAINER_EXITED
+    kubelet.remove_container(container_id)
+    kubelet.stop_pod(sandbox_id)
+    kubelet.remove_pod(sandbox_id)
+    listed = kubelet.runtime.ListPodSandbox(cri.ListPodSandboxRequest()).items
+    assert sandbox_id not in {p.id for p in listed}
+
+
+def test_pause_binary_commands(containerd: Containerd, kubelet: KubeletClient) -> None:
+    sandbox_id = kubelet.run_pod("pause-cmds")
+    container_id = kubelet.run_container(sandbox_id, "app", containerd.image)
+    echo = kubelet.exec_sync(container_id, ["/pause", "echo", "a", "b c"])
+    assert echo.stdout == b"a b c\n"
+    assert kubelet.exec_sync(container_id, ["/pause", "exit", "7"]).exit_code == 7
+    assert kubelet.exec_sync(container_id, ["/pause", "big", "100000"]).stdout == b"x" * 100000
+    cat = kubelet.exec_sync(container_id, ["/pause", "cat", "/proc/self/cgroup"])
+    assert container_id in cat.stdout.decode()
+    assert kubelet.exec_sync(container_id, ["/pause", "cat", "/nonexistent"]).exit_code == 1
+
+
+def test_image_archive_is_reproducible() -> None:
+    assert image_archive_bytes(b"bin", "x/y:z") == image_archive_bytes(b"bin", "x/y:z")
+    assert image_archive_bytes(b"bin", "x/y:z") != image_archive_bytes(b"bin2", "x/y:z")
+
+
+def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path) -> None:
+    """A second containerd torn down with a running pod leaves nothing behind."""
+    with Containerd(tmp_path / "ctd") as instance:
+        client = instance.client()
+        sandbox_id = client.run_pod("leftover")
+        container_id = client.run_container(sandbox_id, "app", instance.image)
+        parent = client.pod_cgroup_parent(sandbox_id)
+        pod_dir = container_cgroup_dir("cpu", parent, container_id).parent
+        assert pod_dir.is_dir()
+        assert mounts_under(instance.workdir)
+        client.close()
+    assert not mounts_under(instance.workdir)
+    assert not pod_dir.exists()
+    assert not any(str(instance.workdir).encode() in cmdline for cmdline in _cmdlines())
+
+
+def _cmdlines() -> list[bytes]:
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found.append(path.read_bytes())
+        except OSError:
+            continue
+    return found

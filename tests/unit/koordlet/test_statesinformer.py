@@ -1,0 +1,128 @@
+"""File-backed States Informer: loads, watches, keeps the last good value."""
+
+import json
+import logging
+import os
+import queue
+
+import pytest
+
+from koord.koordlet.statesinformer import FileStatesInformer
+
+WAIT = 10.0  # generous upper bound for the watcher; tests finish as soon as the event arrives
+
+SLO_YAML = """\
+apiVersion: slo.koordinator.sh/v1alpha1
+kind: NodeSLO
+metadata: {name: node1}
+spec:
+  resourceQOSStrategy:
+    beClass:
+      cpuQOS: {enable: true, groupIdentity: -1}
+"""
+NODE_JSON = {"apiVersion": "v1", "kind": "Node",
+             "metadata": {"name": "node1", "annotations": {"a": "1"}}}
+
+
+@pytest.fixture
+def informer_for(tmp_path):
+    made = []
+
+    def make(**files):
+        changes: queue.Queue = queue.Queue()
+        informer = FileStatesInformer(lambda slo, node: changes.put((slo, node)), **files)
+        informer.start()
+        made.append(informer)
+        return informer, changes
+
+    yield make
+    for informer in made:
+        informer.stop()
+
+
+def test_start_loads_yaml_and_json(tmp_path, informer_for):
+    (tmp_path / "slo.yaml").write_text(SLO_YAML)
+    (tmp_path / "node.json").write_text(json.dumps(NODE_JSON))
+    informer, changes = informer_for(node_slo_file=tmp_path / "slo.yaml",
+                                     node_file=tmp_path / "node.json")
+    slo, node = changes.get(timeout=WAIT)
+    assert slo["spec"]["resourceQOSStrategy"]["beClass"]["cpuQOS"]["groupIdentity"] == -1
+    assert node == NODE_JSON
+    assert informer.node == NODE_JSON
+
+
+def test_edit_in_place_is_seen(tmp_path, informer_for):
+    f = tmp_path / "slo.yaml"
+    f.write_text(SLO_YAML)
+    informer, changes = informer_for(node_slo_file=f)
+    changes.get(timeout=WAIT)
+    f.write_text(SLO_YAML.replace("-1", "0"))
+    slo, node = changes.get(timeout=WAIT)
+    assert slo["spec"]["resourceQOSStrategy"]["beClass"]["cpuQOS"]["groupIdentity"] == 0
+    assert node is None
+
+
+def test_atomic_replace_is_seen(tmp_path, informer_for):
+    f = tmp_path / "node.json"
+    f.write_text(json.dumps(NODE_JSON))
+    informer, changes = informer_for(node_file=f)
+    changes.get(timeout=WAIT)
+    tmp = tmp_path / ".node.json.tmp"
+    tmp.write_text(json.dumps({**NODE_JSON, "metadata": {"name": "node1", "annotations": {"a": "2"}}}))
+    os.replace(tmp, f)
+    _, node = changes.get(timeout=WAIT)
+    assert node["metadata"]["annotations"] == {"a": "2"}
+
+
+def test_watched_bad_file_keeps_last_good_value_until_fixed(tmp_path, informer_for, caplog):
+    f = tmp_path / "slo.yaml"
+    f.write_text(SLO_YAML)
+    informer, changes = informer_for(node_slo_file=f)
+    good, _ = changes.get(timeout=WAIT)
+    with caplog.at_level(logging.ERROR, logger="koord.koordlet.statesinformer"):
+        f.write_text("spec: [unclosed\n")
+        informer.reload()
+    assert any("invalid YAML/JSON" in r.getMessage() and str(f) in r.getMessage()
+               for r in caplog.records)
+    assert informer.node_slo == good
+    f.write_text(SLO_YAML.replace("-1", "1"))
+    slo, _ = changes.get(timeout=WAIT)
+    assert slo["spec"]["resourceQOSStrategy"]["beClass"]["cpuQOS"]["groupIdentity"] == 1
+
+
+def test_bad_file_direct_reload_keeps_value_and_logs_once(tmp_path, caplog):
+    f = tmp_path / "slo.yaml"
+    f.write_text(SLO_YAML)
+    seen = []
+    informer = FileStatesInformer(lambda slo, node: seen.append(slo), node_slo_file=f)
+    informer.reload()
+    f.write_text("- a list, not an object\n")
+    with caplog.at_level(logging.ERROR, logger="koord.koordlet.statesinformer"):
+        informer.reload()
+        informer.reload()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert str(f) in errors[0] and "mapping" in errors[0]
+    assert len(seen) == 1 and informer.node_slo == seen[0]
+
+
+def test_unchanged_content_does_not_call_back(tmp_path):
+    f = tmp_path / "node.json"
+    f.write_text(json.dumps(NODE_JSON))
+    seen = []
+    informer = FileStatesInformer(lambda slo, node: seen.append(node), node_file=f)
+    informer.reload()
+    f.write_text(json.dumps(NODE_JSON, indent=4))
+    informer.reload()
+    assert len(seen) == 1
+
+
+def test_missing_file_is_picked_up_when_it_appears(tmp_path, informer_for, caplog):
+    f = tmp_path / "slo.yaml"
+    with caplog.at_level(logging.ERROR, logger="koord.koordlet.statesinformer"):
+        informer, changes = informer_for(node_slo_file=f)
+    assert any("not found" in r.getMessage() and str(f) in r.getMessage() for r in caplog.records)
+    assert changes.empty()
+    f.write_text(SLO_YAML)
+    slo, _ = changes.get(timeout=WAIT)
+    assert slo["kind"] == "NodeSLO"
