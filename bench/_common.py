@@ -5,14 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from koord.testing.containerd import Containerd
+from koord.testing.proxy import RuntimeProxy
 
 
 @contextlib.contextmanager
@@ -27,25 +25,13 @@ def containerd() -> Iterator[tuple[Containerd, Path]]:
 
 @contextlib.contextmanager
 def proxy(backend: Containerd, work: Path, hook_dir: Path, name: str = "proxy") -> Iterator[tuple[str, int]]:
-    """Starts ``python -m koord.runtimeproxy``; yields (socket, pid)."""
-    sock = work / f"{name}.sock"
-    hook_dir.mkdir(parents=True, exist_ok=True)
-    log = open(work / f"{name}.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "koord.runtimeproxy", "--koord-runtimeproxy-endpoint", str(sock),
-         "--remote-runtime-service-endpoint", backend.endpoint, "--runtime-hook-config-dir", str(hook_dir),
-         "--metrics-bind-address", "", "--log-level", "warning"], stderr=log)
+    """A proxy process in front of ``backend``; yields (socket, pid)."""
+    instance = RuntimeProxy(work / name, backend.endpoint, hook_config_dir=hook_dir,
+                            extra_args=("--log-level", "warning")).start()
     try:
-        deadline = time.monotonic() + 20
-        while not sock.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"proxy did not start: {(work / f'{name}.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        yield str(sock), proc.pid
+        yield instance.endpoint, instance.pid
     finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+        instance.stop()
 
 
 def cpu_seconds(pid: int) -> float:

@@ -301,7 +301,7 @@ class _Handler(FileSystemEventHandler):
         paths = [os.fsdecode(event.src_path), os.fsdecode(event.dest_path)]
         if event.event_type == "deleted" and paths[0] == self._dir:
             self._manager._watch_lost()
-        elif event.is_directory or any(p and _is_candidate(os.path.basename(p)) for p in paths):
+        elif any(p and _is_candidate(os.path.basename(p)) for p in paths):
             self._manager._request_rescan()
 
 
@@ -331,6 +331,8 @@ class PluginsManager:
 
     def start(self) -> None:
         """Load the directory synchronously (the proxy must not serve with a half-read config), then watch it."""
+        if self._dir.exists() and not self._dir.is_dir():
+            raise NotADirectoryError(f"runtime hook config dir {self._dir} exists but is not a directory")
         if not self._dir.exists():
             self._dir.mkdir(mode=0o755, parents=True)
             os.chmod(self._dir, 0o755)  # mkdir's mode is masked by the umask

@@ -500,3 +500,10 @@ def test_fuzzed_files_appearing_while_running(hookdir, manager, caplog) -> None:
     manager._rescan()
     assert names(manager.snapshot()) == ["00-good.json"]
     assert ignored_counts(caplog) == {display_name(n): 1 for n in bad}
+
+
+def test_config_dir_that_is_a_file(tmp_path) -> None:
+    path = tmp_path / "hookserver.d"
+    path.write_text("")
+    with pytest.raises(NotADirectoryError, match="hookserver.d"):
+        PluginsManager(path).start()

@@ -1,0 +1,141 @@
+"""parse_rules: NodeSLO and Node annotations to Rules, defaults, and errors naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from koord.koordlet.runtimehooks.protocol import KoordQoS, KubeQoS
+from koord.koordlet.runtimehooks.rule import (
+    CPUSharedPool, GroupIdentityRule, RuleError, Rules, parse_rules,
+)
+
+
+def node_slo(**classes: dict) -> dict:
+    return {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+            "spec": {"resourceQOSStrategy": {k: {"cpuQOS": v} for k, v in classes.items()}}}
+
+
+ALL_ON = node_slo(lsrClass={"enable": True}, lsClass={"enable": True}, beClass={"enable": True},
+                  systemClass={"enable": True})
+
+
+def test_defaults_without_anything() -> None:
+    rules = parse_rules(None, None)
+    assert rules == Rules()
+    assert not rules.group_identity.enabled
+    assert rules.kubelet_cpu_manager_policy == "none"
+    assert rules.cpu_normalization_ratio is None
+    assert rules.cpu_shared_pools == () and rules.be_cpu_shared_pools == ()
+
+
+@pytest.mark.parametrize("slo, qos, annotations, bvt", [
+    # upstream defaults once enabled: LSR 2, LS 2, BE -1, SYSTEM 0, none 0
+    (ALL_ON, KoordQoS.LSR, {}, 2),
+    (ALL_ON, KoordQoS.LSE, {}, 2),
+    (ALL_ON, KoordQoS.LS, {}, 2),
+    (ALL_ON, KoordQoS.BE, {}, -1),
+    (ALL_ON, KoordQoS.SYSTEM, {}, 0),
+    (ALL_ON, KoordQoS.NONE, {}, 0),
+    # a disabled class is neutral
+    (None, KoordQoS.LS, {}, 0),
+    (None, KoordQoS.BE, {}, 0),
+    (node_slo(beClass={"enable": True}), KoordQoS.LS, {}, 0),
+    (node_slo(beClass={"enable": True}), KoordQoS.BE, {}, -1),
+    # NodeSLO values win over defaults
+    (node_slo(lsClass={"enable": True, "groupIdentity": 1}), KoordQoS.LS, {}, 1),
+    # the LS pod annotation overrides
+    (ALL_ON, KoordQoS.LS, {"koordinator.sh/cpuQOS": '{"enable":true,"groupIdentity":-1}'}, -1),
+    (ALL_ON, KoordQoS.LS, {"koordinator.sh/cpuQOS": '{"enable":false}'}, 0),
+    (ALL_ON, KoordQoS.LS, {"koordinator.sh/cpuQOS": '{"enable":true}'}, 2),
+    (ALL_ON, KoordQoS.BE, {"koordinator.sh/cpuQOS": '{"groupIdentity":2}'}, -1),  # LS only
+    # core scheduling replaces group identity
+    ({"spec": {"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"},
+                                       "lsClass": {"cpuQOS": {"enable": True}}}}}, KoordQoS.LS, {}, 0),
+])
+def test_pod_bvt(slo: dict | None, qos: KoordQoS, annotations: dict, bvt: int) -> None:
+    assert parse_rules(slo, None).group_identity.pod_bvt(qos, annotations) == bvt
+
+
+@pytest.mark.parametrize("slo, kube_qos, bvt", [
+    (ALL_ON, KubeQoS.GUARANTEED, 0),
+    (ALL_ON, KubeQoS.BURSTABLE, 2),
+    (ALL_ON, KubeQoS.BESTEFFORT, -1),
+    (node_slo(lsClass={"enable": True, "groupIdentity": 1}), KubeQoS.BURSTABLE, 1),
+    (node_slo(lsClass={"enable": True}), KubeQoS.BESTEFFORT, 0),
+    (None, KubeQoS.BURSTABLE, 0),
+])
+def test_kube_qos_bvt(slo: dict | None, kube_qos: KubeQoS, bvt: int) -> None:
+    assert parse_rules(slo, None).group_identity.kube_qos_bvt(kube_qos) == bvt
+
+
+def test_spec_alone_is_accepted() -> None:
+    assert parse_rules(ALL_ON["spec"], None) == parse_rules(ALL_ON, None)
+    assert parse_rules(ALL_ON, None).group_identity.enabled
+
+
+@pytest.mark.parametrize("slo, field", [
+    (node_slo(lsClass={"enable": "yes"}), "spec.resourceQOSStrategy.lsClass.cpuQOS.enable"),
+    (node_slo(beClass={"groupIdentity": 3}), "spec.resourceQOSStrategy.beClass.cpuQOS.groupIdentity"),
+    (node_slo(lsrClass={"groupIdentity": "2"}), "spec.resourceQOSStrategy.lsrClass.cpuQOS.groupIdentity"),
+    ({"spec": {"resourceQOSStrategy": {"lsClass": []}}}, "spec.resourceQOSStrategy.lsClass"),
+    ({"spec": {"resourceQOSStrategy": {"policies": {"cpuPolicy": "magic"}}}},
+     "spec.resourceQOSStrategy.policies.cpuPolicy"),
+    ({"spec": "nope"}, "NodeSLO spec"),
+])
+def test_bad_node_slo_names_field(slo: dict, field: str) -> None:
+    with pytest.raises(RuleError) as info:
+        parse_rules(slo, None)
+    assert field in str(info.value)
+
+
+@pytest.mark.parametrize("annotation", ["{bad", "[1]", '{"enable":"yes"}', '{"groupIdentity":5}'])
+def test_bad_pod_cpu_qos_annotation(annotation: str) -> None:
+    rule = parse_rules(ALL_ON, None).group_identity
+    with pytest.raises(RuleError, match="koordinator.sh/cpuQOS"):
+        rule.pod_bvt(KoordQoS.LS, {"koordinator.sh/cpuQOS": annotation})
+
+
+def test_node_annotations() -> None:
+    n = {"metadata": {"annotations": {
+        "node.koordinator.sh/cpu-shared-pools": json.dumps(
+            [{"socket": 0, "node": 0, "cpuset": "0-7"}, {"socket": 1, "node": 1, "cpuset": "8-15"}]),
+        "node.koordinator.sh/be-cpu-shared-pools": json.dumps([{"socket": 0, "node": 0, "cpuset": "0-15"}]),
+        "kubelet.koordinator.sh/cpu-manager-policy": json.dumps({"policy": "static", "options": {}}),
+        "node.koordinator.sh/cpu-normalization-ratio": "1.20",
+    }}}
+    rules = parse_rules(None, n)
+    assert rules.cpu_shared_pools == (CPUSharedPool(0, 0, "0-7"), CPUSharedPool(1, 1, "8-15"))
+    assert rules.be_cpu_shared_pools == (CPUSharedPool(0, 0, "0-15"),)
+    assert rules.kubelet_cpu_manager_policy == "static"
+    assert rules.cpu_normalization_ratio == pytest.approx(1.2)
+    assert rules.group_identity == GroupIdentityRule()
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("node.koordinator.sh/cpu-shared-pools", "{oops", "node.koordinator.sh/cpu-shared-pools"),
+    ("node.koordinator.sh/cpu-shared-pools", '{"cpuset":"0-3"}', "node.koordinator.sh/cpu-shared-pools"),
+    ("node.koordinator.sh/cpu-shared-pools", '[{"socket":0,"node":0,"cpuset":"0-x"}]',
+     "node.koordinator.sh/cpu-shared-pools[0].cpuset"),
+    ("node.koordinator.sh/be-cpu-shared-pools", '[{"socket":-1,"node":0,"cpuset":"0"}]',
+     "node.koordinator.sh/be-cpu-shared-pools[0].socket"),
+    ("node.koordinator.sh/be-cpu-shared-pools", '[{"socket":0,"node":0}]',
+     "node.koordinator.sh/be-cpu-shared-pools[0].cpuset"),
+    ("kubelet.koordinator.sh/cpu-manager-policy", '{"policy":"dynamic"}',
+     "kubelet.koordinator.sh/cpu-manager-policy"),
+    ("node.koordinator.sh/cpu-normalization-ratio", "fast", "node.koordinator.sh/cpu-normalization-ratio"),
+    ("node.koordinator.sh/cpu-normalization-ratio", "0.8", "node.koordinator.sh/cpu-normalization-ratio"),
+    ("node.koordinator.sh/cpu-normalization-ratio", "inf", "node.koordinator.sh/cpu-normalization-ratio"),
+])
+def test_bad_node_annotation_names_field(key: str, value: str, field: str) -> None:
+    with pytest.raises(RuleError) as info:
+        parse_rules(None, {"metadata": {"annotations": {key: value}}})
+    assert field in str(info.value)
+
+
+def test_rules_compare_by_value() -> None:
+    """Plugins learn 'existing pods need a refresh' by comparing rules."""
+    assert parse_rules(ALL_ON, None) == parse_rules(ALL_ON, None)
+    assert parse_rules(ALL_ON, None) != parse_rules(None, None)
+    hash(parse_rules(ALL_ON, None))
