@@ -76,7 +76,7 @@ def stage_list(text: str) -> frozenset[Stage]:
 
 def feature_gates(text: str) -> dict[str, bool]:
     try:
-        return {**DEFAULT_FEATURE_GATES, **parse_feature_gates(text)}
+        return parse_feature_gates(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -90,6 +90,7 @@ def socket_path(text: str) -> str:
 
 def choice(*allowed: str):
     def check(text: str) -> str:
+        """argparse's ``choices`` would print the choices twice with a metavar; this names them once."""
         if text not in allowed:
             raise argparse.ArgumentTypeError(f"{text!r}: want one of {', '.join(allowed)}")
         return text
@@ -110,41 +111,46 @@ def build_parser() -> argparse.ArgumentParser:
         "koord-runtime-proxy and reconciles the cgroups of running pods.")
     a = p.add_argument
     a("--runtime-hooks-network", type=choice(Network.UNIX, Network.TCP), default=Network.UNIX,
+      metavar="unix|tcp",
       help="unix or tcp (default: %(default)s)")
-    a("--runtime-hooks-addr", default=DEFAULT_ADDR,
+    a("--runtime-hooks-addr", default=DEFAULT_ADDR, metavar="ADDR",
       help="socket path (unix) or host:port (tcp) to serve on (default: %(default)s)")
-    a("--runtime-hooks-host-endpoint", default=None,
+    a("--runtime-hooks-host-endpoint", default=None, metavar="ENDPOINT",
       help="endpoint written into the registration, as the proxy reaches it "
       "(default: the serving address)")
-    a("--runtime-hooks-config-path", type=Path, default=Path(DEFAULT_CONFIG_PATH),
+    a("--runtime-hooks-config-path", type=Path, default=Path(DEFAULT_CONFIG_PATH), metavar="DIR",
       help="hook config dir of the proxy, where koordlet.json is written (default: %(default)s)")
     a("--runtime-hooks-failure-policy", type=failure_policy, default=FailurePolicy.IGNORE,
+      metavar="Fail|Ignore",
       help="what the proxy does when koordlet fails: Fail or Ignore (default: Ignore)")
     a("--runtime-hooks-plugin-failure-policy", type=failure_policy, default=FailurePolicy.IGNORE,
+      metavar="Fail|Ignore",
       help="Fail: stop at the first failing plugin and fail the hook; Ignore: run the rest "
       "(default: Ignore)")
-    a("--runtime-hooks-disable-stages", type=stage_list, default=frozenset(),
+    a("--runtime-hooks-disable-stages", type=stage_list, default=frozenset(), metavar="STAGES",
       help="comma-separated stages answered with no changes and not registered, "
       "e.g. PreStartContainer,PostStopContainer")
-    a("--runtime-hooks-reconcile-interval", type=go_duration, default=10.0,
+    a("--runtime-hooks-reconcile-interval", type=go_duration, default=10.0, metavar="DURATION",
       help="Standalone reconcile period, e.g. 10s, 500ms; 0 disables (default: 10s)")
-    a("--cgroup-root-dir", type=existing_dir, default=Path("/sys/fs/cgroup/"),
+    a("--cgroup-root-dir", type=existing_dir, default=Path("/sys/fs/cgroup/"), metavar="DIR",
       help="cgroup root (default: %(default)s)")
     a("--cgroup-driver", type=choice("cgroupfs", "systemd", "auto"), default="auto",
+      metavar="cgroupfs|systemd|auto",
       help="cgroupfs, systemd or auto (from each pod's cgroup parent) (default: %(default)s)")
-    a("--sys-fs-root-dir", type=Path, default=Path("/sys"),
+    a("--sys-fs-root-dir", type=Path, default=Path("/sys"), metavar="DIR",
       help="sysfs root; resctrl lives under <it>/fs/resctrl (default: %(default)s)")
-    a("--proc-root-dir", type=Path, default=Path("/proc"), help="procfs root (default: %(default)s)")
-    a("--feature-gates", type=feature_gates, default=dict(DEFAULT_FEATURE_GATES),
+    a("--proc-root-dir", type=Path, default=Path("/proc"), metavar="DIR", help="procfs root (default: %(default)s)")
+    a("--feature-gates", type=feature_gates, default=dict(DEFAULT_FEATURE_GATES), metavar="GATES",
       help="plugin gates, e.g. GPUEnvInject=true,Resctrl=false (defaults: "
       + ",".join(f"{k}={str(v).lower()}" for k, v in DEFAULT_FEATURE_GATES.items()) + ")")
-    a("--node-slo-file", type=Path, default=None,
+    a("--node-slo-file", type=Path, default=None, metavar="FILE",
       help="NodeSLO object (YAML or JSON), watched for changes")
-    a("--node-file", type=Path, default=None,
+    a("--node-file", type=Path, default=None, metavar="FILE",
       help="Node object (YAML or JSON) for node annotations, watched for changes")
-    a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD,
+    a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD, metavar="SOCKET",
       help="CRI socket the reconciler lists pods from (default: %(default)s)")
     a("--log-level", type=choice("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
+      metavar="LEVEL",
       help="(default: %(default)s)")
     return p
 
@@ -185,7 +191,9 @@ class Koordlet:
         self.reconciler = (Reconciler(self.hooks, self.executor, self.plugins,
                                       a.containerd_endpoint, a.runtime_hooks_reconcile_interval)
                            if a.runtime_hooks_reconcile_interval > 0 else None)
-        self.apply_rules(None, None)
+        defaults = parse_rules(None, None)
+        for plugin in self.plugins:
+            plugin.update_rules(defaults)
         self.informer = self._make_informer()
         self.registration: Registration | None = None
 

@@ -27,7 +27,13 @@ from koord.runtimeproxy.pluginsmanager import (
     parse_registration,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="registration files must be owned by root")
+
+
+@pytest.fixture(autouse=True)
+def _root_only() -> None:
+    """Registration files must be owned by root, so these tests need root: fail, never skip."""
+    if os.geteuid() != 0:
+        pytest.fail("the plugins manager tests must run as root (registrations must be owned by uid 0)")
 
 EFFECT_DEADLINE = 1.0
 """Issue 3: a created, changed, renamed or deleted file takes effect within 1 s."""

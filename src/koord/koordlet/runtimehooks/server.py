@@ -89,8 +89,7 @@ class RuntimeHookServer:
             os.chmod(self.addr, SOCKET_MODE)
         self._server = server
         log.info("runtime hook server listening on %s %s, stages %s (disabled: %s)",
-                 self.network, self.endpoint, ",".join(sorted(self.stages())) or "none",
-                 ",".join(sorted(self.disabled_stages)) or "none")
+                 self.network, self.endpoint, _names(self.stages()), _names(self.disabled_stages))
 
     def stop(self, grace: float = 2.0) -> None:
         if self._server is None:
@@ -191,6 +190,11 @@ def _prepare_socket_path(path: Path) -> None:
         raise OSError(f"{path} exists and is not a socket; refusing to replace it")
     log.info("removing stale socket %s", path)
     path.unlink()
+
+
+def _names(stages: Iterable[Stage]) -> str:
+    wanted = set(stages)
+    return ",".join(s.value for s in Stage if s in wanted) or "none"
 
 
 def _empty_response(stage: Stage):

@@ -151,10 +151,7 @@ class BatchResource(RuntimePlugin):
         req = ctx.request
         if req.koord_qos is not KoordQoS.BE:
             return
-        try:
-            specs = parse_extended_resource_spec(req.annotations)
-        except HookError as exc:
-            raise HookError(f"plugin {self.name}: pod {req.meta}: {exc}") from None
+        specs = parse_extended_resource_spec(req.annotations)
         if not specs:
             return
         period = req.resources.cpu_period or DEFAULT_CFS_PERIOD
@@ -166,13 +163,10 @@ class BatchResource(RuntimePlugin):
         req = ctx.request
         if req.koord_qos is not KoordQoS.BE:
             return
-        who = f"pod {req.pod_meta} container {req.container_name}"
-        try:
-            spec = parse_extended_resource_spec(req.pod_annotations).get(req.container_name)
-        except HookError as exc:
-            raise HookError(f"plugin {self.name}: {who}: {exc}") from None
+        spec = parse_extended_resource_spec(req.pod_annotations).get(req.container_name)
         if spec is None:
             return
         period = req.resources.cpu_period or DEFAULT_CFS_PERIOD
         ctx.response.resources.update(batch_resources([spec], period))
-        log.debug("plugin %s: %s: %s", self.name, who, ctx.response.resources)
+        log.debug("plugin %s: pod %s container %s: %s", self.name, req.pod_meta, req.container_name,
+                  ctx.response.resources)

@@ -12,7 +12,7 @@ import logging
 import math
 from fractions import Fraction
 
-from ..hooks import HookError, Hooks, RuntimePlugin, Stage
+from ..hooks import Hooks, RuntimePlugin, Stage
 from ..protocol import ContainerContext, HookContext, KoordQoS, PodContext
 from .cpuset import resource_status_cpuset
 
@@ -46,11 +46,8 @@ class CPUNormalization(RuntimePlugin):
             who = f"pod {req.pod_meta} container {req.container_name}"
         if qos not in (KoordQoS.LS, KoordQoS.NONE):
             return
-        try:
-            if resource_status_cpuset(annotations) is not None:
-                return
-        except HookError as exc:
-            raise HookError(f"plugin {self.name}: {who}: {exc}") from None
+        if resource_status_cpuset(annotations) is not None:
+            return
         res = ctx.response.resources
         quota = res.cpu_quota if res.cpu_quota is not None else ctx.request.resources.cpu_quota
         if quota is None or quota <= 0:

@@ -70,10 +70,7 @@ class CPUSetAllocator(RuntimePlugin):
         req, res = ctx.request, ctx.response.resources
         who = f"pod {req.pod_meta} container {req.container_name}"
         qos = req.koord_qos
-        try:
-            allocated = resource_status_cpuset(req.pod_annotations)
-        except HookError as exc:
-            raise HookError(f"plugin {self.name}: {who}: {exc}") from None
+        allocated = resource_status_cpuset(req.pod_annotations)
         if allocated is not None:
             res.cpuset_cpus = allocated
             if qos in (KoordQoS.LSE, KoordQoS.LSR):

@@ -52,10 +52,7 @@ class GPUEnvInject(RuntimePlugin):
     def inject_env(self, ctx: HookContext) -> None:
         assert isinstance(ctx, ContainerContext)
         req = ctx.request
-        try:
-            minors = gpu_minors(req.pod_annotations)
-        except HookError as exc:
-            raise HookError(f"plugin {self.name}: pod {req.pod_meta} container {req.container_name}: {exc}") from None
+        minors = gpu_minors(req.pod_annotations)
         if minors:
             ctx.response.envs[ENV_VISIBLE_DEVICES] = ",".join(map(str, minors))
             log.debug("plugin %s: pod %s container %s: %s=%s", self.name, req.pod_meta,

@@ -47,7 +47,7 @@ class GroupIdentity(RuntimePlugin):
         try:
             bvt = self.rules.group_identity.pod_bvt(req.koord_qos, req.annotations)
         except RuleError as exc:
-            raise HookError(f"plugin {self.name}: pod {req.meta}: {exc}") from None
+            raise HookError(str(exc)) from None
         if bvt is not None:
             ctx.response.resources.cpu_bvt_warp_ns = bvt
             log.debug("plugin %s: pod %s qos %r -> bvt %d", self.name, req.meta, req.koord_qos.value, bvt)

@@ -133,7 +133,7 @@ class Resctrl(RuntimePlugin):
 
     def group_dir(self, pod_uid: str) -> Path:
         if not pod_uid or "/" in pod_uid or pod_uid.startswith("."):
-            raise HookError(f"plugin {self.name}: bad pod uid {pod_uid!r} for a resctrl group")
+            raise HookError(f"bad pod uid {pod_uid!r} for a resctrl group")
         return self.root / f"{GROUP_PREFIX}{pod_uid}"
 
     def register(self, hooks: Hooks) -> None:
@@ -192,8 +192,8 @@ class Resctrl(RuntimePlugin):
             return
         try:
             self.ensure_group(req.meta.uid, annotation, f"pod {req.meta}")
-        except (HookError, OSError) as exc:
-            raise HookError(f"plugin {self.name}: pod {req.meta}: {exc}") from None
+        except OSError as exc:
+            raise HookError(f"resctrl group of pod uid {req.meta.uid}: {exc}") from None
 
     def add_tasks(self, ctx: HookContext) -> None:
         assert isinstance(ctx, ContainerContext)
@@ -208,8 +208,8 @@ class Resctrl(RuntimePlugin):
             cgroup = executor.container_dir(req.pod_cgroup_parent, req.container_id)
             tids = executor.read(cgroup, "tasks").split()
             moved = self._move_tasks(group / "tasks", tids)
-        except (HookError, CgroupError, OSError) as exc:
-            raise HookError(f"plugin {self.name}: {who}: {exc}") from None
+        except (CgroupError, OSError) as exc:
+            raise HookError(f"resctrl tasks of container {req.container_id}: {exc}") from None
         log.info("plugin %s: %s: moved %d of %d tasks into %s", self.name, who, moved, len(tids), group.name)
 
     @staticmethod
@@ -238,7 +238,7 @@ class Resctrl(RuntimePlugin):
             os.rmdir(group)
         except OSError as exc:
             if exc.errno != errno.ENOTEMPTY:
-                raise HookError(f"plugin {self.name}: pod {req.meta}: remove {group}: {exc.strerror}") from None
+                raise HookError(f"remove {group}: {exc.strerror}") from None
             # The kernel's resctrl rmdir drops its control files itself; a plain directory
             # (a tree not mounted as resctrl) needs them removed first.
             for child in group.iterdir():

@@ -1,0 +1,155 @@
+"""Resctrl through Hooks on a fake resctrl tree: group, schemata, tasks, removal."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, PluginEnv, Stage
+from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl, l3_mask
+from koord.koordlet.runtimehooks.protocol import (
+    ContainerContext, ContainerRequest, PodContext, PodMeta, PodRequest,
+)
+
+ANNOTATION = "node.koordinator.sh/resctrl"
+PARENT = "/kubepods/besteffort/poduid1"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    """sys/fs/resctrl with two L3 caches of 12 ways and two MB domains; one container's cgroup."""
+    resctrl = tmp_path / "sys" / "fs" / "resctrl"
+    (resctrl / "info" / "L3").mkdir(parents=True)
+    (resctrl / "info" / "L3" / "cbm_mask").write_text("fff\n")
+    (resctrl / "schemata").write_text("    L3:0=fff;1=fff\n    MB:0=100;1=100\n")
+    container = tmp_path / "cgroup" / "cpu" / PARENT.strip("/") / "cid1"
+    container.mkdir(parents=True)
+    (container / "tasks").write_text("101\n102\n")
+    return tmp_path
+
+
+def hooks_for(root: Path) -> Hooks:
+    env = PluginEnv(CgroupExecutor(root / "cgroup"), root / "sys" / "fs", root / "proc")
+    hooks = Hooks(FailurePolicy.FAIL)
+    Resctrl(env).register(hooks)
+    return hooks
+
+
+def pod_ctx(annotations: dict, uid: str = "uid1") -> PodContext:
+    return PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid=uid),
+                                 annotations=annotations, cgroup_parent=PARENT))
+
+
+def container_ctx(annotations: dict, container_id: str = "cid1") -> ContainerContext:
+    return ContainerContext(ContainerRequest(
+        pod_meta=PodMeta(name="p", namespace="ns", uid="uid1"), container_name="c1",
+        container_id=container_id, pod_annotations=annotations, pod_cgroup_parent=PARENT))
+
+
+def group(root: Path) -> Path:
+    return root / "sys" / "fs" / "resctrl" / "koordlet-uid1"
+
+
+@pytest.mark.parametrize("config, schemata", [
+    # 12 ways, [20%, 80%) -> ways 3..9 -> 0x3f8
+    ({"llc": {"schemata": {"range": [20, 80]}}}, "L3:0=3f8;1=3f8\n"),
+    ({"mb": {"schemata": {"percent": 20}}}, "MB:0=20;1=20\n"),
+    ({"llc": {"schemata": {"range": [20, 80]}}, "mb": {"schemata": {"percent": 20}}},
+     "L3:0=3f8;1=3f8\nMB:0=20;1=20\n"),
+    ({"llc": {"schemata": {"range": [0, 50]}, "schemataPerCache": [{"cacheID": 1, "range": [50, 100]}]},
+      "mb": {"schemataPerCache": [{"cacheID": 0, "percent": 30}]}},
+     "L3:0=3f;1=fc0\nMB:0=30\n"),
+    ({"LLC": {"schemata": {"range": [0, 100]}}, "MB": {"schemata": {"percent": 100}}},
+     "L3:0=fff;1=fff\nMB:0=100;1=100\n"),
+    ({"llc": {"schemataPerCache": [{"cacheID": 7, "range": [0, 50]}]}}, None),  # no such cache
+])
+def test_pod_group_schemata(node: Path, config: dict, schemata: str | None) -> None:
+    ctx = pod_ctx({ANNOTATION: json.dumps(config)})
+    hooks_for(node).run(Stage.PRE_RUN_POD_SANDBOX, ctx)
+    assert group(node).is_dir()
+    written = group(node) / "schemata"
+    assert (written.read_text() if written.exists() else None) == schemata
+    assert ctx.response.resources.is_empty()
+
+
+def test_lifecycle(node: Path) -> None:
+    hooks = hooks_for(node)
+    annotations = {ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'}
+    hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx(annotations))
+    hooks.run(Stage.POST_START_CONTAINER, container_ctx(annotations))
+    assert (group(node) / "tasks").read_text().split() == ["101", "102"]
+    hooks.run(Stage.POST_STOP_POD_SANDBOX, pod_ctx(annotations))
+    assert not group(node).exists()
+    assert (node / "sys" / "fs" / "resctrl" / "schemata").exists()
+
+
+def test_post_start_creates_a_missing_group(node: Path) -> None:
+    """A pod created before koordlet started still gets its group when its container starts."""
+    hooks_for(node).run(Stage.POST_START_CONTAINER, container_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'}))
+    assert (group(node) / "schemata").read_text() == "MB:0=40;1=40\n"
+    assert (group(node) / "tasks").read_text().split() == ["101", "102"]
+
+
+def test_pods_without_annotation_are_ignored(node: Path) -> None:
+    hooks = hooks_for(node)
+    hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({}))
+    hooks.run(Stage.POST_START_CONTAINER, container_ctx({}))
+    hooks.run(Stage.POST_STOP_POD_SANDBOX, pod_ctx({}))
+    assert sorted(p.name for p in (node / "sys" / "fs" / "resctrl").iterdir()) == ["info", "schemata"]
+
+
+def test_without_resctrl_does_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    hooks = hooks_for(tmp_path)
+    for _ in range(2):
+        hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
+    assert not (tmp_path / "sys").exists()
+    assert sum("resctrl not mounted" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("annotation, reason", [
+    ("{", "bad JSON"),
+    ('{"llc":{"schemata":{"range":[80,20]}}}', "llc.schemata.range"),
+    ('{"llc":{"schemata":{"range":[0,101]}}}', "llc.schemata.range"),
+    ('{"llc":{"schemata":{"range":[10,11]}}}', "covers no cache way"),
+    ('{"mb":{"schemata":{"percent":0}}}', "mb.schemata.percent"),
+    ('{"mb":{"schemataPerCache":[{"percent":10}]}}', "mb.schemataPerCache[0].cacheID"),
+    ('{"mb":{"schemataPerCache":{"cacheID":0}}}', "mb.schemataPerCache: want a list"),
+])
+def test_bad_annotation(node: Path, annotation: str, reason: str) -> None:
+    with pytest.raises(HookError, match=re.escape(reason)) as info:
+        hooks_for(node).run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: annotation}))
+    assert "ns/p" in str(info.value)
+    assert not group(node).exists()
+
+
+def test_missing_container_cgroup_is_an_error(node: Path) -> None:
+    with pytest.raises(HookError, match="missing"):
+        hooks_for(node).run(Stage.POST_START_CONTAINER,
+                            container_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}, "gone"))
+
+
+def test_missing_cbm_mask_is_an_error_for_llc_only(node: Path) -> None:
+    (node / "sys" / "fs" / "resctrl" / "info" / "L3" / "cbm_mask").unlink()
+    hooks = hooks_for(node)
+    hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
+    with pytest.raises(HookError, match="cbm_mask"):
+        hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'}))
+
+
+@pytest.mark.parametrize("cbm, start, end, mask", [
+    (0x3ff, 10, 80, "fe"),     # upstream's examples
+    (0x7ff, 10, 50, "3c"),
+    (0x7ff, 0, 30, "f"),
+    (0xfffff, 0, 100, "fffff"),
+])
+def test_l3_mask(cbm: int, start: int, end: int, mask: str) -> None:
+    assert l3_mask(cbm, start, end) == mask
+
+
+def test_l3_mask_rejects_non_contiguous_root() -> None:
+    with pytest.raises(HookError, match="contiguous"):
+        l3_mask(0b1011, 0, 50)

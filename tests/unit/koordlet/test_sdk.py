@@ -1,0 +1,173 @@
+"""koord.pluginsdk: decorators -> registration; typed requests -> responses over a socket."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
+from koord.pluginsdk import (
+    ContainerRequest,
+    ContainerResponse,
+    PodRequest,
+    PodResponse,
+    Resources,
+    RuntimePluginServer,
+    Stage,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpu_env_plugin.py"
+WAIT = 20.0
+
+CONTAINER = api_pb2.ContainerResourceHookRequest(
+    pod_meta=api_pb2.PodSandboxMetadata(name="train", namespace="ml", uid="u1"),
+    container_meta=api_pb2.ContainerMetadata(name="worker"),
+    pod_annotations={"scheduling.koordinator.sh/device-allocated":
+                     '{"gpu":[{"minor":0},{"minor":3}]}'},
+    container_envs={"PATH": "/bin"})
+POD = api_pb2.PodSandboxHookRequest(pod_meta=CONTAINER.pod_meta, labels={"app": "x"})
+
+
+@pytest.fixture
+def short_dir():
+    d = Path(tempfile.mkdtemp(prefix="kl-sdk-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def running(short_dir):
+    plugins = []
+
+    def start(plugin):
+        plugin.start(short_dir / "hookserver.d")
+        plugins.append(plugin)
+        channel = grpc.insecure_channel("unix:" + plugin.server.endpoint)
+        plugins.append(channel)
+        return api_pb2_grpc.RuntimeHookServiceStub(channel)
+
+    yield start
+    for p in reversed(plugins):
+        p.close() if isinstance(p, grpc.Channel) else p.stop()
+
+
+def test_registration_lists_exactly_the_decorated_stages(short_dir, running):
+    plugin = RuntimePluginServer("demo", endpoint=str(short_dir / "demo.sock"), failure_policy="Fail")
+
+    @plugin.pre_run_pod_sandbox
+    def label(req: PodRequest) -> PodResponse:
+        return PodResponse(labels={"seen": req.meta.name})
+
+    @plugin.post_start_container
+    def nothing(req: ContainerRequest) -> None:
+        return None
+
+    running(plugin)
+    assert json.loads((short_dir / "hookserver.d" / "demo.json").read_text()) == {
+        "remote-endpoint": str(short_dir / "demo.sock"), "failure-policy": "Fail",
+        "runtime-hooks": ["PreRunPodSandbox", "PostStartContainer"]}
+    assert label.__name__ == "label"  # decorators return the handler unchanged
+
+
+def test_every_decorator_serves_its_rpc(short_dir, running):
+    plugin = RuntimePluginServer("all", endpoint=str(short_dir / "all.sock"))
+    decorators = {
+        Stage.PRE_RUN_POD_SANDBOX: plugin.pre_run_pod_sandbox,
+        Stage.POST_STOP_POD_SANDBOX: plugin.post_stop_pod_sandbox,
+        Stage.PRE_CREATE_CONTAINER: plugin.pre_create_container,
+        Stage.PRE_START_CONTAINER: plugin.pre_start_container,
+        Stage.POST_START_CONTAINER: plugin.post_start_container,
+        Stage.POST_STOP_CONTAINER: plugin.post_stop_container,
+        Stage.PRE_UPDATE_CONTAINER_RESOURCES: plugin.pre_update_container_resources,
+    }
+    for stage, decorate in decorators.items():
+        if stage.is_pod_stage:
+            decorate(lambda req, stage=stage: PodResponse(annotations={"stage": stage.value}))
+        else:
+            decorate(lambda req, stage=stage: ContainerResponse(annotations={"stage": stage.value}))
+    stub = running(plugin)
+    for stage in Stage:
+        request = POD if stage.is_pod_stage else CONTAINER
+        response = getattr(stub, stage.rpc)(request, timeout=5)
+        got = response.annotations if stage.is_pod_stage else response.container_annotations
+        assert dict(got) == {"stage": stage.value}
+
+
+def test_handlers_of_one_stage_merge_in_order(short_dir, running):
+    plugin = RuntimePluginServer("two", endpoint=str(short_dir / "two.sock"))
+
+    @plugin.pre_create_container
+    def first(req):
+        return ContainerResponse(envs={"A": "1", "B": "1"}, resources=Resources(cpu_shares=100))
+
+    @plugin.pre_create_container
+    def second(req):
+        return ContainerResponse(envs={"B": req.envs["PATH"]})
+
+    response = running(plugin).PreCreateContainerHook(CONTAINER, timeout=5)
+    assert dict(response.container_envs) == {"A": "1", "B": "/bin"}
+    assert response.container_resources.cpu_shares == 100
+
+
+def test_handler_failure_and_wrong_return_type_fail_the_call(short_dir, running):
+    plugin = RuntimePluginServer("bad", endpoint=str(short_dir / "bad.sock"))
+
+    @plugin.pre_create_container
+    def explode(req):
+        raise RuntimeError("device plugin down")
+
+    @plugin.pre_run_pod_sandbox
+    def wrong(req):
+        return ContainerResponse()
+
+    stub = running(plugin)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PreCreateContainerHook(CONTAINER, timeout=5)
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "device plugin down" in err.value.details() and "ml/train" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PreRunPodSandboxHook(POD, timeout=5)
+    assert "wrong" in err.value.details() and "PodResponse" in err.value.details()
+
+
+def test_no_handlers_and_bad_names_are_refused(short_dir):
+    with pytest.raises(ValueError, match="no handlers"):
+        RuntimePluginServer("empty", endpoint=str(short_dir / "e.sock")).start(short_dir)
+    with pytest.raises(ValueError, match="plugin name"):
+        RuntimePluginServer("../escape", endpoint=str(short_dir / "e.sock"))
+    assert not list(short_dir.iterdir())
+
+
+def test_example_gpu_env_plugin_end_to_end(short_dir):
+    config = short_dir / "hookserver.d"
+    sock = short_dir / "gpu.sock"
+    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--endpoint", str(sock),
+                             "--config-dir", str(config)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + WAIT
+        while not (config / "gpu-env.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "example did not register"
+            time.sleep(0.05)
+        assert json.loads((config / "gpu-env.json").read_text())["runtime-hooks"] == ["PreCreateContainer"]
+        with grpc.insecure_channel("unix:" + str(sock)) as channel:
+            stub = api_pb2_grpc.RuntimeHookServiceStub(channel)
+            response = stub.PreCreateContainerHook(CONTAINER, timeout=5)
+            assert dict(response.container_envs) == {"NVIDIA_VISIBLE_DEVICES": "0,3"}
+            plain = api_pb2.ContainerResourceHookRequest(pod_meta=CONTAINER.pod_meta)
+            assert stub.PreCreateContainerHook(plain, timeout=5).ByteSize() == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert not (config / "gpu-env.json").exists()
+    assert not sock.exists()
