@@ -280,6 +280,17 @@ def _bogus_request(method: Any, bogus_id: str) -> Message | None:
     return request if id_fields else None
 
 
+def _restore_test_image(containerd: Containerd, kubelet: KubeletClient) -> None:
+    """Re-imports the test image if a call removed it.
+
+    containerd 1.6 treats an empty RemoveImageRequest as matching an image and deletes
+    it: both sides must start from the same state, and later tests need the image.
+    """
+    spec = cri.ImageSpec(image=containerd.image)
+    if not kubelet.image.ImageStatus(cri.ImageStatusRequest(image=spec), timeout=CALL_TIMEOUT).HasField("image"):
+        containerd.reimport_image()
+
+
 def test_descriptor_has_all_cri_methods() -> None:
     services = {s.full_name: len(s.methods) for s in cri.DESCRIPTOR.services_by_name.values()}
     assert services["runtime.v1.RuntimeService"] >= 30
@@ -298,7 +309,9 @@ def test_every_method_answers_like_direct(
             if request is None:
                 continue
             direct = _raw_call(kubelet.channel, service, method, request)
+            _restore_test_image(containerd, kubelet)
             proxied = _raw_call(proxied_kubelet.channel, service, method, request)
+            _restore_test_image(containerd, kubelet)
             if proxied != direct:
                 differences.append(f"{method.name} ({kind}): direct {direct} != proxied {proxied}")
             if kind == "bogus-id" and direct[0] == "NOT_FOUND":

@@ -226,8 +226,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             directory.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_toml())
         self._spawn(timeout)
-        self.import_image(build_pause_image(self.image_cache, self.image))
+        self.reimport_image()
         return self
+
+    def reimport_image(self) -> None:
+        """Imports the test image (again): tests that delete images restore it with this."""
+        self.import_image(build_pause_image(self.image_cache, self.image))
 
     def import_image(self, archive: Path) -> None:
         proc = subprocess.run(

@@ -17,7 +17,7 @@ from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.koordlet import cli
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, Stage
 
-from .test_reconciler import FakeCRI, fake_cri, mkcg  # noqa: F401  (fixture)
+from .test_reconciler import fake_cri, mkcg  # noqa: F401  (fake_cri is a fixture)
 
 WAIT = 20.0
 

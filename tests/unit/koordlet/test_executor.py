@@ -286,3 +286,20 @@ def test_real_cgroup_v1_round_trip() -> None:
             ex.write(name, "cpu_shares", 1)
     finally:
         cgroup.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REAL_ROOT / "memory" / "memory.limit_in_bytes").is_file(),
+                    reason="needs root and a cgroup v1 memory hierarchy")
+def test_real_cgroup_v1_memory_unlimited_reads_back_as_huge_number() -> None:
+    name = f"koord-test-{uuid.uuid4().hex[:8]}"
+    cgroup = REAL_ROOT / "memory" / name
+    cgroup.mkdir()
+    try:
+        ex = CgroupExecutor(REAL_ROOT)
+        assert ex.write(name, "memory_limit", -1) is False
+        assert ex.write(name, "memory_limit", 2147483648) is True
+        assert ex.read(name, "memory_limit") == "2147483648"
+        assert ex.write(name, "memory_limit", -1) is True
+        assert ex.read(name, "memory_limit") == V1_UNLIMITED
+    finally:
+        cgroup.rmdir()

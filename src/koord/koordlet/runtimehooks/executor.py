@@ -259,7 +259,8 @@ class CgroupExecutor:
         except OSError as exc:
             raise CgroupError(f"{path}: open for write failed: {exc.strerror or exc}") from None
         try:
-            os.write(fd, text.encode())
+            # An empty write never reaches the kernel's handler; a bare newline clears a list.
+            os.write(fd, (text or "\n").encode())
         except OSError as exc:
             raise CgroupError(f"{path}: write {text!r} failed: {exc.strerror or exc}") from None
         finally:

@@ -14,8 +14,8 @@ import os
 import stat
 from collections.abc import Iterable
 from concurrent import futures
-from pathlib import Path
 from dataclasses import fields
+from pathlib import Path
 
 import grpc
 

@@ -1,0 +1,248 @@
+"""koordlet end to end: with koord-runtime-proxy and real containerd (Proxy mode), alone against
+containerd (Standalone mode), and a NodeSLO change reaching pods that already run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import pytest
+
+from koord.testing.containerd import Containerd
+from koord.testing.kubelet import KubeletClient, read_cgroup
+from koord.testing.proxy import RuntimeProxy
+
+pytestmark = pytest.mark.e2e
+
+WAIT = 30.0
+QOS = "koordinator.sh/qosClass"
+RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+EXTENDED_SPEC = "node.koordinator.sh/extended-resource-spec"
+BATCH_SPEC = json.dumps({"containers": {"main": {
+    "requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "2Gi"},
+    "limits": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "2Gi"}}}})
+TWO_GI = str(2 * 1024**3)
+
+
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT):
+    """Polls until ``predicate()`` is truthy; the deadline only bounds a hung test."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except (OSError, ValueError) as exc:  # a cgroup file not there yet
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+class KoordletProcess:
+    """``python -m koord.koordlet`` as a subprocess, registered in ``config_dir``."""
+
+    def __init__(self, workdir: Path, args: Sequence[str]) -> None:
+        self.workdir = workdir
+        self.sockdir = Path(tempfile.mkdtemp(prefix="kl-e2e-", dir="/tmp"))
+        self.socket = self.sockdir / "koordlet.sock"
+        self.config_dir = workdir / "hookserver.d"
+        self.log_path = workdir / "koordlet.log"
+        self.command = [sys.executable, "-m", "koord.koordlet", "--log-level", "DEBUG",
+                        "--runtime-hooks-addr", str(self.socket),
+                        "--runtime-hooks-config-path", str(self.config_dir), *args]
+        self._log = None
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> KoordletProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
+                                      stderr=self._log, start_new_session=True)
+        wait_for(lambda: (self.config_dir / "koordlet.json").exists() or self._proc.poll() is not None,
+                 "koordlet to register")
+        assert self._proc.poll() is None, f"koordlet exited:\n{self.logs()}"
+        return self
+
+    def stop(self) -> int | None:
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._log.close()
+        shutil.rmtree(self.sockdir, ignore_errors=True)
+        return self._proc.returncode
+
+    def logs(self, tail: int = 120) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-tail:])
+        except OSError:
+            return ""
+
+
+@pytest.fixture
+def koordlet_factory(tmp_path: Path) -> Iterator[Callable[..., KoordletProcess]]:
+    started: list[KoordletProcess] = []
+
+    def make(*args: str, name: str = "koordlet") -> KoordletProcess:
+        k = KoordletProcess(tmp_path / name, args).start()
+        started.append(k)
+        return k
+
+    yield make
+    for k in started:
+        rc = k.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{k.logs()}")
+        assert rc == 0, "koordlet must exit 0 on SIGTERM"
+        assert not (k.config_dir / "koordlet.json").exists(), "registration removed on shutdown"
+
+
+def _cleanup(containerd: Containerd, client: KubeletClient) -> None:
+    with containerd.client() as direct:
+        direct.pods = list(client.pods)
+        errors = direct.cleanup()
+    client.close()
+    if errors:
+        print("pod cleanup errors:", *errors, sep="\n  ")
+
+
+@pytest.fixture
+def direct_kubelet(containerd: Containerd) -> Iterator[KubeletClient]:
+    """Pods created straight at containerd: no proxy, nobody calls the hooks."""
+    client = containerd.client()
+    yield client
+    _cleanup(containerd, client)
+
+
+@pytest.fixture
+def proxied(containerd: Containerd, koordlet_factory, tmp_path: Path):
+    """koordlet (Proxy mode only: reconciler off) + a proxy that read its registration at start."""
+    koordlet = koordlet_factory("--runtime-hooks-reconcile-interval", "0",
+                                "--containerd-endpoint", containerd.endpoint)
+    proxy = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, hook_config_dir=koordlet.config_dir)
+    proxy.start()
+    client = KubeletClient(proxy.endpoint, on_pod_created=containerd.track_pod_cgroup,
+                           log_root=containerd.workdir / "pod-logs")
+    try:
+        yield client, koordlet
+    finally:
+        _cleanup(containerd, client)
+        proxy.stop()
+        print("--- runtime proxy log ---\n" + proxy.logs(tail=120))
+
+
+def run_lsr_pod(client: KubeletClient, image: str) -> tuple[str, str]:
+    sandbox = client.run_pod(f"lsr-{uuid.uuid4().hex[:6]}", labels={QOS: "LSR"},
+                             annotations={RESOURCE_STATUS: '{"cpuset":"0"}'}, qos="guaranteed")
+    container = client.run_container(sandbox, "main", image,
+                                     resources={"cpu_period": 100000, "cpu_quota": 200000,
+                                                "cpuset_cpus": "0-1"})
+    return sandbox, container
+
+
+def run_be_pod(client: KubeletClient, image: str) -> tuple[str, str]:
+    sandbox = client.run_pod(f"be-{uuid.uuid4().hex[:6]}", labels={QOS: "BE"},
+                             annotations={EXTENDED_SPEC: BATCH_SPEC}, qos="besteffort")
+    container = client.run_container(sandbox, "main", image, resources={"cpu_shares": 2})
+    return sandbox, container
+
+
+def test_proxy_mode_lsr_pod_gets_its_cpuset(containerd: Containerd, proxied) -> None:
+    client, _ = proxied
+    sandbox, container = run_lsr_pod(client, containerd.image)
+    parent = client.pod_cgroup_parent(sandbox)
+    assert read_cgroup("cpuset", parent, container, "cpuset.cpus") == "0"
+    assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "-1"
+
+
+def test_proxy_mode_be_pod_gets_batch_resources(containerd: Containerd, proxied) -> None:
+    client, _ = proxied
+    sandbox, container = run_be_pod(client, containerd.image)
+    parent = client.pod_cgroup_parent(sandbox)
+    assert read_cgroup("cpu", parent, container, "cpu.shares") == "512"
+    assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "50000"
+    assert read_cgroup("memory", parent, container, "memory.limit_in_bytes") == TWO_GI
+
+
+def test_standalone_reconciler_writes_pods_created_without_proxy(
+        containerd: Containerd, direct_kubelet: KubeletClient, koordlet_factory) -> None:
+    lsr_sandbox, lsr = run_lsr_pod(direct_kubelet, containerd.image)
+    be_sandbox, be = run_be_pod(direct_kubelet, containerd.image)
+    lsr_parent = direct_kubelet.pod_cgroup_parent(lsr_sandbox)
+    be_parent = direct_kubelet.pod_cgroup_parent(be_sandbox)
+    # containerd applied what it was asked for: nothing of koordlet's yet
+    assert read_cgroup("cpuset", lsr_parent, lsr, "cpuset.cpus") == "0-1"
+    assert read_cgroup("cpu", be_parent, be, "cpu.shares") == "2"
+    koordlet = koordlet_factory("--runtime-hooks-reconcile-interval", "500ms",
+                                "--containerd-endpoint", "unix://" + containerd.endpoint)
+    wait_for(lambda: read_cgroup("cpuset", lsr_parent, lsr, "cpuset.cpus") == "0",
+             "the reconciler to set the LSR cpuset")
+    assert read_cgroup("cpu", lsr_parent, lsr, "cpu.cfs_quota_us") == "-1"
+    wait_for(lambda: read_cgroup("cpu", be_parent, be, "cpu.shares") == "512",
+             "the reconciler to set BE shares")
+    assert read_cgroup("cpu", be_parent, be, "cpu.cfs_quota_us") == "50000"
+    assert read_cgroup("memory", be_parent, be, "memory.limit_in_bytes") == TWO_GI
+    # the pod level too, which the proxy path cannot reach before the pod cgroup exists
+    pod_dir = Path("/sys/fs/cgroup/cpu") / be_parent.strip("/")
+    assert (pod_dir / "cpu.shares").read_text().strip() == "512"
+    assert "ERROR" not in koordlet.logs(tail=400)
+
+
+def node_slo(be_enabled: bool) -> str:
+    return json.dumps({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+                       "metadata": {"name": "node1"},
+                       "spec": {"resourceQOSStrategy": {
+                           "lsClass": {"cpuQOS": {"enable": True, "groupIdentity": 2}},
+                           "beClass": {"cpuQOS": {"enable": be_enabled, "groupIdentity": -1}}}}})
+
+
+def fake_cgroup(root: Path, rel: str) -> Path:
+    """A cpu cgroup dir with a group-identity file, as an Anolis kernel has (this one has not)."""
+    d = root / "cpu" / rel.strip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    for name, value in (("cpu.bvt_warp_ns", "0"), ("cpu.shares", "1024"),
+                        ("cpu.cfs_quota_us", "-1"), ("cpu.cfs_period_us", "100000")):
+        (d / name).write_text(value + "\n")
+    return d
+
+
+def test_node_slo_change_reapplies_group_identity_to_existing_pods(
+        containerd: Containerd, direct_kubelet: KubeletClient, koordlet_factory,
+        tmp_path: Path) -> None:
+    be_sandbox = direct_kubelet.run_pod(f"be-{uuid.uuid4().hex[:6]}", labels={QOS: "BE"},
+                                        qos="besteffort")
+    ls_sandbox = direct_kubelet.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"},
+                                        qos="burstable")
+    root = tmp_path / "cgroup"
+    fake_cgroup(root, "kubepods")
+    for rel in ("kubepods/besteffort", "kubepods/burstable"):
+        fake_cgroup(root, rel)
+    be_pod = fake_cgroup(root, direct_kubelet.pod_cgroup_parent(be_sandbox))
+    ls_pod = fake_cgroup(root, direct_kubelet.pod_cgroup_parent(ls_sandbox))
+    slo = tmp_path / "nodeslo.json"
+    slo.write_text(node_slo(be_enabled=True))
+    koordlet_factory("--cgroup-root-dir", str(root), "--proc-root-dir", str(tmp_path),
+                     "--node-slo-file", str(slo), "--runtime-hooks-reconcile-interval", "1h",
+                     "--containerd-endpoint", containerd.endpoint)
+    bvt = lambda d: (d / "cpu.bvt_warp_ns").read_text().strip()  # noqa: E731
+    wait_for(lambda: bvt(be_pod) == "-1", "the first round to set BE group identity")
+    assert bvt(ls_pod) == "2"
+    assert bvt(root / "cpu/kubepods/besteffort") == "-1"
+    slo.write_text(node_slo(be_enabled=False))
+    # the interval is an hour: only the NodeSLO change can bring the next round
+    wait_for(lambda: bvt(be_pod) == "0", "the NodeSLO change to reset BE group identity")
+    assert bvt(root / "cpu/kubepods/besteffort") == "0"
+    assert bvt(ls_pod) == "2"

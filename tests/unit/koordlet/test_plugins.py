@@ -1,0 +1,66 @@
+"""plugins/__init__: order, feature gates, and building the enabled plugins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv, Stage
+from koord.koordlet.runtimehooks.plugins import (
+    DEFAULT_FEATURE_GATES, PLUGIN_ORDER, build_plugins, parse_feature_gates,
+)
+
+NO_FS = Path("/nonexistent")
+ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
+
+
+def test_order_and_names_match_gates() -> None:
+    assert [c.name for c in PLUGIN_ORDER] == [
+        "GroupIdentity", "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl"]
+    assert set(DEFAULT_FEATURE_GATES) == {c.name for c in PLUGIN_ORDER}
+
+
+@pytest.mark.parametrize("text, changed", [
+    ("", {}),
+    ("Resctrl=true", {"Resctrl": True}),
+    ("GroupIdentity=false, GPUEnvInject=True", {"GroupIdentity": False, "GPUEnvInject": True}),
+    ("CPUNormalization=1,BatchResource=0,", {"CPUNormalization": True, "BatchResource": False}),
+])
+def test_parse_feature_gates(text: str, changed: dict[str, bool]) -> None:
+    assert parse_feature_gates(text) == {**DEFAULT_FEATURE_GATES, **changed}
+
+
+@pytest.mark.parametrize("text, named", [
+    ("Bogus=true", "Bogus"),
+    ("Resctrl=yes", "Resctrl"),
+    ("Resctrl", "Resctrl"),
+])
+def test_parse_feature_gates_rejects(text: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        parse_feature_gates(text)
+
+
+def test_build_default_plugins_in_order() -> None:
+    plugins = build_plugins(ENV, DEFAULT_FEATURE_GATES)
+    assert [p.name for p in plugins] == ["GroupIdentity", "BatchResource", "CPUSetAllocator"]
+    assert all(p.env is ENV for p in plugins)
+
+
+def test_build_all_and_register() -> None:
+    plugins = build_plugins(ENV, {name: True for name in DEFAULT_FEATURE_GATES})
+    assert [p.name for p in plugins] == [c.name for c in PLUGIN_ORDER]
+    hooks = Hooks()
+    for plugin in plugins:
+        plugin.register(hooks)
+    assert [name for name, _ in hooks.registrations(Stage.PRE_CREATE_CONTAINER)] == [
+        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject"]
+    assert hooks.stages() == {Stage.PRE_RUN_POD_SANDBOX, Stage.PRE_CREATE_CONTAINER,
+                              Stage.PRE_UPDATE_CONTAINER_RESOURCES, Stage.POST_START_CONTAINER,
+                              Stage.POST_STOP_POD_SANDBOX}
+
+
+def test_build_rejects_unknown_gate() -> None:
+    with pytest.raises(ValueError, match="Bogus"):
+        build_plugins(ENV, {"Bogus": True})
