@@ -41,6 +41,7 @@ def _cleanup_direct(containerd: Containerd, client: KubeletClient) -> None:
     """Removes a client's pods straight at containerd, so a broken proxy can't leak them."""
     with containerd.client() as direct:
         direct.pods = list(client.pods)
+        direct.sandbox_configs = dict(client.sandbox_configs)
         errors = direct.cleanup()
     client.close()
     if errors:

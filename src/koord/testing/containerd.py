@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 import grpc
 
 from koord.testing.image import DEFAULT_REF, build_pause_image
-from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target
+from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target, remove_pod_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -130,23 +130,6 @@ def _cgroup_pids(cgroup_dir: Path) -> list[int]:
         except OSError:
             continue
     return pids
-
-
-def _rmdir_tree(directory: Path) -> list[str]:
-    """Removes a cgroup dir and its children, deepest first; returns dirs that stayed."""
-    if not directory.is_dir():
-        return []
-    stayed = []
-    for child in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        try:
-            child.rmdir()
-        except OSError as err:
-            stayed.append(f"{child}: {err.strerror}")
-    try:
-        directory.rmdir()
-    except OSError as err:
-        stayed.append(f"{directory}: {err.strerror}")
-    return stayed
 
 
 class Containerd:
@@ -362,24 +345,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             for subsystem in ("pids", "memory", "cpu", "freezer"):
                 container_pids += _cgroup_pids(self.cgroup_root / subsystem / parent.strip("/"))
         _kill(container_pids)
-        shims = _processes_mentioning(str(self.workdir))
+        shims = _processes_mentioning(f"{self.workdir}/")
         _kill(shims)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in shims):
             time.sleep(0.05)
-        return [f"pid {p} still alive" for p in shims if Path(f"/proc/{p}/cmdline").exists()
-                and str(self.workdir).encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+        return [f"pid {p} still alive" for p in set(shims) & set(_processes_mentioning(f"{self.workdir}/"))]
 
     def _remove_pod_cgroups(self) -> list[str]:
         problems = []
-        subsystems = [p for p in self.cgroup_root.iterdir() if p.is_dir()] if self.cgroup_root.is_dir() else []
         for parent in sorted(self.pod_cgroup_parents):
-            for subsystem in subsystems:
-                pod_dir = subsystem / parent.strip("/")
-                problems += _rmdir_tree(pod_dir)
-                # QoS and kubepods dirs are shared with other sessions: remove only when empty.
-                for shared in pod_dir.parents:
-                    if shared == subsystem or not shared.is_dir():
+            problems += remove_pod_cgroup(parent, self.cgroup_root)
+            # QoS and kubepods dirs are shared with other sessions: removed only when empty.
+            for hierarchy in (p for p in self.cgroup_root.iterdir() if p.is_dir()):
+                for shared in (hierarchy / parent.strip("/")).parents:
+                    if shared == hierarchy:
                         break
                     try:
                         shared.rmdir()

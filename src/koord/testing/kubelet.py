@@ -45,6 +45,28 @@ def container_cgroup_dir(
     return Path(root) / subsystem / pod_cgroup_parent.strip("/") / container_id
 
 
+def remove_pod_cgroup(pod_cgroup_parent: str, root: str | Path = "/sys/fs/cgroup") -> list[str]:
+    """Removes a pod's cgroup dir in every hierarchy, deepest first, as kubelet does after removal.
+
+    runc deletes only the container dirs and leaves ``pod<uid>`` behind. Shared QoS dirs
+    are not touched. Returns the dirs that could not be removed (not empty, busy).
+    """
+    root = Path(root)
+    stayed: list[str] = []
+    hierarchies = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    for hierarchy in hierarchies:
+        pod_dir = hierarchy / pod_cgroup_parent.strip("/")
+        if not pod_dir.is_dir():
+            continue
+        children = sorted((p for p in pod_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for directory in [*children, pod_dir]:
+            try:
+                directory.rmdir()
+            except OSError as err:
+                stayed.append(f"{directory}: {err.strerror}")
+    return stayed
+
+
 def read_cgroup(
     subsystem: str,
     pod_cgroup_parent: str,
@@ -82,6 +104,7 @@ class KubeletClient:
         version: str = "v1",
         on_pod_created: Callable[[str], None] | None = None,
         log_root: Path | None = None,
+        cgroup_root: str | Path = "/sys/fs/cgroup",
     ) -> None:
         self.endpoint = endpoint
         self.version = version
@@ -96,7 +119,8 @@ class KubeletClient:
         self.runtime = grpc_mod.RuntimeServiceStub(self.channel)
         self.image = grpc_mod.ImageServiceStub(self.channel)
         self._on_pod_created = on_pod_created
-        self._log_root = Path(log_root) if log_root else Path(tempfile.mkdtemp(prefix="koord-pod-logs-"))
+        self._log_root = Path(log_root) if log_root else None
+        self.cgroup_root = Path(cgroup_root)
         self.sandbox_configs: dict[str, Any] = {}
         self.pods: list[str] = []
         self.containers: list[str] = []
@@ -138,6 +162,8 @@ class KubeletClient:
             "kubernetes.io/config.seen": "2024-01-01T00:00:00.000000000Z",
         }
         all_annotations.update(annotations or {})
+        if self._log_root is None:
+            self._log_root = Path(tempfile.mkdtemp(prefix="koord-pod-logs-"))
         log_dir = self._log_root / f"{namespace}_{name}_{uid}"
         log_dir.mkdir(parents=True, exist_ok=True)
         namespaces = pb.NamespaceOption(
@@ -290,9 +316,13 @@ class KubeletClient:
         self.runtime.StopPodSandbox(self.pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=timeout)
 
     def remove_pod(self, sandbox_id: str, timeout: float | None = 120.0) -> None:
+        """RemovePodSandbox, then (like kubelet) the pod's now empty cgroup dir."""
         self.runtime.RemovePodSandbox(self.pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=timeout)
         if sandbox_id in self.pods:
             self.pods.remove(sandbox_id)
+        config = self.sandbox_configs.get(sandbox_id)
+        if config is not None:
+            remove_pod_cgroup(config.linux.cgroup_parent, self.cgroup_root)
 
     def container_status(self, container_id: str, verbose: bool = False, timeout: float | None = 120.0) -> Any:
         return self.runtime.ContainerStatus(
