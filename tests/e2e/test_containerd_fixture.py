@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -82,6 +84,24 @@ def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path) -> None:
     assert not mounts_under(instance.workdir)
     assert not pod_dir.exists()
     assert not any(str(instance.workdir).encode() in cmdline for cmdline in _cmdlines())
+
+
+def test_stop_cleans_up_after_containerd_crash(tmp_path: Path) -> None:
+    """Cleanup can't rely on CRI: containerd died with a pod running (a failed test)."""
+    instance = Containerd(tmp_path / "ctd").start()
+    try:
+        client = instance.client()
+        sandbox_id = client.run_pod("crashed")
+        container_id = client.run_container(sandbox_id, "app", instance.image)
+        pod_dir = container_cgroup_dir("memory", client.pod_cgroup_parent(sandbox_id), container_id).parent
+        client.close()
+        assert instance.pid is not None
+        os.kill(instance.pid, signal.SIGKILL)
+    finally:
+        instance.stop()
+    assert not mounts_under(instance.workdir)
+    assert not pod_dir.exists()
+    assert not any(f"{instance.workdir}/".encode() in cmdline for cmdline in _cmdlines())
 
 
 def _cmdlines() -> list[bytes]:

@@ -178,13 +178,15 @@ def kubelet_lifecycle(client: KubeletClient, image: str, uid: str) -> dict[str, 
         rt.PortForward(pb.PortForwardRequest(pod_sandbox_id=sandbox_id, port=[8080]), timeout=CALL_TIMEOUT),
     )
 
-    record("ContainerStats", rt.ContainerStats(pb.ContainerStatsRequest(container_id=container_id), timeout=CALL_TIMEOUT))
+    container_stats = rt.ContainerStats(pb.ContainerStatsRequest(container_id=container_id), timeout=CALL_TIMEOUT)
+    record("ContainerStats", container_stats)
     stats = rt.ListContainerStats(
         pb.ListContainerStatsRequest(filter=pb.ContainerStatsFilter(pod_sandbox_id=sandbox_id)), timeout=CALL_TIMEOUT
     )
     assert len(stats.stats) == 1, f"ListContainerStats via {client.endpoint}: {stats}"
     record("ListContainerStats", stats)
-    record("PodSandboxStats", rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=sandbox_id), timeout=CALL_TIMEOUT))
+    pod_stats = rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=sandbox_id), timeout=CALL_TIMEOUT)
+    record("PodSandboxStats", pod_stats)
     record(
         "ListPodSandboxStats",
         rt.ListPodSandboxStats(
@@ -193,15 +195,15 @@ def kubelet_lifecycle(client: KubeletClient, image: str, uid: str) -> dict[str, 
     )
     record(
         "ReopenContainerLog",
-        rt.ReopenContainerLog(
-            pb.ReopenContainerLogRequest(container_id=container_id), timeout=CALL_TIMEOUT
-        ),
+        rt.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=container_id), timeout=CALL_TIMEOUT),
     )
     record("Status", rt.Status(pb.StatusRequest(), timeout=CALL_TIMEOUT))
 
     images = client.image
     spec = pb.ImageSpec(image=image)
-    record("ListImages", images.ListImages(pb.ListImagesRequest(filter=pb.ImageFilter(image=spec)), timeout=CALL_TIMEOUT))
+    listed_images = images.ListImages(pb.ListImagesRequest(filter=pb.ImageFilter(image=spec)), timeout=CALL_TIMEOUT)
+    assert len(listed_images.images) == 1, f"ListImages via {client.endpoint}: {listed_images}"
+    record("ListImages", listed_images)
     record("ImageStatus", images.ImageStatus(pb.ImageStatusRequest(image=spec, verbose=True), timeout=CALL_TIMEOUT))
     record("ImageFsInfo", images.ImageFsInfo(pb.ImageFsInfoRequest(), timeout=CALL_TIMEOUT))
 
@@ -209,7 +211,9 @@ def kubelet_lifecycle(client: KubeletClient, image: str, uid: str) -> dict[str, 
     record("ContainerStatus.exited", client.container_status(container_id))
     exited = rt.ListContainers(
         pb.ListContainersRequest(
-            filter=pb.ContainerFilter(pod_sandbox_id=sandbox_id, state=pb.ContainerStateValue(state=pb.CONTAINER_EXITED))
+            filter=pb.ContainerFilter(
+                pod_sandbox_id=sandbox_id, state=pb.ContainerStateValue(state=pb.CONTAINER_EXITED)
+            )
         ),
         timeout=CALL_TIMEOUT,
     )

@@ -122,6 +122,15 @@ def _kill(pids: Iterable[int]) -> None:
             pass
 
 
+def _alive(pid: int) -> bool:
+    """True unless the process is gone or a zombie (PID 1 here may never reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _cgroup_pids(cgroup_dir: Path) -> list[int]:
     pids: list[int] = []
     for procs in cgroup_dir.rglob("cgroup.procs"):
@@ -224,6 +233,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         )
         if proc.returncode != 0:
             raise RuntimeError(f"ctr images import {archive} failed: {proc.stderr.strip()}")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
 
     @property
     def running(self) -> bool:
@@ -337,10 +350,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 state = json.loads(state_file.read_text())
             except (OSError, ValueError):
                 continue
+            # The cgroups, not init_process_pid: a stale pid may belong to someone else by now.
             for path in state.get("cgroup_paths", {}).values():
                 container_pids += _cgroup_pids(Path(path))
-            if state.get("init_process_pid"):
-                container_pids.append(state["init_process_pid"])
         for parent in self.pod_cgroup_parents:
             for subsystem in ("pids", "memory", "cpu", "freezer"):
                 container_pids += _cgroup_pids(self.cgroup_root / subsystem / parent.strip("/"))
@@ -348,9 +360,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         shims = _processes_mentioning(f"{self.workdir}/")
         _kill(shims)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in shims):
+        while time.monotonic() < deadline and any(_alive(p) for p in shims):
             time.sleep(0.05)
-        return [f"pid {p} still alive" for p in set(shims) & set(_processes_mentioning(f"{self.workdir}/"))]
+        return [f"pid {p} still alive" for p in shims if _alive(p)]
 
     def _remove_pod_cgroups(self) -> list[str]:
         problems = []
