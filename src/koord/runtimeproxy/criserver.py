@@ -274,6 +274,8 @@ class CRIServer(grpc.GenericRpcHandler):
         return raw
 
     async def start_container(self, req: cri.StartContainerRequest, call: Call) -> bytes:
+        if not self.dispatcher.has_plugins(HookPoint.PRE_START_CONTAINER, HookPoint.POST_START_CONTAINER):
+            return await call.forward()
         record, pod = await self._container(req.container_id)
         if not self._hooked(pod):
             return await call.forward()
@@ -293,23 +295,27 @@ class CRIServer(grpc.GenericRpcHandler):
         return raw
 
     async def update_container_resources(self, req: cri.UpdateContainerResourcesRequest, call: Call) -> bytes:
-        record, pod = await self._container(req.container_id)
         changed = False
-        if self._hooked(pod):
-            request = convert.container_hook_request(pod, record.info)
-            request.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
-            request.container_annotations.update(req.annotations)
-            target = _pod_target(pod, record.info.container_meta.name)
-            changed = await self.dispatcher.run_pre(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, request, target)
-            if changed:
-                convert.apply_to_update_resources(req, request)
+        if self.dispatcher.has_plugins(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
+            record, pod = await self._container(req.container_id)
+            if self._hooked(pod):
+                request = convert.container_hook_request(pod, record.info)
+                request.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+                request.container_annotations.update(req.annotations)
+                target = _pod_target(pod, record.info.container_meta.name)
+                changed = await self.dispatcher.run_pre(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, request, target)
+                if changed:
+                    convert.apply_to_update_resources(req, request)
         raw = await call.forward(req if changed else None)
+        record = self.store.get_container(req.container_id)
         if record is not None:
             record.info.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
         return raw
 
     async def stop_container(self, req: cri.StopContainerRequest, call: Call) -> bytes:
         raw = await call.forward()
+        if not self.dispatcher.has_plugins(HookPoint.POST_STOP_CONTAINER):
+            return raw
         record, pod = await self._container(req.container_id)
         if self._hooked(pod):
             await self.dispatcher.run_post(HookPoint.POST_STOP_CONTAINER,
@@ -319,6 +325,8 @@ class CRIServer(grpc.GenericRpcHandler):
 
     async def stop_pod_sandbox(self, req: cri.StopPodSandboxRequest, call: Call) -> bytes:
         raw = await call.forward()
+        if not self.dispatcher.has_plugins(HookPoint.POST_STOP_POD_SANDBOX):
+            return raw
         pod = await self._pod(req.pod_sandbox_id)
         if self._hooked(pod):
             await self.dispatcher.run_post(HookPoint.POST_STOP_POD_SANDBOX, pod, _pod_target(pod))

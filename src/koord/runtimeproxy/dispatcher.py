@@ -68,8 +68,9 @@ class RuntimeDispatcher:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._calls: dict[tuple[str, HookPoint], Callable] = {}
 
-    def has_plugins(self, hook_point: HookPoint) -> bool:
-        return bool(self._plugins.plugins_for(hook_point))
+    def has_plugins(self, *hook_points: HookPoint) -> bool:
+        """Lets the CRI server skip store look-ups (maybe a backend call) nobody needs."""
+        return any(self._plugins.plugins_for(h) for h in hook_points)
 
     async def run_pre(self, hook_point: HookPoint, request, target: Target) -> bool:
         """Chains every plugin's answer into ``request`` in place; True when anything changed.
@@ -107,26 +108,34 @@ class RuntimeDispatcher:
         start = time.perf_counter()
         outcome = "ok"
         try:
-            answer = await self._multicallable(plugin.endpoint, hook_point)(request, timeout=plugin.timeout)
+            answer = await self._ask(plugin, hook_point, request)
             problems = (convert.validate_pod_response(answer) if hook_point in _POD_HOOKS
                         else convert.validate_container_response(answer))
             if problems:
-                outcome = "invalid"
-                raise _PluginError(outcome, "invalid answer: " + "; ".join(problems))
+                raise _PluginError("invalid", "invalid answer: " + "; ".join(problems))
             return answer
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-            outcome = {grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
-                       grpc.StatusCode.UNAVAILABLE: "unavailable"}.get(code, "error")
-            message = (f"no answer within {plugin.timeout:g}s" if outcome == "timeout"
-                       else f"{code.name}: {exc.details()}")
-            raise _PluginError(outcome, message) from None
+        except _PluginError as exc:
+            outcome = exc.outcome
+            raise
         finally:
             elapsed = time.perf_counter() - start
             self._metrics.observe_hook(plugin.name, hook_point.value, outcome, elapsed)
             level = logging.DEBUG if outcome == "ok" else logging.WARNING
             log.log(level, "%s plugin %s for %s: %s in %.1f ms (policy %s)", hook_point,
                     plugin.name, target, outcome, elapsed * 1000, plugin.failure_policy)
+
+    async def _ask(self, plugin: PluginRegistration, hook_point: HookPoint, request):
+        """One gRPC call; every way it can fail becomes a _PluginError with its outcome."""
+        try:
+            return await self._multicallable(plugin.endpoint, hook_point)(request, timeout=plugin.timeout)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _PluginError("timeout", f"no answer within {plugin.timeout:g}s") from None
+            outcome = "unavailable" if code is grpc.StatusCode.UNAVAILABLE else "error"
+            raise _PluginError(outcome, f"{code.name}: {exc.details()}") from None
+        except Exception as exc:  # a plugin's broken answer must fail its call, never the proxy
+            raise _PluginError("error", f"{type(exc).__name__}: {exc}") from None
 
     def _multicallable(self, endpoint: str, hook_point: HookPoint) -> Callable:
         key = (endpoint, hook_point)
