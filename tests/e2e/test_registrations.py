@@ -39,12 +39,13 @@ def _text(content: str | bytes, mode: int = 0o644, uid: int = 0) -> Writer:
     return write
 
 
+_ABSENT = object()
+
+
 def _doc(**changes) -> Writer:
+    """GOOD with fields replaced (or removed with _ABSENT)."""
     doc = {**GOOD, **changes}
     return _text(json.dumps({k: v for k, v in doc.items() if v is not _ABSENT}))
-
-
-_ABSENT = object()
 
 
 def _fuzzed(count: int, seed: int = 3) -> list[Writer]:

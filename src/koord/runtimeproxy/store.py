@@ -112,6 +112,12 @@ async def fetch_container(runtime: cri_grpc.RuntimeServiceStub, container_id: st
     if current is not None and current.ByteSize():
         # Updates since creation live in the status, not in the creation config.
         record.container_resources.CopyFrom(convert.to_hook_resources(current))
+        swap = record.container_resources.memory_swap_limit_in_bytes
+        if (not config.linux.resources.memory_swap_limit_in_bytes
+                and swap == record.container_resources.memory_limit_in_bytes):
+            # containerd reports "no swap" as swap == memory limit; kubelet sent none, and
+            # replaying it after a plugin raises the memory limit makes runc fail.
+            record.container_resources.memory_swap_limit_in_bytes = 0
     sandbox_id = info.get("sandboxID", "")
     if not sandbox_id:
         raise RecoveryError(f"{what}: verbose info names no sandboxID")
