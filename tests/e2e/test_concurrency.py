@@ -12,7 +12,7 @@ import pytest
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.testing.hookplugin import Behaviour
 
-from .test_hooks import Rig, cgroup, only_keys, rig, spec_env  # noqa: F401  (rig is a fixture)
+from .rig import Rig, cgroup, only_keys, spec_env
 
 pytestmark = pytest.mark.e2e
 

@@ -8,14 +8,11 @@ OCI spec containerd generated, the process environment, and CRI status.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -23,133 +20,13 @@ from cri_api.v1 import api_pb2 as cri
 from prometheus_client.parser import text_string_to_metric_families
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
-from koord.testing.containerd import Containerd
-from koord.testing.hookplugin import ALL_HOOKS, POD_HOOKS, Behaviour, RecordingPlugin
-from koord.testing.kubelet import KubeletClient, pod_cgroup_parent, read_cgroup
-from koord.testing.proxy import RuntimeProxy
+from koord.testing.hookplugin import ALL_HOOKS, Behaviour, RecordingPlugin
+from koord.testing.kubelet import pod_cgroup_parent
+
+from .rig import (LIFECYCLE_HOOKS, MiB, SKIP_LABEL, Rig, cgroup, eventually, free_port,
+                  only_keys, record_order, spec_env)
 
 pytestmark = pytest.mark.e2e
-
-MiB = 1 << 20
-SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
-# The order kubelet's lifecycle below triggers them in.
-LIFECYCLE_HOOKS = ("PreRunPodSandbox", "PreCreateContainer", "PreStartContainer", "PostStartContainer",
-                   "PreUpdateContainerResources", "PostStopContainer", "PostStopPodSandbox")
-
-
-class Rig:
-    """Plugins, their registration dir and a proxy process in front of the session containerd.
-
-    Sockets live under a short /tmp dir: pytest's tmp_path can push a unix socket path
-    past its 107-byte limit.
-    """
-
-    def __init__(self, containerd: Containerd) -> None:
-        self.containerd = containerd
-        self.root = Path(tempfile.mkdtemp(prefix="kh-", dir="/tmp"))
-        self.hook_dir = self.root / "hookserver.d"
-        self.hook_dir.mkdir()
-        self.plugins: list[RecordingPlugin] = []
-        self.proxy: RuntimeProxy | None = None
-        self.clients: list[KubeletClient] = []
-
-    def plugin(self, file_name: str, hooks=ALL_HOOKS, failure_policy: str = "Ignore",
-               timeout: float | None = None) -> RecordingPlugin:
-        plugin = RecordingPlugin(self.root / f"{file_name.removesuffix('.json')}.sock", name=file_name).start()
-        self.plugins.append(plugin)
-        plugin.registration(self.hook_dir, file_name, hooks=hooks, failure_policy=failure_policy, timeout=timeout)
-        return plugin
-
-    def start_proxy(self, metrics_bind_address: str = "", extra_args=()) -> RuntimeProxy:
-        self.proxy = RuntimeProxy(self.root / "proxy", self.containerd.endpoint, hook_config_dir=self.hook_dir,
-                                  metrics_bind_address=metrics_bind_address, extra_args=extra_args).start()
-        return self.proxy
-
-    def kubelet(self) -> KubeletClient:
-        """A kubelet talking to the proxy; its pods are removed at containerd on close."""
-        assert self.proxy is not None
-        client = KubeletClient(self.proxy.endpoint, on_pod_created=self.containerd.track_pod_cgroup,
-                               log_root=self.containerd.workdir / "pod-logs")
-        self.clients.append(client)
-        return client
-
-    def direct(self) -> KubeletClient:
-        """A kubelet talking to containerd itself, bypassing the proxy."""
-        client = self.containerd.client()
-        self.clients.append(client)
-        return client
-
-    def close(self) -> None:
-        pods = {p for c in self.clients for p in c.pods}
-        with self.containerd.client() as direct:
-            direct.pods = sorted(pods)
-            errors = direct.cleanup()
-        for client in self.clients:
-            client.close()
-        if self.proxy is not None:
-            self.proxy.stop()
-            print("--- runtime proxy log ---\n" + self.proxy.logs(tail=200))
-        for plugin in self.plugins:
-            plugin.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-        if errors:
-            print("pod cleanup errors:", *errors, sep="\n  ")
-
-
-@pytest.fixture
-def rig(containerd: Containerd) -> Iterator[Rig]:
-    instance = Rig(containerd)
-    try:
-        yield instance
-    finally:
-        instance.close()
-
-
-def empty_answer(hook_name: str):
-    return hook.PodSandboxHookResponse() if hook_name in POD_HOOKS else hook.ContainerResourceHookResponse()
-
-
-def record_order(order: list[tuple[str, str]], plugin: RecordingPlugin,
-                 answers: dict[str, Callable] | None = None) -> None:
-    """Every hook of ``plugin`` appends (hook, plugin) to the shared ``order`` and answers from ``answers``."""
-    for hook_name in ALL_HOOKS:
-        answer = (answers or {}).get(hook_name)
-
-        def serve(req, hook_name=hook_name, answer=answer):
-            order.append((hook_name, plugin.name))
-            return answer(req) if answer is not None else empty_answer(hook_name)
-        plugin.behaviours[hook_name] = Behaviour(answer=serve)
-
-
-def cgroup(client: KubeletClient, sandbox_id: str, container_id: str, subsystem: str, name: str) -> str:
-    return read_cgroup(subsystem, client.pod_cgroup_parent(sandbox_id), container_id, name)
-
-
-def spec_env(client: KubeletClient, container_id: str) -> list[str]:
-    """The env of the OCI spec containerd generated (verbose ContainerStatus)."""
-    info = json.loads(client.container_status(container_id, verbose=True).info["info"])
-    return info["runtimeSpec"]["process"]["env"]
-
-
-def only_keys(env: list[str], keys: set[str]) -> list[str]:
-    return [kv for kv in env if kv.partition("=")[0] in keys]
-
-
-def eventually(check: Callable[[], bool], timeout: float = 3.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ------------------------------------------------------------------------------------ tests
 
 
 def test_all_hooks_reach_all_plugins_in_file_order_and_land_in_the_container(rig: Rig) -> None:

@@ -18,7 +18,7 @@ from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.testing.hookplugin import Behaviour, RecordingPlugin
 from koord.testing.kubelet import KubeletClient, pod_cgroup_parent, read_cgroup
 
-from .test_hooks import MiB, Rig, eventually, free_port, rig  # noqa: F401  (rig is a fixture)
+from .rig import MiB, Rig, eventually, free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ import pytest
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.testing.hookplugin import Behaviour
 
-from .test_hooks import Rig, eventually, rig  # noqa: F401  (rig is a fixture)
+from .rig import Rig, eventually
 
 pytestmark = pytest.mark.e2e
 

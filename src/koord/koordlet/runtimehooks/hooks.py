@@ -8,12 +8,13 @@ each plugin registers its functions: stable, so a later plugin may refine an ear
 from __future__ import annotations
 
 import enum
+import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .protocol import ContainerContext, HookContext, KubeQoS, PodContext, Resources
 
@@ -50,6 +51,28 @@ HookFn = Callable[[HookContext], None]
 
 class HookError(Exception):
     """A plugin could not do its job for this pod or container; the message says why."""
+
+
+_JSON_KINDS = {dict: "object", list: "list"}
+
+
+def json_annotation(annotations: Mapping[str, str], key: str, want: type = dict,
+                    error: type[Exception] = HookError, owner: str = "pod") -> Any:
+    """The JSON value of an annotation, or None when it is absent or empty.
+
+    Every plugin reads Koordinator's JSON annotations; a malformed one must fail with the
+    same message naming the annotation, so users see which object to fix.
+    """
+    text = annotations.get(key)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{owner} annotation {key}: bad JSON: {exc.msg}") from None
+    if not isinstance(value, want):
+        raise error(f"{owner} annotation {key}: want a JSON {_JSON_KINDS.get(want, want.__name__)}, got {text!r}")
+    return value
 
 
 class FailurePolicy(enum.StrEnum):

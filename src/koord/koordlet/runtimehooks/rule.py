@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .executor import parse_cpuset
+from .hooks import json_annotation
 from .protocol import KoordQoS, KubeQoS
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
@@ -67,7 +68,7 @@ class GroupIdentityRule:
         shares LSR's; pods without a QoS label stay neutral (0).
         """
         if qos is KoordQoS.LS and POD_CPU_QOS in annotations:
-            override = _pod_cpu_qos(annotations[POD_CPU_QOS])
+            override = _pod_cpu_qos(annotations)
             if override is not None:
                 return override
         return {
@@ -87,15 +88,10 @@ class GroupIdentityRule:
         return NONE_BVT
 
 
-def _pod_cpu_qos(text: str) -> int | None:
+def _pod_cpu_qos(annotations: dict[str, str]) -> int | None:
     """``{"enable":true,"groupIdentity":-1}`` -> -1; ``enable: false`` -> 0; no groupIdentity -> None."""
     where = f"pod annotation {POD_CPU_QOS}"
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RuleError(f"{where}: bad JSON: {exc.msg}") from None
-    if not isinstance(value, dict):
-        raise RuleError(f"{where}: want a JSON object, got {text!r}")
+    value = json_annotation(annotations, POD_CPU_QOS, error=RuleError)
     enable = value.get("enable", True)
     if not isinstance(enable, bool):
         raise RuleError(f"{where}: enable={enable!r} is not a boolean")

@@ -8,14 +8,13 @@ and this plugin turns them into shares, cfs quota and memory limit.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..hooks import HookError, Hooks, RuntimePlugin, Stage
+from ..hooks import HookError, Hooks, RuntimePlugin, Stage, json_annotation
 from ..protocol import ContainerContext, HookContext, KoordQoS, PodContext, Resources
 
 log = logging.getLogger(__name__)
@@ -85,15 +84,11 @@ def _bytes(value: object, where: str) -> int:
 
 def parse_extended_resource_spec(annotations: dict[str, str]) -> dict[str, BatchSpec]:
     """Container name -> its batch amounts; {} without the annotation; HookError when malformed."""
-    text = annotations.get(EXTENDED_RESOURCE_SPEC)
-    if not text:
+    spec = json_annotation(annotations, EXTENDED_RESOURCE_SPEC)
+    if spec is None:
         return {}
     where = f"pod annotation {EXTENDED_RESOURCE_SPEC}"
-    try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HookError(f"{where}: bad JSON: {exc.msg}") from None
-    containers = spec.get("containers") if isinstance(spec, dict) else None
+    containers = spec.get("containers")
     if not isinstance(containers, dict):
         raise HookError(f"{where}: want {{\"containers\": {{<name>: {{requests, limits}}}}}}")
     result = {}

@@ -14,11 +14,10 @@ Decisions (DESIGN.md §8, upstream koordlet's cpuset rule):
 
 from __future__ import annotations
 
-import json
 import logging
 
 from ..executor import format_cpuset, parse_cpuset
-from ..hooks import HookError, Hooks, RuntimePlugin, Stage
+from ..hooks import HookError, Hooks, RuntimePlugin, Stage, json_annotation
 from ..protocol import ContainerContext, HookContext, KoordQoS
 from ..rule import CPUSharedPool
 
@@ -29,15 +28,9 @@ RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 
 def resource_status_cpuset(annotations: dict[str, str]) -> str | None:
     """The cpuset the scheduler allocated to a pod, or None; HookError when the annotation is bad."""
-    text = annotations.get(RESOURCE_STATUS)
-    if not text:
+    status = json_annotation(annotations, RESOURCE_STATUS)
+    if status is None:
         return None
-    try:
-        status = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HookError(f"pod annotation {RESOURCE_STATUS}: bad JSON: {exc.msg}") from None
-    if not isinstance(status, dict):
-        raise HookError(f"pod annotation {RESOURCE_STATUS}: want a JSON object, got {text!r}")
     cpuset = status.get("cpuset")
     if cpuset is None or cpuset == "":
         return None

@@ -6,10 +6,9 @@ Standalone mode this plugin's answer is simply not applied.
 
 from __future__ import annotations
 
-import json
 import logging
 
-from ..hooks import HookError, Hooks, RuntimePlugin, Stage
+from ..hooks import HookError, Hooks, RuntimePlugin, Stage, json_annotation
 from ..protocol import ContainerContext, HookContext
 
 log = logging.getLogger(__name__)
@@ -20,16 +19,10 @@ ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 def gpu_minors(annotations: dict[str, str]) -> list[int]:
     """GPU minors from ``{"gpu":[{"minor":0},...]}``; [] when none; HookError when malformed."""
-    text = annotations.get(DEVICE_ALLOCATED)
-    if not text:
+    allocated = json_annotation(annotations, DEVICE_ALLOCATED)
+    if allocated is None:
         return []
     where = f"pod annotation {DEVICE_ALLOCATED}"
-    try:
-        allocated = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HookError(f"{where}: bad JSON: {exc.msg}") from None
-    if not isinstance(allocated, dict):
-        raise HookError(f"{where}: want a JSON object, got {text!r}")
     gpus = allocated.get("gpu") or []
     if not isinstance(gpus, list):
         raise HookError(f"{where}: gpu: want a list of allocations")
