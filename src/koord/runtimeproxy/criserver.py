@@ -179,17 +179,9 @@ class CRIServer(grpc.GenericRpcHandler):
 
         async def handler(request: bytes, context: grpc.aio.ServicerContext):
             timeout, metadata = call_options(context)
-            call = upstream(request, timeout=timeout, metadata=metadata)
-            code = "OK"
-            try:
-                async for message in call:
-                    yield message
-            except grpc.aio.AioRpcError as err:
-                code = err.code().name
-                await context.abort(err.code(), err.details(), _trailing(err))
-            finally:
-                call.cancel()
-                self.metrics.observe_cri(label, code, 0.0)
+            async for message in self._relay(upstream(request, timeout=timeout, metadata=metadata),
+                                             context, label):
+                yield message
 
         return grpc.unary_stream_rpc_method_handler(handler)
 
@@ -199,19 +191,25 @@ class CRIServer(grpc.GenericRpcHandler):
 
         async def handler(requests, context: grpc.aio.ServicerContext):
             timeout, metadata = call_options(context)
-            call = upstream(requests, timeout=timeout, metadata=metadata)
-            code = "OK"
-            try:
-                async for message in call:
-                    yield message
-            except grpc.aio.AioRpcError as err:
-                code = err.code().name
-                await context.abort(err.code(), err.details(), _trailing(err))
-            finally:
-                call.cancel()
-                self.metrics.observe_cri(label, code, 0.0)
+            async for message in self._relay(upstream(requests, timeout=timeout, metadata=metadata),
+                                             context, label):
+                yield message
 
         return grpc.stream_stream_rpc_method_handler(handler)
+
+    async def _relay(self, call, context: grpc.aio.ServicerContext, label: str):
+        """Yields the backend's messages; its status ends ours; our cancellation cancels it."""
+        start = time.perf_counter()
+        code = "OK"
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as err:
+            code = err.code().name
+            await context.abort(err.code(), err.details(), _trailing(err))
+        finally:
+            call.cancel()
+            self.metrics.observe_cri(label, code, time.perf_counter() - start)
 
     # ------------------------------------------------------------ the interception path
 
