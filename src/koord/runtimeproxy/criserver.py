@@ -140,7 +140,10 @@ class CRIServer(grpc.GenericRpcHandler):
         path = handler_call_details.method
         handler = self._handlers.get(path)
         if handler is None:
-            handler = self._handlers[path] = self._make_handler(path)
+            handler = self._make_handler(path)
+            if path in self._unary or path in self._streaming:
+                # Only CRI's own paths are cached: arbitrary method names must not grow memory.
+                self._handlers[path] = handler
         return handler
 
     def _make_handler(self, path: str) -> grpc.RpcMethodHandler:
