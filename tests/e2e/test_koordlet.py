@@ -246,3 +246,30 @@ def test_node_slo_change_reapplies_group_identity_to_existing_pods(
     wait_for(lambda: bvt(be_pod) == "0", "the NodeSLO change to reset BE group identity")
     assert bvt(root / "cpu/kubepods/besteffort") == "0"
     assert bvt(ls_pod) == "2"
+
+
+def test_cpu_normalization_is_not_applied_twice_when_both_modes_run(
+        containerd: Containerd, koordlet_factory, tmp_path: Path) -> None:
+    """The proxy path scales the quota once; the reconciler replaying the stored (scaled)
+    config must leave it alone, round after round."""
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps({"metadata": {"annotations": {
+        "node.koordinator.sh/cpu-normalization-ratio": "1.2"}}}))
+    koordlet = koordlet_factory("--runtime-hooks-reconcile-interval", "200ms",
+                                "--feature-gates", "CPUNormalization=true", "--node-file", str(node),
+                                "--containerd-endpoint", containerd.endpoint)
+    proxy = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, hook_config_dir=koordlet.config_dir).start()
+    client = KubeletClient(proxy.endpoint, on_pod_created=containerd.track_pod_cgroup,
+                           log_root=containerd.workdir / "pod-logs")
+    try:
+        sandbox = client.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"}, qos="burstable")
+        container = client.run_container(sandbox, "main", containerd.image,
+                                         resources={"cpu_period": 100000, "cpu_quota": 100000})
+        parent = client.pod_cgroup_parent(sandbox)
+        assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "83334"
+        wait_for(lambda: "reconcile" in koordlet.logs().lower(), "a reconcile round to be logged")
+        time.sleep(1.0)  # several more 200 ms rounds
+        assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "83334"
+    finally:
+        _cleanup(containerd, client)
+        proxy.stop()

@@ -91,3 +91,30 @@ def test_runs_after_cpuset_allocator_in_plugin_order() -> None:
     ctx = container_ctx("LSR", 100000, {STATUS: '{"cpuset":"0-3"}'})
     hooks.run(Stage.PRE_CREATE_CONTAINER, ctx)
     assert ctx.response.resources == Resources(cpuset_cpus="0-3", cpu_quota=-1)
+
+
+BASE = "koordlet.koordinator.sh/cpu-normalization-base-quota"
+
+
+@pytest.mark.parametrize("quota, recorded, expected_quota, expected_base", [
+    (100000, None, 83334, "100000"),   # first time (proxy, PreCreateContainer): scale, record the base
+    (83334, "100000", 83334, "100000"),  # reconciler replay of the stored, scaled config: not scaled twice
+    (50000, "100000", 41667, "50000"),   # kubelet updated the limit: the new quota is a fresh base
+    (83334, "junk", 69445, "83334"),     # an unreadable record is ignored
+])
+def test_recorded_base_prevents_double_scaling(quota: int, recorded: str | None, expected_quota: int,
+                                               expected_base: str) -> None:
+    ctx = container_ctx("LS", quota)
+    if recorded is not None:
+        ctx.request.container_annotations[BASE] = recorded
+    hooks_with("1.2").run(Stage.PRE_CREATE_CONTAINER, ctx)
+    assert ctx.response.resources.cpu_quota == expected_quota
+    assert ctx.response.annotations[BASE] == expected_base
+
+
+def test_pod_level_base_is_recorded_in_pod_annotations() -> None:
+    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+                                annotations={BASE: "100000"}, resources=Resources(cpu_quota=83334)))
+    hooks_with("1.2").run(Stage.PRE_RUN_POD_SANDBOX, ctx)
+    assert ctx.response.resources.cpu_quota == 83334
+    assert ctx.response.annotations[BASE] == "100000"

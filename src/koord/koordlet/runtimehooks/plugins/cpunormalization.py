@@ -4,6 +4,11 @@ A node annotated with ratio r > 1 advertises r times more cpu than it has thread
 quota granted in those "normalized" cpus is scaled back by 1/r. Pods bound to cpus
 (a resource-status cpuset) are exempt: they own whole cpus, not a share of time.
 The arithmetic is exact (Fraction), so 120000 at 1.2 gives 100000, not 100001.
+
+The unscaled quota is recorded in an annotation (``BASE_QUOTA_ANNOTATION``) that travels
+with the pod or container into containerd's stored config.  The reconciler rebuilds
+requests from that config, whose quota is already scaled; a quota equal to the scaled
+recorded base is recognised as such and not scaled twice.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from ..protocol import ContainerContext, HookContext, KoordQoS, PodContext
 from .cpuset import resource_status_cpuset
 
 log = logging.getLogger(__name__)
+
+BASE_QUOTA_ANNOTATION = "koordlet.koordinator.sh/cpu-normalization-base-quota"
 
 
 def normalized_quota(quota: int, ratio: float) -> int:
@@ -39,11 +46,13 @@ class CPUNormalization(RuntimePlugin):
         if isinstance(ctx, PodContext):
             req = ctx.request
             qos, annotations, who = req.koord_qos, req.annotations, f"pod {req.meta}"
+            own_annotations, answer_annotations = req.annotations, ctx.response.annotations
         else:
             assert isinstance(ctx, ContainerContext)
             req = ctx.request
             qos, annotations = req.koord_qos, req.pod_annotations
             who = f"pod {req.pod_meta} container {req.container_name}"
+            own_annotations, answer_annotations = req.container_annotations, ctx.response.annotations
         if qos not in (KoordQoS.LS, KoordQoS.NONE):
             return
         if resource_status_cpuset(annotations) is not None:
@@ -52,5 +61,14 @@ class CPUNormalization(RuntimePlugin):
         quota = res.cpu_quota if res.cpu_quota is not None else ctx.request.resources.cpu_quota
         if quota is None or quota <= 0:
             return
+        base = _recorded_base(own_annotations)
+        if base is not None and normalized_quota(base, ratio) == quota:
+            quota = base  # already scaled when it was created: scale the original again, not twice
         res.cpu_quota = normalized_quota(quota, ratio)
+        answer_annotations[BASE_QUOTA_ANNOTATION] = str(quota)
         log.debug("plugin %s: %s: quota %d -> %d at ratio %s", self.name, who, quota, res.cpu_quota, ratio)
+
+
+def _recorded_base(annotations: dict[str, str]) -> int | None:
+    text = annotations.get(BASE_QUOTA_ANNOTATION, "")
+    return int(text) if text.isdigit() else None
