@@ -37,22 +37,11 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
         instance.stop()
 
 
-def _cleanup_direct(containerd: Containerd, client: KubeletClient) -> None:
-    """Removes a client's pods straight at containerd, so a broken proxy can't leak them."""
-    with containerd.client() as direct:
-        direct.pods = list(client.pods)
-        direct.sandbox_configs = dict(client.sandbox_configs)
-        errors = direct.cleanup()
-    client.close()
-    if errors:
-        print("pod cleanup errors:", *errors, sep="\n  ")
-
-
 @pytest.fixture
 def kubelet(containerd: Containerd) -> Iterator[KubeletClient]:
     client = containerd.client()
     yield client
-    _cleanup_direct(containerd, client)
+    containerd.remove_pods_of(client)
 
 
 @pytest.fixture
@@ -73,4 +62,4 @@ def proxied_kubelet(containerd: Containerd, proxy: RuntimeProxy) -> Iterator[Kub
         proxy.endpoint, on_pod_created=containerd.track_pod_cgroup, log_root=containerd.workdir / "pod-logs"
     )
     yield client
-    _cleanup_direct(containerd, client)
+    containerd.remove_pods_of(client)

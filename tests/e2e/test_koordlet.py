@@ -110,23 +110,6 @@ def koordlet_factory(tmp_path: Path) -> Iterator[Callable[..., KoordletProcess]]
         assert not (k.config_dir / "koordlet.json").exists(), "registration removed on shutdown"
 
 
-def _cleanup(containerd: Containerd, client: KubeletClient) -> None:
-    with containerd.client() as direct:
-        direct.pods = list(client.pods)
-        errors = direct.cleanup()
-    client.close()
-    if errors:
-        print("pod cleanup errors:", *errors, sep="\n  ")
-
-
-@pytest.fixture
-def direct_kubelet(containerd: Containerd) -> Iterator[KubeletClient]:
-    """Pods created straight at containerd: no proxy, nobody calls the hooks."""
-    client = containerd.client()
-    yield client
-    _cleanup(containerd, client)
-
-
 @pytest.fixture
 def proxied(containerd: Containerd, koordlet_factory, tmp_path: Path):
     """koordlet (Proxy mode only: reconciler off) + a proxy that read its registration at start."""
@@ -139,7 +122,7 @@ def proxied(containerd: Containerd, koordlet_factory, tmp_path: Path):
     try:
         yield client, koordlet
     finally:
-        _cleanup(containerd, client)
+        containerd.remove_pods_of(client)
         proxy.stop()
         print("--- runtime proxy log ---\n" + proxy.logs(tail=120))
 
@@ -178,11 +161,11 @@ def test_proxy_mode_be_pod_gets_batch_resources(containerd: Containerd, proxied)
 
 
 def test_standalone_reconciler_writes_pods_created_without_proxy(
-        containerd: Containerd, direct_kubelet: KubeletClient, koordlet_factory) -> None:
-    lsr_sandbox, lsr = run_lsr_pod(direct_kubelet, containerd.image)
-    be_sandbox, be = run_be_pod(direct_kubelet, containerd.image)
-    lsr_parent = direct_kubelet.pod_cgroup_parent(lsr_sandbox)
-    be_parent = direct_kubelet.pod_cgroup_parent(be_sandbox)
+        containerd: Containerd, kubelet: KubeletClient, koordlet_factory) -> None:
+    lsr_sandbox, lsr = run_lsr_pod(kubelet, containerd.image)
+    be_sandbox, be = run_be_pod(kubelet, containerd.image)
+    lsr_parent = kubelet.pod_cgroup_parent(lsr_sandbox)
+    be_parent = kubelet.pod_cgroup_parent(be_sandbox)
     # containerd applied what it was asked for: nothing of koordlet's yet
     assert read_cgroup("cpuset", lsr_parent, lsr, "cpuset.cpus") == "0-1"
     assert read_cgroup("cpu", be_parent, be, "cpu.shares") == "2"
@@ -220,18 +203,18 @@ def fake_cgroup(root: Path, rel: str) -> Path:
 
 
 def test_node_slo_change_reapplies_group_identity_to_existing_pods(
-        containerd: Containerd, direct_kubelet: KubeletClient, koordlet_factory,
+        containerd: Containerd, kubelet: KubeletClient, koordlet_factory,
         tmp_path: Path) -> None:
-    be_sandbox = direct_kubelet.run_pod(f"be-{uuid.uuid4().hex[:6]}", labels={QOS: "BE"},
+    be_sandbox = kubelet.run_pod(f"be-{uuid.uuid4().hex[:6]}", labels={QOS: "BE"},
                                         qos="besteffort")
-    ls_sandbox = direct_kubelet.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"},
+    ls_sandbox = kubelet.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"},
                                         qos="burstable")
     root = tmp_path / "cgroup"
     fake_cgroup(root, "kubepods")
     for rel in ("kubepods/besteffort", "kubepods/burstable"):
         fake_cgroup(root, rel)
-    be_pod = fake_cgroup(root, direct_kubelet.pod_cgroup_parent(be_sandbox))
-    ls_pod = fake_cgroup(root, direct_kubelet.pod_cgroup_parent(ls_sandbox))
+    be_pod = fake_cgroup(root, kubelet.pod_cgroup_parent(be_sandbox))
+    ls_pod = fake_cgroup(root, kubelet.pod_cgroup_parent(ls_sandbox))
     slo = tmp_path / "nodeslo.json"
     slo.write_text(node_slo(be_enabled=True))
     koordlet_factory("--cgroup-root-dir", str(root), "--proc-root-dir", str(tmp_path),
@@ -271,5 +254,5 @@ def test_cpu_normalization_is_not_applied_twice_when_both_modes_run(
         time.sleep(1.0)  # several more 200 ms rounds
         assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "83334"
     finally:
-        _cleanup(containerd, client)
+        containerd.remove_pods_of(client)
         proxy.stop()

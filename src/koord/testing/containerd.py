@@ -311,6 +311,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             self.endpoint, version, on_pod_created=self.track_pod_cgroup, log_root=log_root or self.workdir / "pod-logs"
         )
 
+
+    def remove_pods_of(self, client: KubeletClient) -> None:
+        """Removes a client's pods straight at containerd, so a broken proxy can't leak them."""
+        with self.client() as direct:
+            direct.pods = list(client.pods)
+            direct.sandbox_configs = dict(client.sandbox_configs)
+            errors = direct.cleanup()
+        client.close()
+        if errors:
+            print("pod cleanup errors:", *errors, sep="\n  ")
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
