@@ -66,6 +66,8 @@ def json_annotation(annotations: Mapping[str, str], key: str, want: type = dict,
     text = annotations.get(key)
     if not text:
         return None
+    if not isinstance(text, str):
+        raise error(f"{owner} annotation {key}: want a JSON string value, got {text!r}")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -11,7 +11,6 @@ LSR 2, LS 2, BE -1, SYSTEM 0, all classes disabled until NodeSLO enables them.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,19 +182,10 @@ def _node_annotations(node: dict | None) -> dict[str, str]:
     return annotations
 
 
-def _node_json(annotations: dict[str, str], key: str) -> Any:
-    try:
-        return json.loads(annotations[key])
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise RuleError(f"node annotation {key}: bad JSON: {exc}") from None
-
-
 def _shared_pools(annotations: dict[str, str], key: str) -> tuple[CPUSharedPool, ...]:
-    if not annotations.get(key):
+    raw = json_annotation(annotations, key, want=list, error=RuleError, owner="node")
+    if raw is None:
         return ()
-    raw = _node_json(annotations, key)
-    if not isinstance(raw, list):
-        raise RuleError(f"node annotation {key}: want a JSON list of pools")
     pools = []
     for i, item in enumerate(raw):
         where = f"node annotation {key}[{i}]"
@@ -216,10 +206,9 @@ def _shared_pools(annotations: dict[str, str], key: str) -> tuple[CPUSharedPool,
 
 
 def _cpu_manager_policy(annotations: dict[str, str]) -> str:
-    if not annotations.get(KUBELET_CPU_MANAGER_POLICY):
+    raw = json_annotation(annotations, KUBELET_CPU_MANAGER_POLICY, error=RuleError, owner="node")
+    if raw is None:
         return "none"
-    raw = _object(_node_json(annotations, KUBELET_CPU_MANAGER_POLICY),
-                  f"node annotation {KUBELET_CPU_MANAGER_POLICY}")
     policy = raw.get("policy") or "none"
     if policy not in CPU_MANAGER_POLICIES:
         raise RuleError(f"node annotation {KUBELET_CPU_MANAGER_POLICY}: policy={policy!r}: "
