@@ -21,6 +21,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "install.sh: Python >= 3.11 is required, $PYTHON is $("$PYTHON" --version 2>&1)" >&2
+  exit 1
+fi
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+  echo "install.sh: installing Debian package python3-venv"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
