@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 import pytest
 
+from koord.testing.cgroupfs import make_fake_v1_cgroup
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient, read_cgroup
 from koord.testing.proxy import RuntimeProxy
@@ -192,16 +193,6 @@ def node_slo(be_enabled: bool) -> str:
                            "beClass": {"cpuQOS": {"enable": be_enabled, "groupIdentity": -1}}}}})
 
 
-def fake_cgroup(root: Path, rel: str) -> Path:
-    """A cpu cgroup dir with a group-identity file, as an Anolis kernel has (this one has not)."""
-    d = root / "cpu" / rel.strip("/")
-    d.mkdir(parents=True, exist_ok=True)
-    for name, value in (("cpu.bvt_warp_ns", "0"), ("cpu.shares", "1024"),
-                        ("cpu.cfs_quota_us", "-1"), ("cpu.cfs_period_us", "100000")):
-        (d / name).write_text(value + "\n")
-    return d
-
-
 def test_node_slo_change_reapplies_group_identity_to_existing_pods(
         containerd: Containerd, kubelet: KubeletClient, koordlet_factory,
         tmp_path: Path) -> None:
@@ -210,11 +201,11 @@ def test_node_slo_change_reapplies_group_identity_to_existing_pods(
     ls_sandbox = kubelet.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"},
                                         qos="burstable")
     root = tmp_path / "cgroup"
-    fake_cgroup(root, "kubepods")
+    make_fake_v1_cgroup(root, "kubepods")
     for rel in ("kubepods/besteffort", "kubepods/burstable"):
-        fake_cgroup(root, rel)
-    be_pod = fake_cgroup(root, kubelet.pod_cgroup_parent(be_sandbox))
-    ls_pod = fake_cgroup(root, kubelet.pod_cgroup_parent(ls_sandbox))
+        make_fake_v1_cgroup(root, rel)
+    be_pod = make_fake_v1_cgroup(root, kubelet.pod_cgroup_parent(be_sandbox))
+    ls_pod = make_fake_v1_cgroup(root, kubelet.pod_cgroup_parent(ls_sandbox))
     slo = tmp_path / "nodeslo.json"
     slo.write_text(node_slo(be_enabled=True))
     koordlet_factory("--cgroup-root-dir", str(root), "--proc-root-dir", str(tmp_path),

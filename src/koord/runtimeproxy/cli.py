@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import grpc
+from cri_api.v1 import api_pb2 as cri
 
 from . import store as store_mod
 from .config import BackendMode, OptionError, Options, parse_options
@@ -142,8 +143,6 @@ async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
 
 async def _probe_backend(backend: Backend, state: _State, store: store_mod.Store,
                          metrics: ProxyMetrics) -> None:
-    from cri_api.v1 import api_pb2 as cri
-
     while True:
         try:
             await backend.runtime.Version(cri.VersionRequest(), timeout=BACKEND_PROBE_SECONDS)

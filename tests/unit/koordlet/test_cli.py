@@ -17,7 +17,7 @@ from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.koordlet import cli
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, Stage
 
-from .test_reconciler import fake_cri, mkcg  # noqa: F401  (fake_cri is a fixture)
+from koord.testing.cgroupfs import make_fake_v1_cgroup
 
 WAIT = 20.0
 
@@ -104,10 +104,10 @@ def node_slo(be_bvt: int, be_enabled: bool = True) -> str:
 BE_POD = "kubepods/besteffort/podu1"
 
 
-def test_node_slo_change_refreshes_existing_pods(short_dir, tmp_path, fake_cri):  # noqa: F811
+def test_node_slo_change_refreshes_existing_pods(short_dir, tmp_path, fake_cri):
     """The rule callback: NodeSLO file -> parse_rules -> plugins -> reconcile_now."""
     root = tmp_path / "cg"
-    mkcg(root, BE_POD)
+    make_fake_v1_cgroup(root, BE_POD)
     (tmp_path / "proc").mkdir()
     slo = tmp_path / "nodeslo.json"
     slo.write_text(node_slo(-1))
@@ -154,7 +154,7 @@ BE_SANDBOX = api_pb2.PodSandboxHookRequest(
 
 def test_koordlet_binary_answers_every_rpc_and_cleans_up(short_dir, tmp_path):
     root = tmp_path / "cg"
-    mkcg(root, BE_POD)
+    make_fake_v1_cgroup(root, BE_POD)
     (tmp_path / "proc").mkdir()
     config = short_dir / "hookserver.d"
     sock = short_dir / "koordlet.sock"

@@ -1,114 +1,18 @@
 """Standalone reconciler against a fake CRI server (containerd's verbose status shape) and a
 fake cgroup v1 tree."""
 
-import json
-import shutil
-import tempfile
 import threading
-from concurrent import futures
 from pathlib import Path
 
-import grpc
-import pytest
 from cri_api.v1 import api_pb2 as cri
-from cri_api.v1 import api_pb2_grpc as cri_grpc
 
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, Hooks, RuntimePlugin, Stage
 from koord.koordlet.runtimehooks.protocol import KubeQoS, Resources
 from koord.koordlet.runtimehooks.reconciler import Reconciler
+from koord.testing.cgroupfs import make_fake_v1_cgroup
 
 QOS = "koordinator.sh/qosClass"
-
-
-class FakeCRI(cri_grpc.RuntimeServiceServicer):
-    """Answers like containerd 1.6: verbose status carries the original config in info JSON."""
-
-    def __init__(self):
-        self.pods: dict[str, dict] = {}
-        self.containers: dict[str, dict] = {}
-
-    def add_pod(self, sid, name, labels, parent, state=cri.SANDBOX_READY, annotations=None):
-        self.pods[sid] = dict(name=name, labels=labels, parent=parent, state=state,
-                              annotations=annotations or {})
-
-    def add_container(self, cid, sid, name, envs=None, resources=None, state=cri.CONTAINER_RUNNING):
-        self.containers[cid] = dict(sid=sid, name=name, envs=envs or {},
-                                    resources=resources or {}, state=state)
-
-    def _meta(self, sid):
-        p = self.pods[sid]
-        return cri.PodSandboxMetadata(name=p["name"], namespace="ns", uid="uid-" + sid)
-
-    def ListPodSandbox(self, request, context):
-        want = request.filter.state.state if request.filter.HasField("state") else None
-        return cri.ListPodSandboxResponse(items=[
-            cri.PodSandbox(id=sid, metadata=self._meta(sid), state=p["state"], labels=p["labels"])
-            for sid, p in self.pods.items() if want is None or p["state"] == want])
-
-    def PodSandboxStatus(self, request, context):
-        p = self.pods[request.pod_sandbox_id]
-        config = {"metadata": {"name": p["name"], "namespace": "ns"}, "labels": p["labels"],
-                  "annotations": p["annotations"], "linux": {"cgroup_parent": p["parent"]}}
-        if p["parent"] is None:
-            config["linux"] = {}
-        info = {"pid": 1, "processStatus": "running", "config": config, "runtimeSpec": {}}
-        return cri.PodSandboxStatusResponse(
-            status=cri.PodSandboxStatus(id=request.pod_sandbox_id,
-                                        metadata=self._meta(request.pod_sandbox_id),
-                                        state=p["state"], labels=p["labels"],
-                                        annotations=p["annotations"]),
-            info={"info": json.dumps(info)} if request.verbose else {})
-
-    def ListContainers(self, request, context):
-        want = request.filter.state.state if request.filter.HasField("state") else None
-        return cri.ListContainersResponse(containers=[
-            cri.Container(id=cid, pod_sandbox_id=c["sid"], state=c["state"],
-                          metadata=cri.ContainerMetadata(name=c["name"]),
-                          annotations={"io.kubernetes.container.name": c["name"]})
-            for cid, c in self.containers.items() if want is None or c["state"] == want])
-
-    def ContainerStatus(self, request, context):
-        c = self.containers[request.container_id]
-        config = {"metadata": {"name": c["name"]},
-                  "envs": [{"key": k, "value": v} for k, v in c["envs"].items()],
-                  "linux": {"resources": c["resources"]}}
-        info = {"sandboxID": c["sid"], "pid": 2, "config": config}
-        return cri.ContainerStatusResponse(
-            status=cri.ContainerStatus(id=request.container_id, state=c["state"]),
-            info={"info": json.dumps(info)} if request.verbose else {})
-
-
-@pytest.fixture
-def fake_cri():
-    d = tempfile.mkdtemp(prefix="kl-cri-", dir="/tmp")
-    servicer = FakeCRI()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    cri_grpc.add_RuntimeServiceServicer_to_server(servicer, server)
-    sock = f"{d}/cri.sock"
-    server.add_insecure_port("unix:" + sock)
-    server.start()
-    servicer.endpoint = "unix://" + sock
-    yield servicer
-    server.stop(0)
-    shutil.rmtree(d, ignore_errors=True)
-
-
-V1_FILES = {"cpu": {"cpu.shares": "1024", "cpu.bvt_warp_ns": "0", "cpu.cfs_quota_us": "-1",
-                    "cpu.cfs_period_us": "100000"},
-            "memory": {"memory.limit_in_bytes": "9223372036854771712"},
-            "cpuset": {"cpuset.cpus": "0-1", "cpuset.mems": "0"}}
-
-
-def mkcg(root: Path, rel: str) -> None:
-    """Every level of ``rel`` gets the files, as the kernel makes them."""
-    parts = rel.split("/")
-    for subsystem, files in V1_FILES.items():
-        for depth in range(1, len(parts) + 1):
-            d = root / subsystem / "/".join(parts[:depth])
-            d.mkdir(parents=True, exist_ok=True)
-            for name, value in files.items():
-                (d / name).write_text(value + "\n")
 
 
 def read(root: Path, subsystem: str, rel: str, name: str) -> str:
@@ -157,7 +61,7 @@ BE = "kubepods/besteffort/podp1"
 
 
 def test_writes_pod_container_and_kube_qos_levels(fake_cri, tmp_path):
-    mkcg(tmp_path, BE + "/c1")
+    make_fake_v1_cgroup(tmp_path, BE + "/c1")
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE, annotations={"x": "y"})
     fake_cri.add_container("c1", "p1", "main", envs={"SHARES": "512"},
                            resources={"cpu_shares": 2, "memory_limit_in_bytes": 1024})
@@ -183,7 +87,7 @@ def test_writes_pod_container_and_kube_qos_levels(fake_cri, tmp_path):
 
 
 def test_second_round_writes_nothing(fake_cri, tmp_path):
-    mkcg(tmp_path, BE + "/c1")
+    make_fake_v1_cgroup(tmp_path, BE + "/c1")
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
     fake_cri.add_container("c1", "p1", "main")
     reconciler, _ = make(fake_cri, tmp_path)
@@ -192,7 +96,7 @@ def test_second_round_writes_nothing(fake_cri, tmp_path):
 
 
 def test_only_ready_pods_and_running_containers(fake_cri, tmp_path):
-    mkcg(tmp_path, BE + "/c1")
+    make_fake_v1_cgroup(tmp_path, BE + "/c1")
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
     fake_cri.add_pod("p2", "gone", {QOS: "BE"}, "/kubepods/besteffort/podp2",
                      state=cri.SANDBOX_NOTREADY)
@@ -204,7 +108,7 @@ def test_only_ready_pods_and_running_containers(fake_cri, tmp_path):
 
 
 def test_one_broken_pod_does_not_stop_the_round(fake_cri, tmp_path):
-    mkcg(tmp_path, BE)
+    make_fake_v1_cgroup(tmp_path, BE)
     fake_cri.add_pod("p0", "noparent", {QOS: "BE"}, None)
     fake_cri.add_pod("p9", "nocgroup", {QOS: "BE"}, "/kubepods/besteffort/podp9")
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
@@ -223,7 +127,7 @@ def test_fail_policy_error_is_reported_per_pod(fake_cri, tmp_path):
                 raise RuntimeError("boom")
             super().pod(ctx)
 
-    mkcg(tmp_path, BE)
+    make_fake_v1_cgroup(tmp_path, BE)
     fake_cri.add_pod("p0", "bad", {QOS: "BE"}, "/kubepods/besteffort/podp0")
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
     reconciler, _ = make(fake_cri, tmp_path, FailurePolicy.FAIL, Broken())
@@ -234,7 +138,7 @@ def test_fail_policy_error_is_reported_per_pod(fake_cri, tmp_path):
 
 
 def test_pod_that_went_away_gets_post_stop(fake_cri, tmp_path):
-    mkcg(tmp_path, BE)
+    make_fake_v1_cgroup(tmp_path, BE)
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
     reconciler, plugin = make(fake_cri, tmp_path)
     reconciler.reconcile_once()
@@ -256,7 +160,7 @@ def test_unreachable_cri_is_an_error_not_an_exception(tmp_path):
 
 
 def test_reconcile_now_wakes_the_loop(fake_cri, tmp_path):
-    mkcg(tmp_path, BE)
+    make_fake_v1_cgroup(tmp_path, BE)
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
     rounds = threading.Semaphore(0)
 

@@ -15,6 +15,7 @@ from koord.koordlet.runtimehooks.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, Hooks, Stage
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
 from koord.koordlet.runtimehooks.server import RuntimeHookServer
+from koord.testing.cgroupfs import make_fake_v1_cgroup
 
 META = api_pb2.PodSandboxMetadata(name="web", namespace="prod", uid="u1")
 CONTAINER_META = api_pb2.ContainerMetadata(name="c1", id="cid1")
@@ -173,21 +174,6 @@ def test_tcp_reports_the_bound_port(serve):
     assert [s for s, _ in seen] == [Stage.POST_STOP_CONTAINER]
 
 
-def make_v1_tree(root: Path, rel: str) -> None:
-    """Every level of ``rel`` gets the files, as the kernel makes them."""
-    files = {"cpu": {"cpu.shares": "1024", "cpu.bvt_warp_ns": "0", "cpu.cfs_quota_us": "-1",
-                     "cpu.cfs_period_us": "100000"},
-             "memory": {"memory.limit_in_bytes": "9223372036854771712"},
-             "cpuset": {"cpuset.cpus": "0-1", "cpuset.mems": "0"}}
-    parts = rel.split("/")
-    for subsystem, entries in files.items():
-        for depth in range(1, len(parts) + 1):
-            d = root / subsystem / "/".join(parts[:depth])
-            d.mkdir(parents=True, exist_ok=True)
-            for name, value in entries.items():
-                (d / name).write_text(value + "\n")
-
-
 def pod_level_hooks() -> Hooks:
     hooks = Hooks()
 
@@ -205,7 +191,7 @@ def pod_level_hooks() -> Hooks:
 
 
 def test_proxy_mode_writes_pod_level_values_when_the_pod_cgroup_exists(sockdir, tmp_path, serve):
-    make_v1_tree(tmp_path, "kubepods/besteffort/podu1/cid1")
+    make_fake_v1_cgroup(tmp_path, "kubepods/besteffort/podu1/cid1")
     _, stub = serve(pod_level_hooks(), addr=str(sockdir / "k.sock"),
                     executor=CgroupExecutor(tmp_path, version=1))
     response = call(stub, Stage.PRE_RUN_POD_SANDBOX)
