@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runtimehooks.executor import CgroupExecutor
+from .resourceexecutor.executor import CgroupExecutor
 from .runtimehooks.hooks import FailurePolicy, Hooks, PluginEnv, RuntimePlugin, Stage
 from .runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins, parse_feature_gates
 from .runtimehooks.reconciler import Reconciler

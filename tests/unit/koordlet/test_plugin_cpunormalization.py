@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, Hooks, PluginEnv, Stage
 from koord.koordlet.runtimehooks.plugins import PLUGIN_ORDER, build_plugins
 from koord.koordlet.runtimehooks.plugins.cpunormalization import CPUNormalization

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, PluginEnv, Stage
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
 from koord.koordlet.runtimehooks.protocol import KubeQoS, PodContext, PodMeta, PodRequest, Resources

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, PluginEnv, Stage
 from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl, l3_mask
 from koord.koordlet.runtimehooks.protocol import (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv, Stage
 from koord.koordlet.runtimehooks.plugins import (
     DEFAULT_FEATURE_GATES, PLUGIN_ORDER, build_plugins, parse_feature_gates,

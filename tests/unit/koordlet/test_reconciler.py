@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cri_api.v1 import api_pb2 as cri
 
-from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, Hooks, RuntimePlugin, Stage
 from koord.koordlet.runtimehooks.protocol import KubeQoS, Resources
 from koord.koordlet.runtimehooks.reconciler import Reconciler

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
-from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import FailurePolicy, Hooks, Stage
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
 from koord.koordlet.runtimehooks.server import RuntimeHookServer

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .protocol import ContainerContext, HookContext, KubeQoS, PodContext, Resources
 
 if TYPE_CHECKING:
-    from .executor import CgroupExecutor
+    from ..resourceexecutor.executor import CgroupExecutor
     from .rule import Rules
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 
-from .executor import CgroupError, CgroupExecutor
+from ..resourceexecutor.executor import CgroupError, CgroupExecutor
 from .hooks import Hooks, RuntimePlugin, Stage, describe
 from .protocol import (
     ContainerContext,

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .executor import parse_cpuset
+from ..resourceexecutor.executor import parse_cpuset
 from .hooks import json_annotation
 from .protocol import KoordQoS, KubeQoS
 

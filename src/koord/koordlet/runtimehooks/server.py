@@ -21,7 +21,7 @@ import grpc
 
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 
-from .executor import CgroupError, CgroupExecutor
+from ..resourceexecutor.executor import CgroupError, CgroupExecutor
 from .hooks import HookError, Hooks, Stage, describe
 from .protocol import ContainerContext, HookContext, PodContext, Resources
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from ..executor import format_cpuset, parse_cpuset
+from ...resourceexecutor.executor import format_cpuset, parse_cpuset
 from ..hooks import HookError, Hooks, RuntimePlugin, Stage, json_annotation
 from ..protocol import ContainerContext, HookContext, KoordQoS
 from ..rule import CPUSharedPool

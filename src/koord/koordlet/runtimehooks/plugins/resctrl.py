@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..executor import CgroupError
+from ...resourceexecutor.executor import CgroupError
 from ..hooks import HookError, Hooks, RuntimePlugin, Stage
 from ..protocol import ContainerContext, HookContext, PodContext
 

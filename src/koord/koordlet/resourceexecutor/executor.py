@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 
-from .protocol import KubeQoS, Resources
+from ..runtimehooks.protocol import KubeQoS, Resources
 
 log = logging.getLogger(__name__)
 

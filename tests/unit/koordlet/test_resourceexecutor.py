@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from koord.koordlet.runtimehooks.executor import (
+from koord.koordlet.resourceexecutor.executor import (
     CgroupError, CgroupExecutor, format_cpuset, parse_cpuset, shares_to_weight,
 )
 from koord.koordlet.runtimehooks.protocol import KubeQoS, Resources
