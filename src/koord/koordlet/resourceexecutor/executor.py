@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 CGROUPFS = "cgroupfs"
 SYSTEMD = "systemd"
+KUBE_DIR = "kubepods"
+"""kubelet's top cgroup of pods (``--cgroup-kube-dir``); ``kubepods.slice`` under systemd."""
 
 # cgroup v1 memory.limit_in_bytes reads back LONG_MAX rounded down to a page when unlimited.
 _V1_MEMORY_UNLIMITED = 9223372036854771712
@@ -30,7 +32,15 @@ _CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
 class CgroupError(Exception):
-    """A cgroup file could not be read or written; the message names the file and why."""
+    """A cgroup file could not be read or written; the message names the file and why.
+
+    ``errno`` is the kernel's error number when a write was refused (EINVAL: value rejected),
+    so the caller can back off instead of retrying the same value every tick.
+    """
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,7 @@ class CgroupExecutor:
     """Reads and writes cgroup files of pods and containers below ``root``."""
 
     def __init__(self, root: Path = Path("/sys/fs/cgroup"), driver: str | None = None,
-                 version: int | None = None) -> None:
+                 version: int | None = None, kube_dir: str = KUBE_DIR) -> None:
         if driver not in (None, CGROUPFS, SYSTEMD):
             raise ValueError(f"cgroup driver {driver!r}: want {CGROUPFS!r} or {SYSTEMD!r}")
         if version not in (None, 1, 2):
@@ -114,6 +124,7 @@ class CgroupExecutor:
         self.root = Path(root)
         self.driver = driver
         self.version: int = version or (2 if (self.root / "cgroup.controllers").exists() else 1)
+        self.kube_dir = self._checked_dir(kube_dir)
 
     # ---- layout -------------------------------------------------------------------------
 
@@ -124,14 +135,22 @@ class CgroupExecutor:
             return SYSTEMD if cgroup_parent.rstrip("/").endswith(".slice") else CGROUPFS
         # No parent to look at: believe the tree kubelet made.
         base = self.root / "cpu" if self.version == 1 else self.root
-        return SYSTEMD if (base / "kubepods.slice").is_dir() else CGROUPFS
+        kube = self.kube_dir if self.kube_dir.endswith(".slice") else f"{self.kube_dir}.slice"
+        return SYSTEMD if (base / kube).is_dir() else CGROUPFS
 
     def kube_qos_dir(self, qos: KubeQoS) -> str:
+        """kubelet's dir of a kube QoS class below the kube dir (``--cgroup-kube-dir``).
+
+        systemd: ``<kube>.slice/<kube>-besteffort.slice``; cgroupfs: ``<kube>/besteffort``;
+        guaranteed pods sit directly in the kube dir.
+        """
         if self._driver_for(None) == SYSTEMD:
+            base = self.kube_dir if self.kube_dir.endswith(".slice") else f"{self.kube_dir}.slice"
             if qos is KubeQoS.GUARANTEED:
-                return "kubepods.slice"
-            return f"kubepods.slice/kubepods-{qos.value}.slice"
-        return "kubepods" if qos is KubeQoS.GUARANTEED else f"kubepods/{qos.value}"
+                return base
+            stem = PurePosixPath(base).name.removesuffix(".slice")
+            return f"{base}/{stem}-{qos.value}.slice"
+        return self.kube_dir if qos is KubeQoS.GUARANTEED else f"{self.kube_dir}/{qos.value}"
 
     def pod_dir(self, cgroup_parent: str) -> str:
         """kubelet's cgroup parent, in either driver's form, as a dir relative to the hierarchy."""
@@ -262,7 +281,8 @@ class CgroupExecutor:
             # An empty write never reaches the kernel's handler; a bare newline clears a list.
             os.write(fd, (text or "\n").encode())
         except OSError as exc:
-            raise CgroupError(f"{path}: write {text!r} failed: {exc.strerror or exc}") from None
+            raise CgroupError(f"{path}: write {text!r} failed: {exc.strerror or exc}",
+                              errno=exc.errno) from None
         finally:
             os.close(fd)
         log.debug("wrote %r to %s", text, path)

@@ -1,0 +1,203 @@
+"""ResourceExecutor: the cgroup executor with a cache of recent writes, leveled batches and
+back-off, shared by the runtime hooks and the QoS manager.
+
+Why each piece exists:
+
+- **Cache of recent writes.** The QoS manager recomputes the same values every second; a
+  cacheable update whose value equals the one written (or found) less than
+  ``force_update_seconds`` ago is skipped without even reading the file. Entries expire
+  after ``cache_ttl`` so a value changed behind koordlet's back (kubelet resetting the
+  besteffort quota, a runtime hook rewriting a cpuset) is corrected within a minute.
+  Every write through this executor, cacheable or not, drops the file's entry first, so
+  the hooks and the QoS manager never trust a value the other one replaced.
+- **Leveled writes.** A cgroup's child may not be wider than its parent (cpusets), and on
+  cgroup v1 a child's cfs quota may not exceed its parent's. Going from one consistent
+  tree to another therefore widens top-down first (cpuset union of old and new, larger
+  quota, -1 counting as the largest) and narrows bottom-up to the exact values after.
+- **Back-off on EINVAL.** A kernel that rejects a value keeps rejecting it; retrying every
+  tick costs CPU and floods the log. The same value on the same file is retried only
+  after a doubling delay; a different value is tried at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .executor import CgroupError, CgroupExecutor, format_cpuset, parse_cpuset
+
+log = logging.getLogger(__name__)
+
+FORCE_UPDATE_SECONDS = 60.0
+CACHE_TTL_SECONDS = 120.0
+BACKOFF_INITIAL_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Update:
+    """One logical value for one cgroup; ``owner`` says whose it is in logs and errors."""
+
+    cgroup_dir: str
+    resource: str
+    value: int | str
+    owner: str = ""
+
+    def __str__(self) -> str:
+        who = f" ({self.owner})" if self.owner else ""
+        return f"{self.cgroup_dir}:{self.resource}={self.value!r}{who}"
+
+
+@dataclass
+class BatchResult:
+    """What a batch did: the updates written, and one message per update that failed."""
+
+    written: list[Update] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Backoff:
+    text: str
+    delay: float
+    until: float
+
+
+def merge_wider(resource: str, current: str, wanted: int | str) -> int | str:
+    """The value that admits both ``current`` and ``wanted``: what a parent gets while its
+    children move from one to the other. Only cpusets and quotas have an order."""
+    if resource == "cpuset_cpus":
+        return format_cpuset(set(parse_cpuset(current)) | set(parse_cpuset(str(wanted))))
+    if resource == "cpu_quota":
+        cur = _quota(current)
+        new = int(wanted)
+        if cur == -1 or new == -1:
+            return -1
+        return max(cur, new)
+    return wanted
+
+
+def _quota(text: str) -> int:
+    """A quota file's value: v1 ``-1``/number, v2 ``max 100000``/``50000 100000``."""
+    first = text.split()[0] if text.split() else ""
+    return -1 if first in ("max", "-1") else int(first)
+
+
+class ResourceExecutor(CgroupExecutor):
+    """The one cgroup writer of koordlet. Thread-safe: the QoS strategies run in their own
+    threads and the hooks in the gRPC server's."""
+
+    def __init__(self, root: Path = Path("/sys/fs/cgroup"), driver: str | None = None,
+                 version: int | None = None, kube_dir: str = "kubepods", *,
+                 force_update_seconds: float = FORCE_UPDATE_SECONDS,
+                 cache_ttl: float = CACHE_TTL_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(root, driver=driver, version=version, kube_dir=kube_dir)
+        self.force_update_seconds = force_update_seconds
+        self.cache_ttl = cache_ttl
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._cache: dict[tuple[Path, str], tuple[str, float]] = {}
+        self._backoff: dict[Path, _Backoff] = {}
+        self._last_prune = clock()
+
+    # ---- single updates -----------------------------------------------------------------
+
+    def update(self, u: Update, *, cacheable: bool = True) -> bool:
+        """Writes ``u``; False when skipped (cached, or the file already holds the value).
+
+        Raises CgroupError naming the file, the value and the reason, including a value in
+        back-off after the kernel rejected it with EINVAL.
+        """
+        path = self.path(u.cgroup_dir, u.resource)
+        canonical = self._validate(path, u.resource, u.value)
+        with self._lock:
+            now = self._clock()
+            self._prune(now)
+            if cacheable:
+                hit = self._cache.get((path, u.resource))
+                if hit is not None and hit[0] == canonical and now - hit[1] < self.force_update_seconds:
+                    return False
+            try:
+                written = self.write(u.cgroup_dir, u.resource, u.value)
+            except CgroupError as exc:
+                raise CgroupError(f"{exc}{' for ' + u.owner if u.owner else ''}",
+                                  errno=exc.errno) from None
+            self._cache[(path, u.resource)] = (canonical, now)
+            if written:
+                log.info("resource executor: wrote %s", u)
+            return written
+
+    # ---- batches --------------------------------------------------------------------------
+
+    def update_batch(self, updates: Sequence[Update], *, cacheable: bool = True) -> BatchResult:
+        """Every update in order; one failure does not stop the others."""
+        result = BatchResult()
+        for u in updates:
+            try:
+                if self.update(u, cacheable=cacheable):
+                    result.written.append(u)
+            except CgroupError as exc:
+                result.errors.append(str(exc))
+        return result
+
+    def leveled_update(self, levels: Sequence[Sequence[Update]]) -> BatchResult:
+        """``levels[0]`` is the top (e.g. the besteffort dir), then pods, then containers.
+
+        Top-down, each cpuset/quota first gets the value admitting both the old and the new
+        tree (union, larger quota); then bottom-up every update gets its exact value. A level
+        whose merge write fails still gets its exact pass, which reports the real error.
+        """
+        result = BatchResult()
+        for level in levels:
+            for u in level:
+                try:
+                    current = self.read(u.cgroup_dir, u.resource)
+                    merged = merge_wider(u.resource, current, u.value)
+                    if self.update(Update(u.cgroup_dir, u.resource, merged, u.owner),
+                                   cacheable=False):
+                        result.written.append(u)
+                except (CgroupError, ValueError) as exc:
+                    log.debug("resource executor: widening %s: %s", u, exc)
+        for level in reversed(levels):
+            part = self.update_batch(level, cacheable=True)
+            result.written += [u for u in part.written if u not in result.written]
+            result.errors += part.errors
+        return result
+
+    # ---- the one place a file is written ----------------------------------------------------
+
+    def _write_file(self, path: Path, text: str) -> None:  # type: ignore[override]
+        """Every write of this executor (hooks' included) ends here: back-off and cache."""
+        with self._lock:
+            now = self._clock()
+            for key in [k for k in self._cache if k[0] == path]:
+                del self._cache[key]
+            held = self._backoff.get(path)
+            if held is not None and held.text == text and now < held.until:
+                raise CgroupError(
+                    f"{path}: write {text!r} skipped: the kernel rejected it with EINVAL, "
+                    f"retrying in {held.until - now:.0f}s", errno=errno.EINVAL)
+            try:
+                CgroupExecutor._write_file(path, text)
+            except CgroupError as exc:
+                if exc.errno == errno.EINVAL:
+                    delay = (min(held.delay * 2, BACKOFF_MAX_SECONDS)
+                             if held is not None and held.text == text else BACKOFF_INITIAL_SECONDS)
+                    self._backoff[path] = _Backoff(text, delay, now + delay)
+                    raise CgroupError(f"{exc} (EINVAL: not retried for {delay:.0f}s)",
+                                      errno=exc.errno) from None
+                raise
+            self._backoff.pop(path, None)
+
+    def _prune(self, now: float) -> None:
+        if now - self._last_prune < self.cache_ttl / 4:
+            return
+        self._last_prune = now
+        for key in [k for k, (_, ts) in self._cache.items() if now - ts >= self.cache_ttl]:
+            del self._cache[key]
