@@ -26,7 +26,17 @@ from .runtimehooks.reconciler import Reconciler
 from .runtimehooks.registration import Registration
 from .runtimehooks.rule import RuleError, parse_rules
 from .runtimehooks.server import Network, RuntimeHookServer
-from .statesinformer import FileStatesInformer, KubeStatesInformer, StatesInformer, in_cluster
+from .statesinformer import (
+    NODE,
+    NODE_METRIC,
+    NODE_SLO,
+    CriPodsSource,
+    FileObjectsSource,
+    KubeObjectsSource,
+    StatesInformer,
+    in_cluster,
+)
+from .statesinformer.meta import DEFAULT_KUBE_DIR
 
 log = logging.getLogger("koordlet")
 
@@ -147,6 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
       help="NodeSLO object (YAML or JSON), watched for changes")
     a("--node-file", type=Path, default=None, metavar="FILE",
       help="Node object (YAML or JSON) for node annotations, watched for changes")
+    a("--node-metric-file", type=Path, default=None, metavar="FILE",
+      help="NodeMetric object (YAML or JSON): its spec is read, its status rewritten each "
+      "report interval (without an API server)")
+    a("--kubeconfig", type=Path, default=None, metavar="FILE",
+      help="kubeconfig for the API server (default: in-cluster config when "
+      "KUBERNETES_SERVICE_HOST is set)")
+    a("--cgroup-kube-dir", default=DEFAULT_KUBE_DIR, metavar="DIR",
+      help="pod cgroups' root under each cgroup subsystem (default: %(default)s; "
+      "kubepods.slice with the systemd driver)")
+    a("--kubelet-sync-interval", type=go_duration, default=10.0, metavar="DURATION",
+      help="how often the pod list is refreshed (default: 10s)")
     a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD, metavar="SOCKET",
       help="CRI socket the reconciler lists pods from (default: %(default)s)")
     a("--log-level", type=choice("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
@@ -194,27 +215,15 @@ class Koordlet:
         defaults = parse_rules(None, None)
         for plugin in self.plugins:
             plugin.update_rules(defaults)
-        self.informer = self._make_informer()
+        self.informer = make_states_informer(a)
+        self.informer.register_callback(NODE, self.apply_rules)
+        self.informer.register_callback(NODE_SLO, self.apply_rules)
         self.registration: Registration | None = None
 
-    def _make_informer(self) -> StatesInformer | None:
-        a = self.args
-        if a.node_slo_file or a.node_file:
-            return FileStatesInformer(self.apply_rules, node_slo_file=a.node_slo_file,
-                                      node_file=a.node_file)
-        if in_cluster():
-            node_name = os.environ.get("NODE_NAME")
-            if node_name:
-                return KubeStatesInformer(self.apply_rules, node_name=node_name)
-            log.error("in a cluster but NODE_NAME is not set: using default rules")
-        else:
-            log.info("no --node-slo-file/--node-file and not in a cluster: using default rules")
-        return None
-
-    def apply_rules(self, node_slo: dict | None, node: dict | None) -> None:
+    def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
         try:
-            rules = parse_rules(node_slo, node)
+            rules = parse_rules(self.informer.get_node_slo_object(), self.informer.get_node())
         except RuleError as exc:
             log.error("rules from NodeSLO/Node rejected, keeping the current rules: %s", exc)
             return
@@ -225,8 +234,7 @@ class Koordlet:
 
     def start(self) -> None:
         log.info("plugins: %s", ", ".join(p.name for p in self.plugins) or "none")
-        if self.informer is not None:
-            self.informer.start()
+        self.informer.start()
         self.server.start()
         a = self.args
         self.registration = Registration.of(
@@ -244,8 +252,39 @@ class Koordlet:
         self.server.stop()
         if self.reconciler is not None:
             self.reconciler.stop()
-        if self.informer is not None:
-            self.informer.stop()
+        self.informer.stop()
+
+
+def make_states_informer(a: argparse.Namespace) -> StatesInformer:
+    """Objects from files when any file flag is given, else from the API server when
+    there is one; pods from CRI."""
+    driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
+    pods = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir, driver=driver)
+    files = {kind: path for kind, path in ((NODE, a.node_file), (NODE_SLO, a.node_slo_file),
+                                           (NODE_METRIC, a.node_metric_file)) if path}
+    objects: FileObjectsSource | KubeObjectsSource | None = None
+    if files:
+        objects = FileObjectsSource(files)
+    elif a.kubeconfig or in_cluster():
+        node_name = os.environ.get("NODE_NAME")
+        if not node_name:
+            log.error("an API server is configured but NODE_NAME is not set: no Node, "
+                      "NodeSLO or NodeMetric; using defaults")
+        else:
+            objects = KubeObjectsSource(kube_api_client(a.kubeconfig), node_name)
+    else:
+        log.info("no --node-slo-file/--node-file/--node-metric-file and not in a cluster: "
+                 "using defaults")
+    return StatesInformer(objects=objects, pods=pods, pods_interval=a.kubelet_sync_interval)
+
+
+def kube_api_client(kubeconfig: Path | None):
+    from kubernetes import client, config
+
+    if kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(kubeconfig))
+    config.load_incluster_config()
+    return client.ApiClient()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
