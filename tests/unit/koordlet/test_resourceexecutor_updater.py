@@ -46,7 +46,7 @@ def cpus_file(root: Path, d: str) -> Path:
     ("cgroupfs", "test-1/kubepods", KubeQoS.BESTEFFORT, "test-1/kubepods/besteffort"),
     ("cgroupfs", "test-1/kubepods", KubeQoS.GUARANTEED, "test-1/kubepods"),
     ("systemd", "kubepods", KubeQoS.BESTEFFORT, "kubepods.slice/kubepods-besteffort.slice"),
-    ("systemd", "test.slice/kt.slice", KubeQoS.BURSTABLE, "test.slice/kt.slice/kt-burstable.slice"),
+    ("systemd", "test.slice/kt.slice", KubeQoS.BURSTABLE, "test.slice/kt.slice/kubepods-burstable.slice"),
 ])
 def test_kube_dir(tmp_path: Path, driver: str, kube_dir: str, qos: KubeQoS, expected: str) -> None:
     assert ResourceExecutor(tmp_path, driver=driver, kube_dir=kube_dir).kube_qos_dir(qos) == expected

@@ -135,22 +135,21 @@ class CgroupExecutor:
             return SYSTEMD if cgroup_parent.rstrip("/").endswith(".slice") else CGROUPFS
         # No parent to look at: believe the tree kubelet made.
         base = self.root / "cpu" if self.version == 1 else self.root
-        kube = self.kube_dir if self.kube_dir.endswith(".slice") else f"{self.kube_dir}.slice"
-        return SYSTEMD if (base / kube).is_dir() else CGROUPFS
+        return SYSTEMD if (base / self._systemd_kube_dir()).is_dir() else CGROUPFS
 
     def kube_qos_dir(self, qos: KubeQoS) -> str:
         """kubelet's dir of a kube QoS class below the kube dir (``--cgroup-kube-dir``).
 
-        systemd: ``<kube>.slice/<kube>-besteffort.slice``; cgroupfs: ``<kube>/besteffort``;
-        guaranteed pods sit directly in the kube dir.
+        cgroupfs: ``<kube>/besteffort``; systemd: ``<kube>/kubepods-besteffort.slice`` with
+        ``kubepods`` standing for ``kubepods.slice``; guaranteed pods sit in the kube dir.
         """
         if self._driver_for(None) == SYSTEMD:
-            base = self.kube_dir if self.kube_dir.endswith(".slice") else f"{self.kube_dir}.slice"
-            if qos is KubeQoS.GUARANTEED:
-                return base
-            stem = PurePosixPath(base).name.removesuffix(".slice")
-            return f"{base}/{stem}-{qos.value}.slice"
+            base = self._systemd_kube_dir()
+            return base if qos is KubeQoS.GUARANTEED else f"{base}/kubepods-{qos.value}.slice"
         return self.kube_dir if qos is KubeQoS.GUARANTEED else f"{self.kube_dir}/{qos.value}"
+
+    def _systemd_kube_dir(self) -> str:
+        return "kubepods.slice" if self.kube_dir == KUBE_DIR else self.kube_dir
 
     def pod_dir(self, cgroup_parent: str) -> str:
         """kubelet's cgroup parent, in either driver's form, as a dir relative to the hierarchy."""
