@@ -7,6 +7,7 @@ is bound to cpus and so exempt).
 
 from __future__ import annotations
 
+from ...features import QOS_FEATURE_GATES
 from ..hooks import PluginEnv, RuntimePlugin
 from .batchresource import BatchResource
 from .cpunormalization import CPUNormalization
@@ -26,6 +27,7 @@ DEFAULT_FEATURE_GATES: dict[str, bool] = {
     "GPUEnvInject": False,
     "CPUNormalization": False,
     "Resctrl": False,
+    **QOS_FEATURE_GATES,
 }
 
 _TRUE = {"1", "t", "true"}

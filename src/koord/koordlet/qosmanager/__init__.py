@@ -1,0 +1,1 @@
+"""koordlet's QoS Manager: CPU suppress of BE pods and the CPU/memory evictions."""

@@ -1,0 +1,156 @@
+"""Eviction arithmetic: how much to release, and which pods to evict in which order.
+
+Pure functions over plain numbers and PodMeta, tested as tables. Amounts are milli-cores
+for CPU and bytes for memory.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cmp_to_key
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..statesinformer import PodMeta
+
+EVICTION_POLICY = "koordinator.sh/eviction-policy"
+EVICTION_ENABLED_LABEL = "koordinator.sh/eviction-enabled"
+EVICTION_PRIORITY = "koordinator.sh/eviction-priority"
+PRIORITY_LABEL = "koordinator.sh/priority"
+BATCH_CPU = "kubernetes.io/batch-cpu"
+
+
+@dataclass(frozen=True)
+class BEUsage:
+    """node_be samples (milli-cores): BE usage, batch-cpu requests, BE real limit."""
+
+    used: float
+    request: float
+    limit: float
+
+
+def be_usage_high(used: float, limit: float, threshold_percent: int) -> bool:
+    """BE pods use (nearly) all they are allowed: a tiny limit counts as saturated."""
+    if limit <= 0:
+        return False
+    if limit < 1000:
+        return True
+    return used / limit >= threshold_percent / 100
+
+
+def release_by_be_satisfaction(usage: BEUsage, lower_percent: int, upper_percent: int,
+                               usage_threshold_percent: int) -> int:
+    """Milli-cores to release when BE pods get too little of what they requested.
+
+    satisfaction = limit / request; at or below ``lower``%, release enough requests to
+    bring it back to ``upper``% (release = request x (upper% - satisfaction)).
+    """
+    if usage.request <= 0 or not be_usage_high(usage.used, usage.limit, usage_threshold_percent):
+        return 0
+    satisfaction = usage.limit / usage.request
+    if satisfaction > lower_percent / 100:
+        return 0
+    return int(usage.request * (upper_percent / 100 - satisfaction))
+
+
+def release_by_used_threshold(used_cores: float, capacity_milli: int, threshold_percent: int,
+                              lower_percent: int) -> int:
+    """Milli-cores to release when the node's CPU use reaches ``threshold``%: down to ``lower``%."""
+    if capacity_milli <= 0:
+        return 0
+    percent = int(used_cores * 1000) * 100 // capacity_milli
+    if percent < threshold_percent:
+        return 0
+    return capacity_milli * (percent - lower_percent) // 100
+
+
+def release_memory(used_bytes: float, capacity_bytes: int, threshold_percent: int,
+                   lower_percent: int) -> int:
+    """Bytes to release when node memory use reaches ``threshold``%: down to ``lower``%."""
+    if capacity_bytes <= 0:
+        return 0
+    percent = int(used_bytes) * 100 // capacity_bytes
+    if percent < threshold_percent:
+        return 0
+    return capacity_bytes * (percent - lower_percent) // 100
+
+
+def eviction_allowed(pod: PodMeta, feature: str) -> bool:
+    """``koordinator.sh/eviction-policy`` lists the features allowed to evict the pod
+    (absent: all). A malformed value allows none: evicting on a typo would be worse."""
+    text = pod.annotations.get(EVICTION_POLICY)
+    if not text:
+        return True
+    try:
+        allowed = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(allowed, list) and feature in allowed
+
+
+def _int_or(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def _by_priority_then(value: Callable[[PodMeta], float]) -> Callable[[PodMeta, PodMeta], float]:
+    """Lower spec priority first when both pods have one and they differ, else larger value first."""
+    def cmp(a: PodMeta, b: PodMeta) -> float:
+        if a.priority is not None and b.priority is not None and a.priority != b.priority:
+            return a.priority - b.priority
+        return value(b) - value(a)
+    return cmp
+
+
+def be_memory_victims(pods: Sequence[PodMeta], used: Mapping[str, float], feature: str) -> list[PodMeta]:
+    """BE pods in eviction order: lower spec priority first (when both pods have one), then
+    larger memory use; pods without a sample last, by name descending."""
+    candidates = [p for p in pods if p.koord_qos == "BE" and p.running and eviction_allowed(p, feature)]
+    with_sample = sorted((p for p in candidates if p.uid in used),
+                         key=cmp_to_key(_by_priority_then(lambda p: used[p.uid])))
+    without = sorted((p for p in candidates if p.uid not in used), key=lambda p: p.name, reverse=True)
+    return with_sample + without
+
+
+def be_cpu_victims(pods: Sequence[PodMeta], used: Mapping[str, float], feature: str) -> list[PodMeta]:
+    """BE pods for BECPUEvict: lower spec priority first when both have one, then higher
+    usage per batch-cpu request."""
+    def ratio(p: PodMeta) -> float:
+        request = sum(c.requests.get(BATCH_CPU, 0) for c in p.containers)
+        return used.get(p.uid, 0.0) * 1000 / request if request > 0 else used.get(p.uid, 0.0)
+
+    candidates = [p for p in pods if p.koord_qos == "BE" and p.running and eviction_allowed(p, feature)]
+    return sorted(candidates, key=cmp_to_key(_by_priority_then(ratio)))
+
+
+def labelled_victims(pods: Sequence[PodMeta], used: Mapping[str, float], feature: str,
+                     priority_threshold: int | None) -> list[PodMeta]:
+    """CPUEvict / MemoryEvict: running pods with priority <= the NodeSLO threshold, label
+    ``koordinator.sh/eviction-enabled=true``, allowed by their policy and with a sample;
+    ordered by eviction-priority annotation, spec priority, priority label (ascending),
+    then usage descending."""
+    candidates = [
+        p for p in pods
+        if p.running and p.uid in used and eviction_allowed(p, feature)
+        and p.labels.get(EVICTION_ENABLED_LABEL) == "true"
+        and (priority_threshold is None or (p.priority or 0) <= priority_threshold)
+    ]
+    candidates.sort(key=lambda p: (
+        _int_or(p.annotations.get(EVICTION_PRIORITY), 0), p.priority or 0,
+        _int_or(p.labels.get(PRIORITY_LABEL), 0), -used[p.uid]))
+    return candidates
+
+
+def pick_until_released(victims: Sequence[PodMeta], release: float,
+                        amount: Callable[[PodMeta], float]) -> list[PodMeta]:
+    """Victims in order until their amounts cover ``release``."""
+    picked: list[PodMeta] = []
+    released = 0.0
+    for pod in victims:
+        if released >= release:
+            break
+        picked.append(pod)
+        released += amount(pod)
+    return picked

@@ -1,0 +1,184 @@
+"""What the strategies read from the Node object, pod annotations and the CPU topology.
+
+Each reader validates what it takes from outside (annotations, quantities, the metric
+cache's ``node_cpu_info``) and raises NodeInfoError naming the field, so a strategy can
+skip its tick with one clear log line instead of computing from garbage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from ..resourceexecutor.executor import parse_cpuset
+from ..runtimehooks.hooks import json_annotation
+from ..runtimehooks.plugins.batchresource import parse_quantity
+from ..runtimehooks.plugins.cpuset import RESOURCE_STATUS
+from ..runtimehooks.rule import KUBELET_CPU_MANAGER_POLICY
+from ..statesinformer import PodMeta
+
+NODE_RESERVATION = "node.koordinator.sh/reservation"
+NODE_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
+MAX_CPUS = 8192
+"""No node has more; a larger id in an annotation or topology is an error, not an allocation."""
+
+
+class NodeInfoError(ValueError):
+    """A Node field, annotation or topology entry is unusable; the message names it."""
+
+
+@dataclass(frozen=True)
+class Processor:
+    cpu: int
+    core: int
+    socket: int
+    node: int
+
+
+def _annotations(obj: dict | None) -> dict[str, str]:
+    meta = (obj or {}).get("metadata") or {}
+    ann = meta.get("annotations") if isinstance(meta, dict) else None
+    return ann if isinstance(ann, dict) else {}
+
+
+def _quantity(node: dict, section: str, name: str) -> Fraction | None:
+    status = node.get("status") if isinstance(node, dict) else None
+    values = status.get(section) if isinstance(status, dict) else None
+    if not isinstance(values, dict) or values.get(name) is None:
+        return None
+    try:
+        q = parse_quantity(values[name])
+    except ValueError as exc:
+        raise NodeInfoError(f"Node status.{section}.{name}: {exc}") from None
+    if q < 0 or q > 2**62:
+        raise NodeInfoError(f"Node status.{section}.{name}={values[name]!r}: out of range")
+    return q
+
+
+def capacity_milli_cpu(node: dict) -> int:
+    q = _quantity(node, "capacity", "cpu")
+    if q is None or q <= 0:
+        raise NodeInfoError("Node status.capacity.cpu: missing or zero")
+    return math.ceil(q * 1000)
+
+
+def capacity_memory(node: dict) -> int:
+    q = _quantity(node, "capacity", "memory")
+    if q is None or q <= 0:
+        raise NodeInfoError("Node status.capacity.memory: missing or zero")
+    return math.ceil(q)
+
+
+def cpuset_of(text: Any, where: str) -> set[int]:
+    if not isinstance(text, str):
+        raise NodeInfoError(f"{where}={text!r:.40}: want a cpu list string")
+    if len(text) > 4096:
+        raise NodeInfoError(f"{where}: {len(text)} characters, more than 4096")
+    try:
+        cpus = parse_cpuset_bounded(text)
+    except ValueError as exc:
+        raise NodeInfoError(f"{where}: {exc}") from None
+    return cpus
+
+
+def parse_cpuset_bounded(text: str) -> set[int]:
+    """The kernel list syntax, refusing ids beyond MAX_CPUS before expanding any range."""
+    for part in text.strip().split(","):
+        for bound in part.split("-"):
+            if bound.strip().isdigit() and int(bound) >= MAX_CPUS:
+                raise ValueError(f"cpu id {bound} is beyond {MAX_CPUS - 1}")
+    return set(parse_cpuset(text))
+
+
+def reserved_milli_cpu(node: dict) -> int:
+    """max(kubelet's reservation = capacity - allocatable, the reservation annotation)."""
+    cap = _quantity(node, "capacity", "cpu") or Fraction(0)
+    alloc = _quantity(node, "allocatable", "cpu")
+    kubelet = max(cap - alloc, Fraction(0)) if alloc is not None else Fraction(0)
+    anno = json_annotation(_annotations(node), NODE_RESERVATION, error=NodeInfoError, owner="node")
+    by_anno = Fraction(0)
+    if anno is not None:
+        resources = anno.get("resources") or {}
+        if not isinstance(resources, dict):
+            raise NodeInfoError(f"node annotation {NODE_RESERVATION}: resources is not an object")
+        if resources.get("cpu") is not None:
+            try:
+                by_anno = parse_quantity(resources["cpu"])
+            except ValueError as exc:
+                raise NodeInfoError(f"node annotation {NODE_RESERVATION}: resources.cpu: {exc}") from None
+        elif anno.get("reservedCPUs"):
+            by_anno = Fraction(len(reserved_cpus(node)))
+    return math.ceil(max(kubelet, by_anno) * 1000)
+
+
+def reserved_cpus(node: dict) -> set[int]:
+    anno = json_annotation(_annotations(node), NODE_RESERVATION, error=NodeInfoError, owner="node")
+    if anno is None or not anno.get("reservedCPUs"):
+        return set()
+    return cpuset_of(anno["reservedCPUs"], f"node annotation {NODE_RESERVATION}: reservedCPUs")
+
+
+def system_qos_exclusive_cpus(node: dict) -> set[int]:
+    anno = json_annotation(_annotations(node), NODE_SYSTEM_QOS_RESOURCE, error=NodeInfoError,
+                           owner="node")
+    if anno is None or not anno.get("cpuset"):
+        return set()
+    exclusive = anno.get("cpusetExclusive", True)
+    if not isinstance(exclusive, bool):
+        raise NodeInfoError(f"node annotation {NODE_SYSTEM_QOS_RESOURCE}: cpusetExclusive="
+                            f"{exclusive!r:.40} is not a boolean")
+    if not exclusive:
+        return set()
+    return cpuset_of(anno["cpuset"], f"node annotation {NODE_SYSTEM_QOS_RESOURCE}: cpuset")
+
+
+def kubelet_static_policy(node: dict) -> bool:
+    anno = json_annotation(_annotations(node), KUBELET_CPU_MANAGER_POLICY, error=NodeInfoError,
+                           owner="node")
+    return anno is not None and anno.get("policy") == "static"
+
+
+def pod_allocated_cpus(pod: PodMeta) -> set[int]:
+    """The cpuset in the pod's resource-status annotation (empty when none)."""
+    status = json_annotation(pod.annotations, RESOURCE_STATUS, error=NodeInfoError)
+    if status is None or not status.get("cpuset"):
+        return set()
+    return cpuset_of(status["cpuset"], f"pod {pod.key} annotation {RESOURCE_STATUS}: cpuset")
+
+
+def processors(cpu_info: Any) -> list[Processor]:
+    """Online processors of the metric cache's ``node_cpu_info`` KV value."""
+    if not isinstance(cpu_info, dict) or not isinstance(cpu_info.get("processors"), list):
+        raise NodeInfoError("node_cpu_info: want an object with a processors list")
+    raw = cpu_info["processors"]
+    if len(raw) > MAX_CPUS:
+        raise NodeInfoError(f"node_cpu_info: {len(raw)} processors, more than {MAX_CPUS}")
+    out: list[Processor] = []
+    seen: set[int] = set()
+    for i, p in enumerate(raw):
+        if not isinstance(p, dict):
+            raise NodeInfoError(f"node_cpu_info.processors[{i}]: want an object")
+        values = []
+        for key in ("cpu", "core", "socket", "node"):
+            v = p.get(key, 0)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_CPUS:
+                raise NodeInfoError(f"node_cpu_info.processors[{i}].{key}={v!r:.40}: "
+                                    f"want an integer in [0, {MAX_CPUS})")
+            values.append(v)
+        if values[0] in seen:
+            raise NodeInfoError(f"node_cpu_info.processors[{i}]: cpu {values[0]} listed twice")
+        seen.add(values[0])
+        if p.get("online", True) is False:
+            continue
+        out.append(Processor(*values))
+    return out
+
+
+def is_be(pod: PodMeta) -> bool:
+    """Koordinator's BE: the QoS label, or kube BestEffort for a pod without one."""
+    if pod.koord_qos:
+        return pod.koord_qos == "BE"
+    return pod.kube_qos == "besteffort"
+
