@@ -1,0 +1,329 @@
+"""The metric cache: schema checks, queries by label subset, aggregations as upstream,
+retention and size bounds, persistence across close and kill -9, KV."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from koord.koordlet import metriccache as mc
+from koord.koordlet.metriccache import Aggregation, MetricCache, MetricCacheError, Sample
+
+
+def pod(uid: str, ts: float, value: float, kind: str = mc.POD_CPU_USAGE) -> Sample:
+    return Sample(kind, {mc.POD_UID: uid}, ts, value)
+
+
+@pytest.fixture
+def cache():
+    c = MetricCache(None)
+    yield c
+    c.close()
+
+
+# ---- aggregations (upstream's table cases) ------------------------------------------------
+
+@pytest.mark.parametrize("p, want", [(0.9, 700), (0.5, 300), (0.95, 700), (0.99, 700), (0.1, 0)])
+def test_percentile_nearest_rank_as_upstream(p, want):
+    # Test_fieldPercentileOfMetricList
+    assert mc.percentile([800, 100, 200, 600, 700, 0, 500, 400, 300], p) == want
+
+
+def test_percentile_of_one_and_none():
+    assert mc.percentile([5.0], 0.5) == 5.0
+    with pytest.raises(ValueError):
+        mc.percentile([], 0.5)
+
+
+def test_append_and_query_avg_as_upstream(cache):
+    # Test_tsdbStorage_Append_And_Querier: 4, 1, 1 at now-4s..now-1s -> avg 2, range 3 s.
+    now = time.time()
+    cache.append([Sample(mc.NODE_CPU_USAGE, {}, now - 4, 4), Sample(mc.NODE_CPU_USAGE, {}, now - 2, 1),
+                  Sample(mc.NODE_CPU_USAGE, {}, now - 1, 1)])
+    assert cache.aggregate(mc.NODE_CPU_USAGE, now - 10, now, Aggregation.AVG) == 2
+    assert cache.aggregate(mc.NODE_CPU_USAGE, now - 10, now, Aggregation.COUNT) == 3
+    assert cache.aggregate(mc.NODE_CPU_USAGE, now - 10, now, Aggregation.LAST) == 1
+    assert cache.time_range(mc.NODE_CPU_USAGE, now - 10, now) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("agg, want", [(Aggregation.AVG, 3.0), (Aggregation.LAST, 2.0), (Aggregation.COUNT, 5.0),
+                                       (Aggregation.P50, 2.0), (Aggregation.P90, 4.0),
+                                       (Aggregation.P95, 4.0), (Aggregation.P99, 4.0)])
+def test_aggregations_table(cache, agg, want):
+    values = [1, 5, 3, 4, 2]  # in time order; last is 2
+    cache.append([pod("a", 100 + i, v) for i, v in enumerate(values)])
+    assert cache.aggregate(mc.POD_CPU_USAGE, 0, 1000, agg) == want
+
+
+def test_empty_window_gives_none_and_zero_range(cache):
+    cache.append([pod("a", 100, 1)])
+    for agg in Aggregation:
+        assert cache.aggregate(mc.POD_CPU_USAGE, 200, 300, agg) is None
+    assert cache.time_range(mc.POD_CPU_USAGE, 0, 300) == 0.0
+    assert cache.query(mc.CONTAINER_CPU_USAGE, 0, 300) == []
+
+
+# ---- queries ------------------------------------------------------------------------------
+
+def test_window_is_inclusive_and_sorted(cache):
+    cache.append([pod("a", 3, 3), pod("a", 1, 1), pod("a", 2, 2), pod("a", 4, 4)])
+    assert cache.query(mc.POD_CPU_USAGE, 2, 3) == [(2.0, 2.0), (3.0, 3.0)]
+
+
+def test_label_subset_merges_series(cache):
+    cache.append([pod("a", 1, 1), pod("b", 2, 2), pod("a", 3, 3),
+                  pod("a", 1.5, 100, kind=mc.POD_MEMORY_USAGE)])
+    assert cache.query(mc.POD_CPU_USAGE, 0, 10, {mc.POD_UID: "a"}) == [(1.0, 1.0), (3.0, 3.0)]
+    assert cache.query(mc.POD_CPU_USAGE, 0, 10) == [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)]
+    assert cache.query(mc.POD_CPU_USAGE, 0, 10, {mc.POD_UID: "zzz"}) == []
+
+
+def test_node_be_labels_subset(cache):
+    def be(alloc, v):
+        return Sample(mc.NODE_BE, {mc.BE_RESOURCE: "cpu", mc.BE_ALLOCATION: alloc}, 10, v)
+    cache.append([be(mc.BE_ALLOCATION_USAGE, 4000), be(mc.BE_ALLOCATION_REAL_LIMIT, 8000)])
+    assert cache.aggregate(mc.NODE_BE, 0, 20, Aggregation.LAST,
+                           {mc.BE_ALLOCATION: mc.BE_ALLOCATION_REAL_LIMIT}) == 8000
+    assert cache.aggregate(mc.NODE_BE, 0, 20, Aggregation.COUNT, {mc.BE_RESOURCE: "cpu"}) == 2
+
+
+def test_same_series_same_timestamp_replaces(cache):
+    cache.append([pod("a", 5, 1)])
+    cache.append([pod("a", 5, 7)])
+    assert cache.query(mc.POD_CPU_USAGE, 0, 10) == [(5.0, 7.0)]
+
+
+def test_many_series_query_beyond_one_chunk(cache):
+    cache.append([pod(f"p{i}", 2000 - i, i) for i in range(1200)])
+    points = cache.query(mc.POD_CPU_USAGE, 0, 3000)
+    assert len(points) == 1200
+    assert [t for t, _ in points] == sorted(t for t, _ in points)
+
+
+@pytest.mark.parametrize("sample, words", [
+    (Sample("no_such_kind", {}, 1, 1), "unknown metric kind"),
+    (Sample(mc.POD_CPU_USAGE, {}, 1, 1), "needs exactly the labels"),
+    (Sample(mc.POD_CPU_USAGE, {mc.POD_UID: "a", "extra": "b"}, 1, 1), "needs exactly the labels"),
+    (Sample(mc.NODE_CPU_USAGE, {mc.POD_UID: "a"}, 1, 1), "needs exactly the labels"),
+    (Sample(mc.POD_CPU_USAGE, {mc.POD_UID: ""}, 1, 1), "non-empty string"),
+    (Sample(mc.POD_CPU_USAGE, {mc.POD_UID: "x" * 300}, 1, 1), "at most"),
+    (Sample(mc.NODE_CPU_USAGE, {}, 1, float("nan")), "finite"),
+    (Sample(mc.NODE_CPU_USAGE, {}, float("inf"), 1), "finite"),
+    (Sample(mc.NODE_CPU_USAGE, {}, -5, 1), "negative timestamp"),
+])
+def test_invalid_samples_rejected_whole_batch(cache, sample, words):
+    with pytest.raises(MetricCacheError, match=words):
+        cache.append([Sample(mc.NODE_CPU_USAGE, {}, 1, 1), sample])
+    assert cache.query(mc.NODE_CPU_USAGE, 0, 10) == []
+
+
+@pytest.mark.parametrize("kind, labels", [("nope", None), (mc.POD_CPU_USAGE, {"container_id": "x"})])
+def test_invalid_queries(cache, kind, labels):
+    with pytest.raises(MetricCacheError):
+        cache.query(kind, 0, 1, labels)
+
+
+def test_concurrent_appends_and_queries(cache):
+    errors: list[BaseException] = []
+
+    def writer(uid: str) -> None:
+        try:
+            for i in range(200):
+                cache.append([pod(uid, i, i)])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(f"u{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        cache.aggregate(mc.POD_CPU_USAGE, 0, 1000, Aggregation.P95)
+    for t in threads:
+        t.join()
+    assert not errors
+    assert cache.aggregate(mc.POD_CPU_USAGE, 0, 1000, Aggregation.COUNT) == 800
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.floats(-1e12, 1e12, allow_nan=False)), max_size=60))
+def test_query_returns_what_was_appended(points):
+    c = MetricCache(None, clock=lambda: 1000.0)
+    try:
+        c.append([pod("a", t / 1000, v) for t, v in points])
+        latest = {t: v for t, v in points}  # a later sample at the same ms replaces the earlier
+        assert c.query(mc.POD_CPU_USAGE, 0, 10**4) == sorted((t / 1000, v) for t, v in latest.items())
+    finally:
+        c.close()
+
+
+# ---- KV -----------------------------------------------------------------------------------
+
+def test_kv_roundtrip_and_persistence(tmp_path):
+    c = MetricCache(tmp_path)
+    info = {"processors": [{"cpu": 0, "core": 0, "socket": 0, "node": 0, "online": True}], "total_cpus": 1}
+    c.set_kv(mc.NODE_CPU_INFO, info)
+    assert c.get_kv("missing") is None
+    c.close()
+    c = MetricCache(tmp_path)
+    assert c.get_kv(mc.NODE_CPU_INFO) == info
+    with pytest.raises(MetricCacheError, match="JSON"):
+        c.set_kv("bad", object())
+    c.close()
+
+
+# ---- bounds -------------------------------------------------------------------------------
+
+def test_retention_drops_old_samples():
+    now = [10_000.0]
+    c = MetricCache(None, retention_seconds=100, clock=lambda: now[0])
+    c.append([pod("old", 9_000, 1), pod("new", 9_950, 2)])
+    assert c.aggregate(mc.POD_CPU_USAGE, 0, 20_000, Aggregation.COUNT) == 2  # until the next GC
+    now[0] = 10_100.0  # past the GC interval: both are now older than 100 s
+    c.append([pod("newer", 10_090, 3)])
+    assert c.query(mc.POD_CPU_USAGE, 0, 20_000) == [(10_090.0, 3.0)]
+    c.close()
+
+
+def test_size_bound_drops_oldest_first(tmp_path):
+    bound = 2 * 1024 * 1024
+    now = [990_000.0]
+    c = MetricCache(tmp_path, max_bytes=bound, chunk_seconds=10, clock=lambda: now[0])
+    for tick in range(600):
+        now[0] = 990_000.0 + tick
+        c.append([pod(f"p{i}", now[0], tick * 1.37 + i / 7) for i in range(400)])
+        assert c.used_bytes() <= bound
+    assert c.disk_bytes() <= bound + 512 * 1024
+    assert len(c.query(mc.POD_CPU_USAGE, now[0], now[0])) == 400  # the latest tick is all there
+    first = c.query(mc.POD_CPU_USAGE, 0, 2_000_000)[0][0]
+    assert first > 990_000  # the oldest went first
+    c.close()
+
+
+def test_chunks_and_head_answer_together(tmp_path):
+    now = [1000.0]
+    c = MetricCache(tmp_path, chunk_seconds=5, clock=lambda: now[0])
+    for i in range(12):
+        now[0] = 1000.0 + i
+        c.append([pod("a", now[0], i)])
+    assert c.query(mc.POD_CPU_USAGE, 1003, 1008) == [(1000.0 + i, float(i)) for i in range(3, 9)]
+    c.close()
+    c = MetricCache(tmp_path, chunk_seconds=5, clock=lambda: now[0])  # head reloaded from disk
+    assert [v for _, v in c.query(mc.POD_CPU_USAGE, 0, 2000)] == [float(i) for i in range(12)]
+    c.close()
+
+
+@given(st.lists(st.integers(0, 10**12), min_size=1, max_size=50, unique=True),
+       st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=50, max_size=50))
+def test_chunk_encoding_roundtrip(times, values):
+    times.sort()
+    got_t, got_v = mc.storage.decode_chunk(mc.storage.encode_chunk(times, values[:len(times)]))
+    assert (got_t, list(got_v)) == (times, values[:len(times)])
+
+
+@given(st.binary(max_size=200))
+def test_garbage_chunks_rejected(blob):
+    try:
+        mc.storage.decode_chunk(blob)
+    except ValueError:
+        pass
+
+
+def test_bad_bounds_rejected():
+    with pytest.raises(MetricCacheError):
+        MetricCache(None, retention_seconds=0)
+    with pytest.raises(MetricCacheError):
+        MetricCache(None, max_bytes=1000)
+
+
+# ---- persistence and directories ----------------------------------------------------------
+
+def test_history_survives_close_and_reopen(tmp_path):
+    c = MetricCache(tmp_path)
+    now = time.time()
+    c.append([pod("a", now - 5, 1.5)])
+    c.close()
+    c = MetricCache(tmp_path)
+    assert c.query(mc.POD_CPU_USAGE, now - 10, now) == [(pytest.approx(now - 5, abs=1e-3), 1.5)]
+    c.append([pod("a", now - 4, 2.5)])  # the series id is reused, not duplicated
+    assert c.aggregate(mc.POD_CPU_USAGE, now - 10, now, Aggregation.COUNT, {mc.POD_UID: "a"}) == 2
+    c.close()
+
+
+_WRITER = """
+import sys, time
+from koord.koordlet import metriccache as mc
+c = mc.MetricCache(sys.argv[1])
+i = 0
+start = time.time() - 3600
+while True:
+    c.append([mc.Sample(mc.NODE_CPU_USAGE, {}, start + i / 100, float(i))])
+    i += 1
+    if i == 50:
+        print("ready", flush=True)
+"""
+
+
+def test_survives_kill_9(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    c = MetricCache(tmp_path)  # the killed process's lock is gone with it
+    values = [v for _, v in c.query(mc.NODE_CPU_USAGE, 0, time.time() + 1)]
+    assert len(values) >= 50
+    assert values == [float(i) for i in range(len(values))]  # every committed batch, in order
+    c.close()
+
+
+def test_two_caches_never_share_a_dir(tmp_path):
+    a = MetricCache(tmp_path / "a")
+    with pytest.raises(MetricCacheError, match="in use by another process"):
+        MetricCache(tmp_path / "a")
+    b = MetricCache(tmp_path / "b")
+    a.append([pod("x", 1, 1)])
+    assert b.query(mc.POD_CPU_USAGE, 0, 10) == []
+    a.close()
+    b.close()
+
+
+def test_corrupt_database_is_moved_aside(tmp_path, caplog):
+    (tmp_path / mc.storage.DB_NAME).write_bytes(b"this is not sqlite" * 100)
+    c = MetricCache(tmp_path)
+    c.append([pod("a", 1, 1)])
+    assert c.query(mc.POD_CPU_USAGE, 0, 2) == [(1.0, 1.0)]
+    assert list(tmp_path.glob("metrics.db.corrupt-*"))
+    assert "unreadable" in caplog.text
+    c.close()
+
+
+def test_closed_cache_raises(tmp_path):
+    c = MetricCache(tmp_path)
+    c.close()
+    c.close()  # idempotent
+    with pytest.raises(MetricCacheError, match="closed"):
+        c.query(mc.NODE_CPU_USAGE, 0, 1)
+
+
+def test_flags_defaults_and_errors():
+    import argparse
+    parser = argparse.ArgumentParser()
+    mc.add_flags(parser)
+    args = parser.parse_args([])
+    assert (str(args.tsdb_path), args.tsdb_retention_duration, args.tsdb_max_bytes) == (
+        "/var/lib/koordlet/metric-data", 12 * 3600, 100 * 1024 * 1024)
+    args = parser.parse_args(["--tsdb-retention-duration", "1h30m", "--tsdb-max-bytes", "2097152"])
+    assert (args.tsdb_retention_duration, args.tsdb_max_bytes) == (5400, 2097152)
+    for bad in (["--tsdb-retention-duration", "0"], ["--tsdb-retention-duration", "x"],
+                ["--tsdb-max-bytes", "10"], ["--tsdb-max-bytes", "1e9"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
