@@ -119,7 +119,11 @@ CONFLICT_BACKOFF = (0.01, 0.05, 0.25, 1.25)
 
 
 class KubeStatusWriter:
-    """UpdateStatus of this node's NodeMetric; on a conflict, re-read and try again."""
+    """UpdateStatus of this node's NodeMetric; on a conflict, re-read and try again.
+
+    The token bucket limits reports, not attempts: upstream takes a token per conflict
+    retry too, so two conflicts in a row could lose the report.
+    """
 
     def __init__(self, api_client: Any, node_name: str,
                  limiter: TokenBucket | None = None) -> None:
@@ -136,15 +140,14 @@ class KubeStatusWriter:
     def write(self, node_metric: dict, status: dict[str, Any]) -> bool:
         from kubernetes.client.exceptions import ApiException
 
+        if not self.limiter.allow():
+            log.warning("NodeMetric %s: status update refused by the rate limit "
+                        "(qps=%g burst=%d)", self.node_name, self.limiter.rate, self.limiter.burst)
+            return False
         obj = node_metric
         for attempt, pause in enumerate((0.0, *CONFLICT_BACKOFF)):
             if pause:
                 time.sleep(pause)
-            if not self.limiter.allow():
-                log.warning("NodeMetric %s: status update refused by the rate limit "
-                            "(qps=%g burst=%d)", self.node_name, STATUS_UPDATE_QPS,
-                            STATUS_UPDATE_BURST)
-                return False
             body = dict(obj, status=status)
             try:
                 self._custom.replace_cluster_custom_object_status(
