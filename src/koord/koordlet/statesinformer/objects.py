@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -225,9 +226,12 @@ class KubeObjectsSource:
             self._threads.append(t)
 
     def stop(self) -> None:
+        """A watch blocked in a read ends at its next event or timeout; its daemon thread
+        is not waited for longer than a second in all."""
         self._stopping.set()
+        deadline = time.monotonic() + 1.0
         for t in self._threads:
-            t.join(timeout=2.0)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         self._threads.clear()
 
     def _as_dict(self, obj: Any) -> dict:
