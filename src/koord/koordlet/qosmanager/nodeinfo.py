@@ -43,7 +43,7 @@ def _annotations(obj: dict | None) -> dict[str, str]:
     return ann if isinstance(ann, dict) else {}
 
 
-def _quantity(node: dict, section: str, name: str) -> Fraction | None:
+def node_quantity(node: dict, section: str, name: str) -> Fraction | None:
     status = node.get("status") if isinstance(node, dict) else None
     values = status.get(section) if isinstance(status, dict) else None
     if not isinstance(values, dict) or values.get(name) is None:
@@ -58,14 +58,14 @@ def _quantity(node: dict, section: str, name: str) -> Fraction | None:
 
 
 def capacity_milli_cpu(node: dict) -> int:
-    q = _quantity(node, "capacity", "cpu")
+    q = node_quantity(node, "capacity", "cpu")
     if q is None or q <= 0:
         raise NodeInfoError("Node status.capacity.cpu: missing or zero")
     return math.ceil(q * 1000)
 
 
 def capacity_memory(node: dict) -> int:
-    q = _quantity(node, "capacity", "memory")
+    q = node_quantity(node, "capacity", "memory")
     if q is None or q <= 0:
         raise NodeInfoError("Node status.capacity.memory: missing or zero")
     return math.ceil(q)
@@ -94,8 +94,8 @@ def parse_cpuset_bounded(text: str) -> set[int]:
 
 def reserved_milli_cpu(node: dict) -> int:
     """max(kubelet's reservation = capacity - allocatable, the reservation annotation)."""
-    cap = _quantity(node, "capacity", "cpu") or Fraction(0)
-    alloc = _quantity(node, "allocatable", "cpu")
+    cap = node_quantity(node, "capacity", "cpu") or Fraction(0)
+    alloc = node_quantity(node, "allocatable", "cpu")
     kubelet = max(cap - alloc, Fraction(0)) if alloc is not None else Fraction(0)
     anno = json_annotation(_annotations(node), NODE_RESERVATION, error=NodeInfoError, owner="node")
     by_anno = Fraction(0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -74,7 +75,7 @@ def merge_wider(resource: str, current: str, wanted: int | str) -> int | str:
     if resource == "cpuset_cpus":
         return format_cpuset(set(parse_cpuset(current)) | set(parse_cpuset(str(wanted))))
     if resource == "cpu_quota":
-        cur = _quota(current)
+        cur = quota_value(current)
         new = int(wanted)
         if cur == -1 or new == -1:
             return -1
@@ -82,7 +83,7 @@ def merge_wider(resource: str, current: str, wanted: int | str) -> int | str:
     return wanted
 
 
-def _quota(text: str) -> int:
+def quota_value(text: str) -> int:
     """A quota file's value: v1 ``-1``/number, v2 ``max 100000``/``50000 100000``."""
     first = text.split()[0] if text.split() else ""
     return -1 if first in ("max", "-1") else int(first)
@@ -132,6 +133,31 @@ class ResourceExecutor(CgroupExecutor):
             if written:
                 log.info("resource executor: wrote %s", u)
             return written
+
+    # ---- tree -----------------------------------------------------------------------------
+
+    def subtree(self, cgroup_dir: str, resource: str, max_depth: int) -> list[list[str]]:
+        """``cgroup_dir`` and its descendants holding ``resource``'s file, by level: [[dir],
+        [children], [grandchildren], ...] down to ``max_depth`` levels below, names sorted.
+        Walks the real tree, so a container's dir kubelet's pod list does not name yet (the
+        sandbox's, say) is found too."""
+        top = self._checked_dir(cgroup_dir)
+        if not self.supports(top, resource):
+            return []
+        levels = [[top]]
+        for _ in range(max_depth):
+            below: list[str] = []
+            for d in levels[-1]:
+                base = self.path(d, resource).parent
+                try:
+                    names = sorted(e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False))
+                except OSError:
+                    continue
+                below += [f"{d}/{n}" for n in names if self.supports(f"{d}/{n}", resource)]
+            if not below:
+                break
+            levels.append(below)
+        return levels
 
     # ---- batches --------------------------------------------------------------------------
 

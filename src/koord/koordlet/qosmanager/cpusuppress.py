@@ -1,0 +1,256 @@
+"""BECPUSuppress: keeps BE pods to what latency-sensitive pods leave of the node's CPU.
+
+Each tick: the suppress amount from the formula in ``suppresscalc``; then, by NodeSLO
+``cpuSuppressPolicy``, either the besteffort dir's cfs quota (``cfsQuota``) or the cpusets
+of the besteffort, BE pod and container dirs (``cpuset``, the default). Each policy resets
+the other's knob: quota -1 under ``cpuset``, cpusets back to the BE pool under
+``cfsQuota``. ``enable: false`` resets both. Under kubelet's static CPU manager policy
+only container cpusets are narrowed (kubelet owns the pod level and a parent narrower
+than a child breaks container starts).
+
+Bad input (an invalid NodeSLO, a malformed Node or pod annotation, an unusable CPU
+topology) skips the tick with one error naming it: nothing is written from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..features import BE_CPU_SUPPRESS
+from ..metriccache import (
+    HOST_APP_NAME, HOST_APPLICATION_CPU_USAGE, NODE_CPU_INFO, NODE_CPU_USAGE, POD_CPU_USAGE, POD_UID,
+)
+from ..resourceexecutor.executor import CgroupError, format_cpuset, parse_cpuset
+from ..resourceexecutor.updater import Update, quota_value
+from ..runtimehooks.protocol import KubeQoS
+from ..statesinformer import PodMeta
+from .framework import Context, Strategy, _log_once
+from .nodeinfo import (
+    NodeInfoError, Processor, capacity_milli_cpu, kubelet_static_policy, pod_allocated_cpus,
+    processors, reserved_cpus, reserved_milli_cpu, system_qos_exclusive_cpus,
+)
+from .slo import CFS_QUOTA_POLICY, CPUSET_POLICY
+from .suppresscalc import (
+    UNLIMITED, Suppress, be_pool, calculate_suppress, cfs_quota_target, cpuset_target,
+)
+
+log = logging.getLogger(__name__)
+
+USING, RECOVERED = "using", "recovered"
+POD_DEPTH, CONTAINER_DEPTH = 1, 2
+MAX_HOST_APPS = 256
+
+
+def host_applications(node_slo: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """NodeSLO ``spec.hostApplications``: a list of objects with a name."""
+    spec = (node_slo or {}).get("spec") or {}
+    apps = spec.get("hostApplications") if isinstance(spec, dict) else None
+    if apps is None:
+        return []
+    if not isinstance(apps, list) or len(apps) > MAX_HOST_APPS:
+        raise NodeInfoError(f"NodeSLO spec.hostApplications: want a list of at most "
+                            f"{MAX_HOST_APPS} objects")
+    for i, app in enumerate(apps):
+        if not isinstance(app, dict) or not isinstance(app.get("name"), str) or not app["name"]:
+            raise NodeInfoError(f"NodeSLO spec.hostApplications[{i}]: want an object with a name")
+    return apps
+
+
+class CPUSuppress(Strategy):
+    name = BE_CPU_SUPPRESS
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, ctx.config.cpu_suppress_interval, BE_CPU_SUPPRESS)
+        self.status: dict[str, str] = {}
+        self.last_suppress: Suppress | None = None
+
+    @property
+    def be_dir(self) -> str:
+        return self.ctx.executor.kube_qos_dir(KubeQoS.BESTEFFORT)
+
+    def run_once(self) -> None:
+        cfg = self.ctx.thresholds(self.name)
+        if cfg is None:
+            return
+        try:
+            if not cfg.enable:
+                self.recover_quota()
+                self.recover_cpuset(CONTAINER_DEPTH)
+                return
+            suppress = self.calculate()
+            if suppress is None:
+                return
+            if cfg.cpu_suppress_policy == CFS_QUOTA_POLICY:
+                self.adjust_by_cfs_quota(suppress)
+                self.recover_cpuset(CONTAINER_DEPTH)
+            else:
+                self.adjust_by_cpuset(suppress)
+                self.recover_quota()
+        except NodeInfoError as exc:
+            _log_once(self.name + "/input", f"skipped, nothing written: {exc}", logging.ERROR)
+            return
+        _log_once(self.name + "/input", None)
+
+    # ---- the formula ----------------------------------------------------------------------
+
+    def calculate(self) -> Suppress | None:
+        ctx = self.ctx
+        node = ctx.informer.get_node()
+        pods = ctx.informer.get_all_pods()
+        if node is None or not pods:
+            _log_once(self.name + "/data", "waiting for the Node object and a non-empty pod list")
+            return None
+        node_used = ctx.last(NODE_CPU_USAGE)
+        if node_used is None:
+            _log_once(self.name + "/data", "no recent node_cpu_usage sample: not suppressing")
+            return None
+        _log_once(self.name + "/data", None)
+        pod_used = {p.uid: v for p in pods
+                    if (v := ctx.last(POD_CPU_USAGE, {POD_UID: p.uid})) is not None}
+        node_slo = ctx.informer.get_node_slo()
+        apps = host_applications(node_slo)
+        app_used = {a["name"]: v for a in apps
+                    if (v := ctx.last(HOST_APPLICATION_CPU_USAGE, {HOST_APP_NAME: a["name"]})) is not None}
+        cfg = ctx.thresholds(self.name)
+        assert cfg is not None
+        suppress = calculate_suppress(
+            capacity_milli=capacity_milli_cpu(node), reserved_milli=reserved_milli_cpu(node),
+            node_used=node_used, pod_used=pod_used, pods=pods, host_apps=apps,
+            host_app_used=app_used, threshold_percent=cfg.cpu_suppress_threshold_percent,
+            min_percent=cfg.cpu_suppress_min_percent)
+        m = ctx.metrics
+        m.be_suppress_ls_used.labels(m.node).set(suppress.non_be_pods)
+        m.be_suppress_target.labels(m.node).set(suppress.milli / 1000)
+        log.debug("%s: %s", self.name, suppress.explain())
+        self.last_suppress = suppress
+        return suppress
+
+    # ---- cfsQuota -------------------------------------------------------------------------
+
+    def adjust_by_cfs_quota(self, suppress: Suppress) -> None:
+        ex = self.ctx.executor
+        try:
+            current = quota_value(ex.read(self.be_dir, "cpu_quota"))
+        except (CgroupError, ValueError) as exc:
+            log.warning("%s: cannot read the besteffort quota: %s", self.name, exc)
+            return
+        capacity_cores = math.ceil(suppress.capacity_milli / 1000)
+        target = cfs_quota_target(suppress.milli, capacity_cores, current)
+        self.status[CFS_QUOTA_POLICY] = USING
+        if target is None:
+            return
+        try:
+            ex.update(Update(self.be_dir, "cpu_quota", target, owner=self.name), cacheable=False)
+        except CgroupError as exc:
+            log.error("%s: writing the besteffort quota %d failed: %s", self.name, target, exc)
+            return
+        m = self.ctx.metrics
+        m.be_suppress_cores.labels(m.node, CFS_QUOTA_POLICY).set(target / 100000)
+        log.info("%s: besteffort cfs quota %d -> %d (%s)", self.name, current, target,
+                 suppress.explain())
+
+    def recover_quota(self) -> None:
+        if self.status.get(CFS_QUOTA_POLICY) == RECOVERED:
+            return
+        try:
+            if self.ctx.executor.update(Update(self.be_dir, "cpu_quota", UNLIMITED, owner=self.name),
+                                        cacheable=False):
+                log.info("%s: besteffort cfs quota restored to -1", self.name)
+        except CgroupError as exc:
+            log.error("%s: restoring the besteffort quota failed: %s", self.name, exc)
+            return
+        self.status[CFS_QUOTA_POLICY] = RECOVERED
+
+    # ---- cpuset ---------------------------------------------------------------------------
+
+    def _topology(self) -> tuple[list[Processor], set[int], list[PodMeta]] | None:
+        """Online processors, cpus BE may never get (reserved, exclusive system-QoS), pods."""
+        info = self.ctx.metric_cache.get_kv(NODE_CPU_INFO)
+        if info is None:
+            _log_once(self.name + "/topology", "no node_cpu_info yet: cpusets untouched")
+            return None
+        _log_once(self.name + "/topology", None)
+        node = self.ctx.informer.get_node() or {}
+        excluded = reserved_cpus(node) | system_qos_exclusive_cpus(node)
+        return processors(info), excluded, self.ctx.informer.get_all_pods()
+
+    def _old_cpus(self, procs: Sequence[Processor]) -> set[int]:
+        text = self.ctx.executor.read(self.be_dir, "cpuset_cpus")
+        if not text.strip() and self.ctx.executor.version == 2:
+            return {p.cpu for p in procs}  # v2: empty means the parent's, i.e. all
+        return set(parse_cpuset(text))
+
+    def adjust_by_cpuset(self, suppress: Suppress) -> None:
+        topo = self._topology()
+        if topo is None:
+            return
+        procs, excluded, pods = topo
+        lse: set[int] = set()
+        lsr: set[int] = set()
+        for pod in pods:
+            cpus = pod_allocated_cpus(pod)
+            if pod.koord_qos == "LSE":
+                lse |= cpus
+            elif pod.koord_qos == "LSR":
+                lsr |= cpus
+        try:
+            old = self._old_cpus(procs)
+        except (CgroupError, ValueError) as exc:
+            log.warning("%s: cannot read the besteffort cpuset: %s", self.name, exc)
+            return
+        target = cpuset_target(suppress.milli, procs, old, excluded, lse, lsr)
+        self.status[CPUSET_POLICY] = USING
+        if not target:
+            _log_once(self.name + "/cpuset", "not enough cpus for BE: cpusets unchanged",
+                      logging.WARNING)
+            return
+        _log_once(self.name + "/cpuset", None)
+        cpus = format_cpuset(target)
+        node = self.ctx.informer.get_node() or {}
+        if kubelet_static_policy(node):
+            self.recover_cpuset(POD_DEPTH)
+            levels = self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", CONTAINER_DEPTH)
+            containers = levels[CONTAINER_DEPTH] if len(levels) > CONTAINER_DEPTH else []
+            result = self.ctx.executor.update_batch(
+                [Update(d, "cpuset_cpus", cpus, owner=self.name) for d in containers])
+        else:
+            result = self._write_levels(cpus, CONTAINER_DEPTH)
+        for error in result.errors:
+            log.error("%s: %s", self.name, error)
+        m = self.ctx.metrics
+        m.be_suppress_cores.labels(m.node, CPUSET_POLICY).set(len(target))
+        if result.written:
+            log.info("%s: BE cpuset %s -> %s (%s)", self.name, format_cpuset(old), cpus,
+                     suppress.explain())
+
+    def _write_levels(self, cpus: str, depth: int):
+        levels = self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", depth)
+        return self.ctx.executor.leveled_update(
+            [[Update(d, "cpuset_cpus", cpus, owner=self.name) for d in level] for level in levels])
+
+    def recover_cpuset(self, depth: int) -> None:
+        """BE dirs (down to ``depth``) back to the BE pool: all cpus but reserved,
+        exclusive system-QoS and LSE ones."""
+        topo = self._topology()
+        if topo is None:
+            return
+        procs, excluded, pods = topo
+        lse: set[int] = set()
+        for pod in pods:
+            if pod.koord_qos == "LSE":
+                lse |= pod_allocated_cpus(pod)
+        pool = be_pool(procs, excluded, lse)
+        if not pool:
+            _log_once(self.name + "/pool", "BE pool is empty (all cpus reserved or LSE): "
+                      "cpusets untouched", logging.WARNING)
+            return
+        _log_once(self.name + "/pool", None)
+        result = self._write_levels(format_cpuset(pool), depth)
+        for error in result.errors:
+            log.error("%s: restoring BE cpusets: %s", self.name, error)
+        if result.written:
+            log.info("%s: BE cpusets restored to the BE pool %s", self.name, format_cpuset(pool))
+        self.status[CPUSET_POLICY] = RECOVERED

@@ -1,0 +1,212 @@
+"""The QoS Manager: strategies, each on its own interval in its own thread.
+
+A strategy has ``enabled()`` (its feature gate and a positive interval), ``setup(ctx)``
+(once, before its first tick) and ``run_once()`` (one tick). The manager starts one
+thread per enabled strategy; an exception in a tick is logged with its traceback and
+counted, and the next tick runs as usual, so no strategy dies silently. NodeSLO is read
+afresh on every tick, so a change takes effect on the next one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from ..features import QOS_FEATURE_GATES
+from ..metriccache import Aggregation, MetricCache
+from ..resourceexecutor.updater import ResourceExecutor
+from ..statesinformer import StatesInformer
+from .evictor import Evictor
+from .metrics import QOSMetrics
+from .slo import SLOError, ThresholdConfig, threshold_config
+
+log = logging.getLogger(__name__)
+
+
+def _seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a whole number of seconds") from None
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text}: want 0..86400 seconds")
+    return value
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Upstream's QoS manager flags (and defaults); gates go through ``--feature-gates``."""
+    g = parser.add_argument_group("QoS manager")
+    g.add_argument("--cpu-suppress-interval-seconds", type=_seconds, default=1, metavar="N",
+                   help="BECPUSuppress period; 0 disables (default: %(default)s)")
+    g.add_argument("--cpu-evict-interval-seconds", type=_seconds, default=1, metavar="N",
+                   help="BECPUEvict/CPUEvict period; 0 disables (default: %(default)s)")
+    g.add_argument("--memory-evict-interval-seconds", type=_seconds, default=1, metavar="N",
+                   help="BEMemoryEvict/MemoryEvict period; 0 disables (default: %(default)s)")
+    g.add_argument("--memory-evict-cool-time-seconds", type=_seconds, default=4, metavar="N",
+                   help="no memory eviction this long after the last one (default: %(default)s)")
+    g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=20, metavar="N",
+                   help="no CPU eviction this long after the last one (default: %(default)s)")
+    g.add_argument("--only-evict-by-api", action="store_true",
+                   help="evict only through the API server's Eviction subresource, never by "
+                   "stopping containers through CRI")
+
+
+@dataclass(frozen=True)
+class QOSConfig:
+    cpu_suppress_interval: float = 1.0
+    cpu_evict_interval: float = 1.0
+    memory_evict_interval: float = 1.0
+    memory_evict_cool_time: float = 4.0
+    cpu_evict_cool_time: float = 20.0
+    only_evict_by_api: bool = False
+    collect_interval: float = 1.0
+    gates: Mapping[str, bool] = field(default_factory=lambda: dict(QOS_FEATURE_GATES))
+    cri_endpoint: str = "/var/run/containerd/containerd.sock"
+    node_name: str = ""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> QOSConfig:
+        gates = dict(QOS_FEATURE_GATES)
+        gates.update({k: v for k, v in (getattr(args, "feature_gates", None) or {}).items()
+                      if k in QOS_FEATURE_GATES})
+        return cls(
+            cpu_suppress_interval=args.cpu_suppress_interval_seconds,
+            cpu_evict_interval=args.cpu_evict_interval_seconds,
+            memory_evict_interval=args.memory_evict_interval_seconds,
+            memory_evict_cool_time=args.memory_evict_cool_time_seconds,
+            cpu_evict_cool_time=args.cpu_evict_cool_time_seconds,
+            only_evict_by_api=args.only_evict_by_api,
+            collect_interval=float(getattr(args, "collect_res_used_interval", 1.0) or 1.0),
+            gates=gates,
+            cri_endpoint=getattr(args, "containerd_endpoint", cls.cri_endpoint),
+        )
+
+
+@dataclass
+class Context:
+    """What every strategy reads and writes through."""
+
+    config: QOSConfig
+    informer: StatesInformer
+    metric_cache: MetricCache
+    executor: ResourceExecutor
+    metrics: QOSMetrics
+    evictor: Evictor
+    clock: Callable[[], float] = time.time
+
+    def last(self, kind: str, labels: Mapping[str, str] | None = None) -> float | None:
+        """The newest sample within two collect intervals: older means the collector stalled."""
+        now = self.clock()
+        return self.metric_cache.aggregate(kind, now - 2 * self.config.collect_interval, now,
+                                           Aggregation.LAST, labels)
+
+    def thresholds(self, strategy: str) -> ThresholdConfig | None:
+        """The NodeSLO thresholds, or None (logged once per distinct reason) when there is
+        no NodeSLO or it is invalid: a strategy then does nothing this tick."""
+        try:
+            config = threshold_config(self.informer.get_node_slo())
+        except SLOError as exc:
+            _log_once(strategy, f"NodeSLO rejected, nothing done until it is fixed: {exc}",
+                      logging.ERROR)
+            return None
+        if config is None:
+            _log_once(strategy, "no NodeSLO yet: nothing to do", logging.WARNING)
+            return None
+        _log_once(strategy, None)
+        return config
+
+
+_last_logged: dict[str, str | None] = {}
+
+
+def _log_once(strategy: str, message: str | None, level: int = logging.INFO) -> None:
+    """Every tick would repeat the same complaint; say it when it starts or changes."""
+    if _last_logged.get(strategy) != message and message is not None:
+        log.log(level, "%s: %s", strategy, message)
+    _last_logged[strategy] = message
+
+
+class Strategy:
+    """One QoS strategy. Subclasses set ``name`` and implement ``run_once``."""
+
+    name = ""
+
+    def __init__(self, ctx: Context, interval: float, gate: str) -> None:
+        self.ctx = ctx
+        self.interval = interval
+        self.gate = gate
+
+    def enabled(self) -> bool:
+        return bool(self.ctx.config.gates.get(self.gate)) and self.interval > 0
+
+    def setup(self) -> None:
+        """Runs once before the first tick."""
+
+    def run_once(self) -> None:
+        raise NotImplementedError
+
+
+class QOSManager:
+    """``QOSManager(config, states_informer, metric_cache, executor).start()/stop()``.
+
+    ``config`` is the parsed flags (``add_flags``) or a QOSConfig.
+    """
+
+    def __init__(self, config: argparse.Namespace | QOSConfig, states_informer: StatesInformer,
+                 metric_cache: MetricCache, executor: ResourceExecutor, *,
+                 registry: CollectorRegistry | None = None, evictor: Evictor | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        from .cpuevict import CPUEvict
+        from .cpusuppress import CPUSuppress
+        from .memoryevict import MemoryEvict
+
+        cfg = config if isinstance(config, QOSConfig) else QOSConfig.from_args(config)
+        metrics = QOSMetrics(cfg.node_name, registry)
+        if evictor is None:
+            evictor = Evictor(cfg.cri_endpoint, only_by_api=cfg.only_evict_by_api)
+        if isinstance(evictor, Evictor) and evictor.metrics is None:
+            evictor.metrics = metrics
+        self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
+        self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
+                                           MemoryEvict(self.ctx)]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self._stop.clear()
+        for s in self.strategies:
+            if not s.enabled():
+                log.info("QoS strategy %s disabled (gate %s=%s, interval %ss)", s.name, s.gate,
+                         self.ctx.config.gates.get(s.gate), s.interval)
+                continue
+            t = threading.Thread(target=self._loop, args=(s,), name=f"qos-{s.name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+            log.info("QoS strategy %s started: every %ss", s.name, s.interval)
+
+    def _loop(self, strategy: Strategy) -> None:
+        try:
+            strategy.setup()
+        except Exception:
+            log.exception("QoS strategy %s: setup failed; its ticks run anyway", strategy.name)
+        while not self._stop.is_set():
+            try:
+                strategy.run_once()
+            except Exception:
+                self.ctx.metrics.strategy_errors.labels(self.ctx.metrics.node, strategy.name).inc()
+                log.exception("QoS strategy %s: tick failed; next tick in %ss",
+                              strategy.name, strategy.interval)
+            self._stop.wait(strategy.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads.clear()
+        self.ctx.evictor.close()

@@ -1,0 +1,397 @@
+"""QoS strategies end to end over a fake cgroup tree, an in-memory metric cache, a states
+informer fed by hand and a recording evictor: upstream's suppressBECPU cases and more."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from koord.koordlet.metriccache import MetricCache, Sample
+from koord.koordlet.qosmanager import QOSConfig, QOSManager
+from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
+from koord.koordlet.qosmanager.evictor import Evictor
+from koord.koordlet.resourceexecutor.updater import ResourceExecutor
+from koord.koordlet.statesinformer import NODE, NODE_SLO, PodMeta, StatesInformer
+from koord.testing.cgroupfs import make_fake_v1_cgroup
+
+from .qos_fakes import GI, pod
+
+BE_DIR = "kubepods/besteffort"
+
+
+class Pods:
+    def __init__(self, pods: list[PodMeta]) -> None:
+        self.pods = pods
+
+    def describe(self) -> str:
+        return "test pods"
+
+    def list_pods(self) -> list[PodMeta]:
+        return list(self.pods)
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingEvictor(Evictor):
+    def __init__(self) -> None:
+        super().__init__("/nonexistent.sock")
+        self.stopped: list[tuple[str, str, str]] = []
+
+    def _stop_containers(self, pod: PodMeta, reason: str, message: str) -> bool:
+        self.stopped.append((pod.uid, reason, message))
+        return True
+
+
+class Rig:
+    def __init__(self, root: Path, pods: list[PodMeta], *, cpus: int = 16, capacity: str = "16",
+                 memory: str = "40G", gates: dict[str, bool] | None = None,
+                 annotations: dict[str, str] | None = None) -> None:
+        self.root = root
+        for p in pods:
+            for c in p.containers:
+                make_fake_v1_cgroup(root, c.cgroup_dir)
+        make_fake_v1_cgroup(root, BE_DIR)
+        self.executor = ResourceExecutor(root, driver="cgroupfs")
+        self.cache = MetricCache(None)
+        self.cache.set_kv("node_cpu_info", {"total_cpus": cpus, "processors": [
+            {"cpu": i, "core": i // 2, "socket": 0, "node": 0, "online": True} for i in range(cpus)]})
+        self.informer = StatesInformer(pods=Pods(pods))
+        self.informer.sync_pods()
+        self.informer.set_object(NODE, {
+            "metadata": {"name": "n", "annotations": dict(annotations or {})},
+            "status": {"capacity": {"cpu": capacity, "memory": memory},
+                       "allocatable": {"cpu": capacity, "memory": memory}}})
+        self.evictor = RecordingEvictor()
+        self.registry = CollectorRegistry()
+        all_gates = {"BECPUSuppress": True, "BECPUEvict": False, "CPUEvict": False,
+                     "BEMemoryEvict": False, "MemoryEvict": False, **(gates or {})}
+        self.config = QOSConfig(gates=all_gates, memory_evict_cool_time=4, cpu_evict_cool_time=20)
+        self.now = time.time()
+        self.manager = QOSManager(self.config, self.informer, self.cache, self.executor,
+                                  registry=self.registry, evictor=self.evictor, clock=lambda: self.now)
+
+    def strategy(self, name: str):
+        return next(s for s in self.manager.strategies if s.name == name)
+
+    def slo(self, **threshold: object) -> None:
+        self.informer.set_object(NODE_SLO, {"metadata": {"name": "n"},
+                                            "spec": {"resourceUsedThresholdWithBE": threshold}})
+
+    def sample(self, kind: str, value: float, **labels: str) -> None:
+        self.cache.append([Sample(kind, labels, self.now, value)])
+
+    def file(self, d: str, subsystem: str, name: str) -> str:
+        return (self.root / subsystem / d / name).read_text().strip()
+
+    def write(self, d: str, subsystem: str, name: str, text: str) -> None:
+        (self.root / subsystem / d / name).write_text(text + "\n")
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, {"node": "", **labels})
+
+
+LS_POD = pod("ls-pod", "LS", "burstable")
+BE_POD = pod("be-pod", "BE", "besteffort")
+
+
+def suppress_rig(tmp_path: Path, **kw) -> Rig:
+    """upstream's suppressBECPU fixture: 16 cpus, node using 12, LS 8, BE 2; BE cpuset 0-9,
+    BE quota 8 cores."""
+    rig = Rig(tmp_path, [LS_POD, BE_POD], **kw)
+    rig.sample("node_cpu_usage", 12)
+    rig.sample("pod_cpu_usage", 8, pod_uid="ls-pod")
+    rig.sample("pod_cpu_usage", 2, pod_uid="be-pod")
+    for d in (BE_DIR, BE_POD.cgroup_dir, BE_POD.containers[0].cgroup_dir):
+        rig.write(d, "cpuset", "cpuset.cpus", "0-9")
+    rig.write(BE_DIR, "cpu", "cpu.cfs_quota_us", str(8 * 100000))
+    return rig
+
+
+@pytest.mark.parametrize("policy, enable, want_quota, want_cpus", [
+    ("cfsQuota", True, "120000", "0-15"),
+    ("cpuset", True, "-1", "0-1"),
+    ("cpuset", False, "-1", "0-15"),
+])
+def test_suppress_be_cpu(tmp_path: Path, policy: str, enable: bool, want_quota: str, want_cpus: str) -> None:
+    rig = suppress_rig(tmp_path)
+    rig.slo(enable=enable, cpuSuppressPolicy=policy, cpuSuppressThresholdPercent=70)
+    rig.strategy("BECPUSuppress").run_once()
+    assert rig.file(BE_DIR, "cpu", "cpu.cfs_quota_us") == want_quota
+    for d in (BE_DIR, BE_POD.cgroup_dir, BE_POD.containers[0].cgroup_dir):
+        assert rig.file(d, "cpuset", "cpuset.cpus") == want_cpus, d
+
+
+def test_suppress_gauges(tmp_path: Path) -> None:
+    rig = suppress_rig(tmp_path)
+    rig.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=70)
+    rig.strategy("BECPUSuppress").run_once()
+    assert rig.metric("koordlet_be_suppress_cpu_cores", type="cfsQuota") == 1.2
+    assert rig.metric("koordlet_be_suppress_ls_used_cpu_cores") == 8
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    rig.strategy("BECPUSuppress").run_once()
+    assert rig.metric("koordlet_be_suppress_cpu_cores", type="cpuset") == 2
+
+
+def test_nodeslo_change_takes_effect_next_tick_and_disable_restores(tmp_path: Path) -> None:
+    rig = suppress_rig(tmp_path)
+    s = rig.strategy("BECPUSuppress")
+    rig.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=70)
+    s.run_once()
+    assert rig.file(BE_DIR, "cpu", "cpu.cfs_quota_us") == "120000"
+    rig.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=80)
+    s.run_once()  # 16 x 80% - 8 - 2 = 2.8 cores, a rise within the 10% step
+    assert rig.file(BE_DIR, "cpu", "cpu.cfs_quota_us") == "280000"
+    rig.slo(enable=False, cpuSuppressPolicy="cfsQuota")
+    s.run_once()
+    assert rig.file(BE_DIR, "cpu", "cpu.cfs_quota_us") == "-1"
+
+
+def test_quota_climbs_in_ten_percent_steps(tmp_path: Path) -> None:
+    rig = suppress_rig(tmp_path)
+    s = rig.strategy("BECPUSuppress")
+    rig.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=70)
+    s.run_once()
+    rig.sample("pod_cpu_usage", 0, pod_uid="ls-pod")  # LS stops: 16 x 70% - system (4 - 2) = 9.2 cores
+    rig.sample("node_cpu_usage", 4)
+    seen = []
+    for _ in range(6):
+        s.run_once()
+        seen.append(int(rig.file(BE_DIR, "cpu", "cpu.cfs_quota_us")))
+    assert seen == [280000, 440000, 600000, 760000, 920000, 920000]  # +1.6 cores a tick
+
+
+@pytest.mark.parametrize("slo, message", [
+    ({"enable": True, "cpuSuppressThresholdPercent": 500}, "cpuSuppressThresholdPercent=500"),
+    ({"enable": True, "cpuSuppressPolicy": "bogus"}, "cpuSuppressPolicy='bogus'"),
+])
+def test_bad_nodeslo_writes_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                    slo: dict, message: str) -> None:
+    rig = suppress_rig(tmp_path)
+    rig.slo(**slo)
+    with caplog.at_level(logging.ERROR):
+        rig.strategy("BECPUSuppress").run_once()
+        rig.strategy("BECPUSuppress").run_once()
+    assert rig.file(BE_DIR, "cpu", "cpu.cfs_quota_us") == "800000"
+    assert rig.file(BE_DIR, "cpuset", "cpuset.cpus") == "0-9"
+    errors = [r.getMessage() for r in caplog.records if message in r.getMessage()]
+    assert len(errors) == 1, errors  # said once, not every tick
+
+
+def test_malformed_resource_status_writes_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bad = pod("lse", "LSE", "guaranteed",
+              annotations={"scheduling.koordinator.sh/resource-status": '{"cpuset": "0-"}'})
+    rig = Rig(tmp_path, [LS_POD, BE_POD, bad])
+    rig.sample("node_cpu_usage", 12)
+    rig.write(BE_DIR, "cpuset", "cpuset.cpus", "0-9")
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    with caplog.at_level(logging.ERROR):
+        rig.strategy("BECPUSuppress").run_once()
+    assert rig.file(BE_DIR, "cpuset", "cpuset.cpus") == "0-9"
+    assert "pod default/lse annotation scheduling.koordinator.sh/resource-status" in caplog.text
+
+
+def test_offline_cpus_never_given_to_be(tmp_path: Path) -> None:
+    rig = suppress_rig(tmp_path)
+    rig.cache.set_kv("node_cpu_info", {"processors": [
+        {"cpu": i, "core": i // 2, "socket": 0, "node": 0, "online": i >= 4} for i in range(16)]})
+    rig.slo(enable=False)
+    rig.strategy("BECPUSuppress").run_once()
+    assert rig.file(BE_DIR, "cpuset", "cpuset.cpus") == "4-15"
+
+
+def test_lse_reserved_and_system_cpus_left_out_of_be_pool(tmp_path: Path) -> None:
+    lse = pod("lse", "LSE", "guaranteed",
+              annotations={"scheduling.koordinator.sh/resource-status": '{"cpuset": "14-15"}'})
+    rig = Rig(tmp_path, [LS_POD, BE_POD, lse], annotations={
+        "node.koordinator.sh/reservation": '{"reservedCPUs": "0"}',
+        "node.koordinator.sh/system-qos-resource": '{"cpuset": "1"}'})
+    rig.slo(enable=False)
+    rig.strategy("BECPUSuppress").run_once()
+    assert rig.file(BE_DIR, "cpuset", "cpuset.cpus") == "2-13"
+
+
+def test_static_kubelet_policy_narrows_containers_only(tmp_path: Path) -> None:
+    rig = suppress_rig(tmp_path, annotations={
+        "kubelet.koordinator.sh/cpu-manager-policy": '{"policy": "static"}'})
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    rig.strategy("BECPUSuppress").run_once()
+    assert rig.file(BE_DIR, "cpuset", "cpuset.cpus") == "0-15"
+    assert rig.file(BE_POD.cgroup_dir, "cpuset", "cpuset.cpus") == "0-15"
+    assert rig.file(BE_POD.containers[0].cgroup_dir, "cpuset", "cpuset.cpus") == "0-1"
+
+
+def test_no_nodeslo_no_write(tmp_path: Path) -> None:
+    rig = suppress_rig(tmp_path)
+    rig.strategy("BECPUSuppress").run_once()
+    assert rig.file(BE_DIR, "cpu", "cpu.cfs_quota_us") == "800000"
+
+
+def test_systemd_layout(tmp_path: Path) -> None:
+    be = pod("be1", "BE", "besteffort", kube_dir="kubepods.slice")
+    rig = Rig(tmp_path, [LS_POD, be])
+    make_fake_v1_cgroup(tmp_path, "kubepods.slice/kubepods-besteffort.slice")
+    rig.executor = ResourceExecutor(tmp_path, driver="systemd")
+    rig.manager = QOSManager(rig.config, rig.informer, rig.cache, rig.executor,
+                             registry=CollectorRegistry(), evictor=rig.evictor, clock=lambda: rig.now)
+    rig.sample("node_cpu_usage", 12)
+    rig.sample("pod_cpu_usage", 8, pod_uid="ls-pod")
+    rig.sample("pod_cpu_usage", 2, pod_uid="be1")
+    rig.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=70)
+    rig.strategy("BECPUSuppress").run_once()
+    assert rig.file("kubepods.slice/kubepods-besteffort.slice", "cpu", "cpu.cfs_quota_us") == "120000"
+
+
+def test_cgroup_v2_quota(tmp_path: Path) -> None:
+    root = tmp_path / "v2"
+    d = root / BE_DIR
+    d.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpuset cpu memory\n")
+    for name, text in {"cpu.max": "max 100000", "cpuset.cpus": "", "cpuset.cpus.effective": "0-15"}.items():
+        (d / name).write_text(text + "\n")
+    rig = suppress_rig(tmp_path / "v1")
+    rig.executor = ResourceExecutor(root, driver="cgroupfs")
+    rig.manager = QOSManager(rig.config, rig.informer, rig.cache, rig.executor,
+                             registry=CollectorRegistry(), evictor=rig.evictor, clock=lambda: rig.now)
+    rig.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=70)
+    rig.strategy("BECPUSuppress").run_once()
+    assert (d / "cpu.max").read_text().strip() == "120000 100000"
+    rig.slo(enable=False)
+    rig.strategy("BECPUSuppress").run_once()
+    assert (d / "cpu.max").read_text().strip() == "max 100000"
+
+
+# ---- memory evict ------------------------------------------------------------------------
+
+def memory_rig(tmp_path: Path, gates: dict[str, bool]) -> Rig:
+    pods = [pod("p100-20g", "BE", "besteffort", priority=100),
+            pod("p100-5g", "BE", "besteffort", priority=100),
+            pod("p120-10g", "BE", "besteffort", priority=120), LS_POD]
+    rig = Rig(tmp_path, pods, memory=str(120 * GI), gates=gates)
+    memory_samples(rig)
+    return rig
+
+
+def memory_samples(rig: Rig) -> None:
+    rig.sample("node_memory_usage", 115 * GI)
+    for uid, gib in (("p100-20g", 20), ("p100-5g", 5), ("p120-10g", 10), ("ls-pod", 30)):
+        rig.sample("pod_memory_usage", gib * GI, pod_uid=uid)
+
+
+def test_be_memory_evict_and_cool_down(tmp_path: Path) -> None:
+    rig = memory_rig(tmp_path, {"BEMemoryEvict": True})
+    rig.slo(enable=True, memoryEvictThresholdPercent=80)
+    s = rig.strategy("MemoryEvict")
+    s.setup()
+    s.run_once()
+    assert rig.evictor.stopped == []  # cool-down from start
+    rig.now += 5
+    memory_samples(rig)
+    s.run_once()
+    assert [u for u, _, _ in rig.evictor.stopped] == ["p100-20g", "p100-5g"]
+    uid, reason, message = rig.evictor.stopped[0]
+    assert reason == "EvictPodByNodeMemoryUsage" and "95% >= 80%" in message
+    assert rig.metric("koordlet_pod_eviction_total", reason="EvictPodByNodeMemoryUsage") == 2
+    rig.now += 1
+    memory_samples(rig)
+    s.run_once()
+    assert len(rig.evictor.stopped) == 2  # cooling down again
+
+
+def test_memory_evict_disabled_by_nodeslo(tmp_path: Path) -> None:
+    rig = memory_rig(tmp_path, {"BEMemoryEvict": True})
+    rig.slo(enable=False, memoryEvictThresholdPercent=80)
+    s = rig.strategy("MemoryEvict")
+    s.run_once()
+    assert rig.evictor.stopped == []
+
+
+def test_memory_evict_counts_bytes_not_milli_bytes(tmp_path: Path) -> None:
+    """MemoryEvict (labelled pods) must evict until the bytes cover the release."""
+    on = {"koordinator.sh/eviction-enabled": "true"}
+    pods = [pod("a", "LS", labels=on, priority=5000), pod("b", "LS", labels=on, priority=5000)]
+    rig = Rig(tmp_path, pods, memory=str(120 * GI), gates={"MemoryEvict": True})
+    rig.sample("node_memory_usage", 115 * GI)
+    rig.sample("pod_memory_usage", 10 * GI, pod_uid="a")
+    rig.sample("pod_memory_usage", 9 * GI, pod_uid="b")
+    rig.slo(enable=True, memoryEvictThresholdPercent=82)  # release 18G
+    rig.strategy("MemoryEvict").run_once()
+    assert [u for u, _, _ in rig.evictor.stopped] == ["a", "b"]
+
+
+# ---- cpu evict ---------------------------------------------------------------------------
+
+def test_be_cpu_evict(tmp_path: Path) -> None:
+    pods = [pod("a", "BE", "besteffort", batch_cpu=4000), pod("b", "BE", "besteffort", batch_cpu=2000)]
+    rig = Rig(tmp_path, pods, gates={"BECPUEvict": True})
+    for alloc, value in (("usage", 9500), ("request", 50000), ("real-limit", 10000)):
+        rig.sample("node_be", value, be_resource="cpu", be_allocation=alloc)
+    rig.sample("pod_cpu_usage", 1.0, pod_uid="a")
+    rig.sample("pod_cpu_usage", 1.0, pod_uid="b")
+    rig.slo(enable=True, cpuEvictBESatisfactionLowerPercent=30, cpuEvictBESatisfactionUpperPercent=40)
+    rig.strategy("CPUEvict").run_once()
+    # release 10000m of requests: b (more use per request) first, then a; 6000m < 10000m
+    assert [u for u, _, _ in rig.evictor.stopped] == ["b", "a"]
+
+
+def test_cpu_evict_by_node_usage(tmp_path: Path) -> None:
+    on = {"koordinator.sh/eviction-enabled": "true"}
+    pods = [pod("a", "LS", labels=on, priority=5000), pod("b", "LS", labels=on, priority=6000)]
+    rig = Rig(tmp_path, pods, capacity="100", gates={"CPUEvict": True})
+    rig.sample("node_cpu_usage", 81)
+    rig.sample("pod_cpu_usage", 4, pod_uid="a")
+    rig.sample("pod_cpu_usage", 4, pod_uid="b")
+    rig.slo(enable=True, cpuEvictThresholdPercent=80)  # release 3000m
+    rig.strategy("CPUEvict").run_once()
+    assert [u for u, _, _ in rig.evictor.stopped] == ["a"]
+
+
+# ---- framework ---------------------------------------------------------------------------
+
+def test_gates_choose_threads_and_a_failing_tick_is_logged_and_retried(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = suppress_rig(tmp_path)
+    calls = []
+
+    def boom(self: CPUSuppress) -> None:
+        calls.append(1)
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(CPUSuppress, "run_once", boom)
+    config = QOSConfig(cpu_suppress_interval=0.05)
+    registry = CollectorRegistry()
+    manager = QOSManager(config, rig.informer, rig.cache, rig.executor, registry=registry,
+                         evictor=RecordingEvictor())
+    with caplog.at_level(logging.ERROR):
+        manager.start()
+        assert [t.name for t in manager._threads] == ["qos-BECPUSuppress"]
+        deadline = time.time() + 5
+        while len(calls) < 3 and time.time() < deadline:
+            time.sleep(0.02)
+        manager.stop()
+    assert len(calls) >= 3
+    assert "kaboom" in caplog.text
+    errors = registry.get_sample_value("koordlet_qos_strategy_errors_total",
+                                       {"node": "", "strategy": "BECPUSuppress"})
+    assert errors is not None and errors >= 3
+
+
+def test_add_flags_defaults() -> None:
+    import argparse
+
+    from koord.koordlet.qosmanager import add_flags
+
+    p = argparse.ArgumentParser()
+    add_flags(p)
+    cfg = QOSConfig.from_args(p.parse_args([]))
+    assert (cfg.cpu_suppress_interval, cfg.cpu_evict_interval, cfg.memory_evict_interval,
+            cfg.memory_evict_cool_time, cfg.cpu_evict_cool_time, cfg.only_evict_by_api) == \
+        (1, 1, 1, 4, 20, False)
+    assert cfg.gates == {"BECPUSuppress": True, "BECPUEvict": False, "CPUEvict": False,
+                         "BEMemoryEvict": False, "MemoryEvict": False}
+    with pytest.raises(SystemExit):
+        p.parse_args(["--cpu-suppress-interval-seconds", "-1"])
