@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from koord.hookapi import parse_duration
+
 # Gates of the advisor's optional collectors, all off by default as upstream.
 FEATURE_GATES = {"PSICollector": False}
 
@@ -26,9 +28,10 @@ class AdvisorConfig:
 
 
 def _duration(text: str) -> float:
-    from ..cli import go_duration  # the koordlet's one Go-duration parser
-
-    seconds = go_duration(text)
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: want a positive duration such as 1s")
     return seconds

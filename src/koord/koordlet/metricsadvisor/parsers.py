@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtimehooks.executor import parse_cpuset
+from koord.hookapi import parse_cpuset
 
 # Cgroup and sysfs files are tiny; /proc/stat and /proc/cpuinfo grow with the CPU count.
 SMALL_FILE_BYTES = 64 * 1024
@@ -207,11 +207,8 @@ def parse_cpu_quota(text: str, version: int, period_text: str | None = None) -> 
 
 
 def parse_cpu_list(text: str) -> list[int]:
-    """A kernel cpu list ("0-3,8") with a bound on its size."""
-    cpus = parse_cpuset(text)
-    if cpus and cpus[-1] > 65535:
-        raise ValueError(f"cpu id {cpus[-1]} out of range")
-    return cpus
+    """A kernel cpu list ("0-3,8"), bounded by the shared cpuset parser."""
+    return parse_cpuset(text)
 
 
 def parse_psi(text: str) -> dict[str, float]:
