@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,13 +22,32 @@ from pathlib import Path
 
 from koord.hookapi import FailurePolicy, HookPoint, Registration, parse_duration, unix_socket_path
 
+from ..runtimeproxy.metrics import HealthServer
+from . import metriccache
+from .metrics import KoordletMetrics
 from .runtimehooks.executor import CgroupExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins, parse_feature_gates
 from .runtimehooks.reconciler import Reconciler
 from .runtimehooks.rule import RuleError, parse_rules
 from .runtimehooks.server import Network, RuntimeHookServer
-from .statesinformer import FileStatesInformer, KubeStatesInformer, StatesInformer, in_cluster
+from .statesinformer import (
+    NODE,
+    NODE_METRIC,
+    NODE_SLO,
+    CriPodsSource,
+    FileObjectsSource,
+    KubeObjectsSource,
+    StatesInformer,
+    in_cluster,
+)
+from .statesinformer.meta import DEFAULT_KUBE_DIR
+from .statesinformer.reporter import (
+    FileStatusWriter,
+    KubeStatusWriter,
+    NodeMetricReporter,
+    StatusWriter,
+)
 
 log = logging.getLogger("koordlet")
 
@@ -137,11 +157,26 @@ def build_parser() -> argparse.ArgumentParser:
       help="NodeSLO object (YAML or JSON), watched for changes")
     a("--node-file", type=Path, default=None, metavar="FILE",
       help="Node object (YAML or JSON) for node annotations, watched for changes")
+    a("--node-metric-file", type=Path, default=None, metavar="FILE",
+      help="NodeMetric object (YAML or JSON): its spec is read, its status rewritten each "
+      "report interval (without an API server)")
+    a("--kubeconfig", type=Path, default=None, metavar="FILE",
+      help="kubeconfig for the API server (default: in-cluster config when "
+      "KUBERNETES_SERVICE_HOST is set)")
+    a("--cgroup-kube-dir", default=DEFAULT_KUBE_DIR, metavar="DIR",
+      help="pod cgroups' root under each cgroup subsystem (default: %(default)s; "
+      "kubepods.slice with the systemd driver)")
+    a("--kubelet-sync-interval", type=go_duration, default=10.0, metavar="DURATION",
+      help="how often the pod list is refreshed (default: 10s)")
     a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD, metavar="SOCKET",
       help="CRI socket the reconciler lists pods from (default: %(default)s)")
+    a("--addr", default=":9316", metavar="HOST:PORT",
+      help="serve Prometheus /metrics, /healthz and /readyz here; empty disables "
+      "(default: %(default)s)")
     a("--log-level", type=choice("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
       metavar="LEVEL",
       help="(default: %(default)s)")
+    metriccache.add_flags(p)
     return p
 
 
@@ -184,27 +219,19 @@ class Koordlet:
         defaults = parse_rules(None, None)
         for plugin in self.plugins:
             plugin.update_rules(defaults)
-        self.informer = self._make_informer()
+        self.metrics = KoordletMetrics(node_name())
+        self.informer = make_states_informer(a)
+        self.informer.register_callback(NODE, self.apply_rules)
+        self.informer.register_callback(NODE_SLO, self.apply_rules)
         self.registration: Registration | None = None
+        self.health: HealthServer | None = None
+        self.metric_cache: metriccache.MetricCache | None = None
+        self.reporter: NodeMetricReporter | None = None
 
-    def _make_informer(self) -> StatesInformer | None:
-        a = self.args
-        if a.node_slo_file or a.node_file:
-            return FileStatesInformer(self.apply_rules, node_slo_file=a.node_slo_file,
-                                      node_file=a.node_file)
-        if in_cluster():
-            node_name = os.environ.get("NODE_NAME")
-            if node_name:
-                return KubeStatesInformer(self.apply_rules, node_name=node_name)
-            log.error("in a cluster but NODE_NAME is not set: using default rules")
-        else:
-            log.info("no --node-slo-file/--node-file and not in a cluster: using default rules")
-        return None
-
-    def apply_rules(self, node_slo: dict | None, node: dict | None) -> None:
+    def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
         try:
-            rules = parse_rules(node_slo, node)
+            rules = parse_rules(self.informer.get_node_slo_object(), self.informer.get_node())
         except RuleError as exc:
             log.error("rules from NodeSLO/Node rejected, keeping the current rules: %s", exc)
             return
@@ -214,9 +241,70 @@ class Koordlet:
             self.reconciler.reconcile_now()
 
     def start(self) -> None:
+        """Starts the modules in upstream's order: resource executor, metric cache, states
+        informer (with the NodeMetric reporter), metrics advisor, QoS manager, runtime hooks.
+
+        A module that cannot start logs why, shows 0 in ``koordlet_module_up`` and the
+        others go on; nothing waits for a NodeSLO. Only the hook server failing to listen
+        ends the process (OSError), as before: the proxy could not reach koordlet at all.
+        """
+        self._serve_metrics()
+        self.metrics.set_module("resource-executor", True)  # built in __post_init__
+        self.metric_cache = self._run_module("metric-cache", lambda: metriccache.from_args(self.args))
+        self._run_module("states-informer", self.informer.start)
+        self._start_reporter()
+        # The metrics advisor and the QoS manager start here, each as
+        # self._run_module(name, lambda: Module(...).start()), in this order.
+        self._start_runtime_hooks()
+
+    def _run_module(self, name: str, start):
+        try:
+            result = start()
+        except Exception as exc:
+            log.error("module %s cannot start: %s; the other modules go on", name, exc)
+            self.metrics.set_module(name, False)
+            return None
+        self.metrics.set_module(name, True)
+        return result
+
+    def _serve_metrics(self) -> None:
+        if not self.args.addr:
+            return
+        try:
+            self.health = HealthServer(self.args.addr, self.metrics, self._ready)
+            self.health.start()
+        except (OSError, ValueError) as exc:
+            log.error("cannot serve Prometheus metrics on --addr %s: %s; going on without",
+                      self.args.addr, exc)
+            self.health = None
+
+    def _ready(self) -> tuple[bool, str]:
+        if not self.informer.has_synced():
+            return False, "states informer has not synced yet"
+        return True, ""
+
+    def _start_reporter(self) -> None:
+        writer = self._status_writer()
+        if writer is None:
+            return
+        if self.metric_cache is None:
+            log.error("module nodemetric-reporter cannot start: no metric cache")
+            self.metrics.set_module("nodemetric-reporter", False)
+            return
+        self.reporter = NodeMetricReporter(self.informer, self.metric_cache, writer, self.metrics)
+        self._run_module("nodemetric-reporter", self.reporter.start)
+
+    def _status_writer(self) -> StatusWriter | None:
+        a = self.args
+        if a.node_metric_file is not None:
+            return FileStatusWriter(a.node_metric_file)
+        if isinstance(self.informer.objects, KubeObjectsSource):
+            return KubeStatusWriter(self.informer.objects.api, self.informer.objects.node_name)
+        log.info("no --node-metric-file and no API server: NodeMetric is not reported")
+        return None
+
+    def _start_runtime_hooks(self) -> None:
         log.info("plugins: %s", ", ".join(p.name for p in self.plugins) or "none")
-        if self.informer is not None:
-            self.informer.start()
         self.server.start()
         a = self.args
         self.registration = Registration.of(
@@ -225,17 +313,66 @@ class Koordlet:
         self.registration.write(a.runtime_hooks_config_path)
         if self.reconciler is not None:
             self.reconciler.start()
+        self.metrics.set_module("runtime-hooks", True)
 
     def stop(self) -> None:
-        """Unregisters first so the proxy stops calling, then stops serving."""
+        """Reverse order. Unregisters first so the proxy stops calling, then stops serving."""
         if self.registration is not None:
             self.registration.remove(self.args.runtime_hooks_config_path)
             self.registration = None
         self.server.stop()
         if self.reconciler is not None:
             self.reconciler.stop()
-        if self.informer is not None:
-            self.informer.stop()
+        if self.reporter is not None:
+            self.reporter.stop()
+        self.informer.stop()
+        if self.metric_cache is not None:
+            self.metric_cache.close()
+            self.metric_cache = None
+        if self.health is not None:
+            self.health.stop()
+            self.health = None
+
+
+def make_states_informer(a: argparse.Namespace) -> StatesInformer:
+    """Objects from files when any file flag is given, else from the API server when
+    there is one; pods from CRI."""
+    driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
+    pods = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir, driver=driver)
+    files = {kind: path for kind, path in ((NODE, a.node_file), (NODE_SLO, a.node_slo_file),
+                                           (NODE_METRIC, a.node_metric_file)) if path}
+    objects: FileObjectsSource | KubeObjectsSource | None = None
+    if files:
+        objects = FileObjectsSource(files)
+    elif a.kubeconfig or in_cluster():
+        name = os.environ.get("NODE_NAME")
+        if not name:
+            log.error("an API server is configured but NODE_NAME is not set: no Node, "
+                      "NodeSLO or NodeMetric; using defaults")
+        else:
+            try:
+                objects = KubeObjectsSource(kube_api_client(a.kubeconfig), name)
+            except Exception as exc:  # bad kubeconfig, no service account, no kubernetes package
+                log.error("cannot reach the API server: %s; no Node, NodeSLO or NodeMetric; "
+                          "using defaults", exc)
+    else:
+        log.info("no --node-slo-file/--node-file/--node-metric-file and not in a cluster: "
+                 "using defaults")
+    return StatesInformer(objects=objects, pods=pods, pods_interval=a.kubelet_sync_interval)
+
+
+def node_name() -> str:
+    """``NODE_NAME`` as upstream requires it in a cluster; the host name without one."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def kube_api_client(kubeconfig: Path | None):
+    from kubernetes import client, config
+
+    if kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(kubeconfig))
+    config.load_incluster_config()
+    return client.ApiClient()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import socket
 import socketserver
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
@@ -98,10 +98,17 @@ class _Server(ThreadingWSGIServer):
         self.setup_environ()
 
 
-class HealthServer:
-    """Serves /metrics, /healthz (the process answers) and /readyz (``ready()`` says why not)."""
+class HasRegistry(Protocol):
+    registry: CollectorRegistry
 
-    def __init__(self, bind_address: str, metrics: ProxyMetrics,
+
+class HealthServer:
+    """Serves /metrics, /healthz (the process answers) and /readyz (``ready()`` says why not).
+
+    koordlet serves its own metrics with the same server.
+    """
+
+    def __init__(self, bind_address: str, metrics: HasRegistry,
                  ready: Callable[[], tuple[bool, str]]) -> None:
         self._family, self._host, self.port = parse_bind_address(bind_address)
         self._address = bind_address

@@ -142,6 +142,12 @@ BE_SANDBOX = api_pb2.PodSandboxHookRequest(
     cgroup_parent="/" + BE_POD)
 
 
+def PRIVATE_PATHS(tmp_path):
+    """Keeps a koordlet process off the host's metric cache, CRI socket and port 9316."""
+    return ["--tsdb-path", str(tmp_path / "tsdb"), "--addr", "",
+            "--containerd-endpoint", str(tmp_path / "no-cri.sock")]
+
+
 def test_koordlet_binary_answers_every_rpc_and_cleans_up(short_socket_dir, tmp_path):
     root = tmp_path / "cg"
     make_fake_v1_cgroup(root, BE_POD)
@@ -152,7 +158,8 @@ def test_koordlet_binary_answers_every_rpc_and_cleans_up(short_socket_dir, tmp_p
         [sys.executable, "-m", "koord.koordlet", "--runtime-hooks-addr", str(sock),
          "--runtime-hooks-config-path", str(config), "--cgroup-root-dir", str(root),
          "--proc-root-dir", str(tmp_path / "proc"), "--runtime-hooks-reconcile-interval", "0",
-         "--feature-gates", "GPUEnvInject=true", "--runtime-hooks-disable-stages", "PostStopContainer"],
+         "--feature-gates", "GPUEnvInject=true", "--runtime-hooks-disable-stages", "PostStopContainer",
+         *PRIVATE_PATHS(tmp_path)],
         stderr=subprocess.PIPE, text=True)
     try:
         registration = wait_for(lambda: (config / "koordlet.json").exists()
@@ -194,7 +201,7 @@ def test_koordlet_exits_1_when_it_cannot_listen(short_socket_dir, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "koord.koordlet", "--runtime-hooks-addr", str(blocker),
          "--runtime-hooks-config-path", str(short_socket_dir / "cfg"), "--cgroup-root-dir", str(tmp_path),
-         "--runtime-hooks-reconcile-interval", "0"],
+         "--runtime-hooks-reconcile-interval", "0", *PRIVATE_PATHS(tmp_path)],
         capture_output=True, text=True, timeout=60, env={**os.environ, "KUBERNETES_SERVICE_HOST": ""})
     assert result.returncode == 1
     assert "not a socket" in result.stderr

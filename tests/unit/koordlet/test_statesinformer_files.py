@@ -7,7 +7,7 @@ import queue
 
 import pytest
 
-from koord.koordlet.statesinformer import FileStatesInformer
+from koord.koordlet.statesinformer import FileObjectsSource, StatesInformer
 
 WAIT = 10.0  # generous upper bound for the watcher; tests finish as soon as the event arrives
 
@@ -24,13 +24,26 @@ NODE_JSON = {"apiVersion": "v1", "kind": "Node",
              "metadata": {"name": "node1", "annotations": {"a": "1"}}}
 
 
+def make_informer(**files):
+    """An informer over files whose node/node_slo changes land in a queue as (slo, node)."""
+    kinds = {"node_slo_file": "node_slo", "node_file": "node", "node_metric_file": "node_metric"}
+    source = FileObjectsSource({kinds[k]: v for k, v in files.items()})
+    informer = StatesInformer(objects=source)
+    changes: queue.Queue = queue.Queue()
+    for kind in ("node", "node_slo"):
+        informer.register_callback(
+            kind, lambda: changes.put((informer.get_node_slo_object(), informer.get_node())))
+    source.bind(informer.set_object)
+    informer.reload = source.reload  # tests reload synchronously instead of waiting for events
+    return informer, changes
+
+
 @pytest.fixture
 def informer_for(tmp_path):
     made = []
 
     def make(**files):
-        changes: queue.Queue = queue.Queue()
-        informer = FileStatesInformer(lambda slo, node: changes.put((slo, node)), **files)
+        informer, changes = make_informer(**files)
         informer.start()
         made.append(informer)
         return informer, changes
@@ -45,10 +58,11 @@ def test_start_loads_yaml_and_json(tmp_path, informer_for):
     (tmp_path / "node.json").write_text(json.dumps(NODE_JSON))
     informer, changes = informer_for(node_slo_file=tmp_path / "slo.yaml",
                                      node_file=tmp_path / "node.json")
+    changes.get(timeout=WAIT)  # one callback per object
     slo, node = changes.get(timeout=WAIT)
     assert slo["spec"]["resourceQOSStrategy"]["beClass"]["cpuQOS"]["groupIdentity"] == -1
     assert node == NODE_JSON
-    assert informer.node == NODE_JSON
+    assert informer.get_node() == NODE_JSON
 
 
 def test_edit_in_place_is_seen(tmp_path, informer_for):
@@ -84,7 +98,7 @@ def test_watched_bad_file_keeps_last_good_value_until_fixed(tmp_path, informer_f
         informer.reload()
     assert any("invalid YAML/JSON" in r.getMessage() and str(f) in r.getMessage()
                for r in caplog.records)
-    assert informer.node_slo == good
+    assert informer.get_node_slo_object() == good
     f.write_text(SLO_YAML.replace("-1", "1"))
     slo, _ = changes.get(timeout=WAIT)
     assert slo["spec"]["resourceQOSStrategy"]["beClass"]["cpuQOS"]["groupIdentity"] == 1
@@ -93,9 +107,9 @@ def test_watched_bad_file_keeps_last_good_value_until_fixed(tmp_path, informer_f
 def test_bad_file_direct_reload_keeps_value_and_logs_once(tmp_path, caplog):
     f = tmp_path / "slo.yaml"
     f.write_text(SLO_YAML)
-    seen = []
-    informer = FileStatesInformer(lambda slo, node: seen.append(slo), node_slo_file=f)
+    informer, changes = make_informer(node_slo_file=f)
     informer.reload()
+    seen = [changes.get_nowait()[0]]
     f.write_text("- a list, not an object\n")
     with caplog.at_level(logging.ERROR, logger="koord.koordlet.statesinformer"):
         informer.reload()
@@ -103,18 +117,17 @@ def test_bad_file_direct_reload_keeps_value_and_logs_once(tmp_path, caplog):
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1
     assert str(f) in errors[0] and "mapping" in errors[0]
-    assert len(seen) == 1 and informer.node_slo == seen[0]
+    assert changes.empty() and informer.get_node_slo_object() == seen[0]
 
 
 def test_unchanged_content_does_not_call_back(tmp_path):
     f = tmp_path / "node.json"
     f.write_text(json.dumps(NODE_JSON))
-    seen = []
-    informer = FileStatesInformer(lambda slo, node: seen.append(node), node_file=f)
+    informer, changes = make_informer(node_file=f)
     informer.reload()
     f.write_text(json.dumps(NODE_JSON, indent=4))
     informer.reload()
-    assert len(seen) == 1
+    assert changes.qsize() == 1
 
 
 def test_missing_file_is_picked_up_when_it_appears(tmp_path, informer_for, caplog):

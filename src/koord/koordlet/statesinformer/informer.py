@@ -1,0 +1,185 @@
+"""The States Informer: koordlet's one view of this node, its API objects and its pods.
+
+Other modules never talk to the API server, files or CRI themselves: they read copies
+from here and register callbacks (``"node"``, ``"node_slo"``, ``"node_metric"``,
+``"pods"``) run after a change, on the informer's threads. A missing object (no NodeSLO)
+never blocks anything: getters return None and modules use their defaults.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .meta import PodMeta
+from .objects import NODE, NODE_METRIC, NODE_SLO, Sink
+from .pods import PodsUnavailable
+from .specs import merged_node_slo, node_metric_collect_policy
+
+log = logging.getLogger(__name__)
+
+PODS = "pods"
+CALLBACK_KINDS = (NODE, NODE_SLO, NODE_METRIC, PODS)
+DEFAULT_PODS_SYNC_SECONDS = 10.0
+
+
+class ObjectsSource(Protocol):
+    def describe(self) -> str: ...
+    def kinds(self) -> set[str]: ...
+    def start(self, sink: Sink) -> None: ...
+    def stop(self) -> None: ...
+
+
+class PodsSource(Protocol):
+    def describe(self) -> str: ...
+    def list_pods(self) -> list[PodMeta]: ...
+    def close(self) -> None: ...
+
+
+class StatesInformer:
+    def __init__(self, objects: ObjectsSource | None = None, pods: PodsSource | None = None,
+                 pods_interval: float = DEFAULT_PODS_SYNC_SECONDS) -> None:
+        self.objects = objects
+        self.pods_source = pods
+        self.pods_interval = pods_interval
+        self._lock = threading.Lock()
+        self._objects: dict[str, dict | None] = {NODE: None, NODE_SLO: None, NODE_METRIC: None}
+        self._seen: set[str] = set()
+        self._pods: list[PodMeta] = []
+        self._pods_synced = False
+        self._pods_error: str | None = None
+        self._callbacks: dict[str, list[Callable[[], None]]] = {k: [] for k in CALLBACK_KINDS}
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._pods_thread: threading.Thread | None = None
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def get_node(self) -> dict | None:
+        with self._lock:
+            return copy.deepcopy(self._objects[NODE])
+
+    def get_node_slo(self) -> dict | None:
+        """The NodeSLO with its spec merged per section over upstream's defaults."""
+        with self._lock:
+            return merged_node_slo(self._objects[NODE_SLO])
+
+    def get_node_slo_object(self) -> dict | None:
+        """The NodeSLO as received (runtime-hooks rules treat absent fields themselves)."""
+        with self._lock:
+            return copy.deepcopy(self._objects[NODE_SLO])
+
+    def get_node_metric(self) -> dict | None:
+        with self._lock:
+            return copy.deepcopy(self._objects[NODE_METRIC])
+
+    def get_node_metric_spec(self) -> dict[str, Any]:
+        """The collect policy merged over defaults; defaults when the spec is unusable."""
+        node_metric = self.get_node_metric()
+        try:
+            return node_metric_collect_policy(node_metric)
+        except ValueError as exc:
+            log.warning("NodeMetric %s: %s; using the default collect policy",
+                        ((node_metric or {}).get("metadata") or {}).get("name", ""), exc)
+            return node_metric_collect_policy(None)
+
+    def get_all_pods(self) -> list[PodMeta]:
+        with self._lock:
+            return [p.copy() for p in self._pods]
+
+    def has_synced(self) -> bool:
+        """Every configured source answered once (a missing object counts as an answer)."""
+        with self._lock:
+            objects_ok = self.objects is None or self.objects.kinds() <= self._seen
+            return objects_ok and (self.pods_source is None or self._pods_synced)
+
+    def register_callback(self, kind: str, fn: Callable[[], None]) -> None:
+        if kind not in self._callbacks:
+            raise ValueError(f"callback kind {kind!r}: want one of {', '.join(CALLBACK_KINDS)}")
+        self._callbacks[kind].append(fn)
+
+    # ---- feeding -----------------------------------------------------------------------
+
+    def set_object(self, kind: str, obj: dict | None) -> None:
+        """Sink for the objects source: stores and calls back when the content changed."""
+        with self._lock:
+            self._seen.add(kind)
+            if self._objects.get(kind) == obj:
+                return
+            self._objects[kind] = copy.deepcopy(obj)
+        self._notify(kind)
+
+    def sync_pods(self) -> bool:
+        """Lists pods once; on error the previous list stays. True when the list changed."""
+        if self.pods_source is None:
+            return False
+        try:
+            pods = self.pods_source.list_pods()
+        except PodsUnavailable as exc:
+            if str(exc) != self._pods_error:
+                log.warning("states informer: cannot list pods: %s; keeping the last list "
+                            "(%d pods), retrying every %.3gs", exc, len(self._pods), self.pods_interval)
+                self._pods_error = str(exc)
+            return False
+        if self._pods_error is not None:
+            log.info("states informer: pods from %s again", self.pods_source.describe())
+            self._pods_error = None
+        with self._lock:
+            changed = pods != self._pods
+            self._pods = pods
+            first = not self._pods_synced
+            self._pods_synced = True
+        if first:
+            log.info("states informer: %d pods from %s", len(pods), self.pods_source.describe())
+        if changed:
+            self._notify(PODS)
+        return changed
+
+    def _notify(self, kind: str) -> None:
+        for fn in list(self._callbacks[kind]):
+            try:
+                fn()
+            except Exception:  # a failing consumer must not stop the informer
+                log.exception("states informer: %s callback %s failed", kind,
+                              getattr(fn, "__qualname__", fn))
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.objects is not None:
+            log.info("states informer: objects from %s", self.objects.describe())
+            self.objects.start(self.set_object)
+        if self.pods_source is not None:
+            self.sync_pods()
+            self._pods_thread = threading.Thread(target=self._run_pods, name="states-pods",
+                                                 daemon=True)
+            self._pods_thread.start()
+
+    def resync_pods(self) -> None:
+        """Asks for a pod sync now (a new pod was seen elsewhere)."""
+        self._wake.set()
+
+    def _run_pods(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(self.pods_interval)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.sync_pods()
+            except Exception:
+                log.exception("states informer: pod sync failed")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._pods_thread is not None:
+            self._pods_thread.join()
+            self._pods_thread = None
+        if self.objects is not None:
+            self.objects.stop()
+        if self.pods_source is not None:
+            self.pods_source.close()

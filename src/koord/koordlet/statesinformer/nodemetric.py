@@ -1,0 +1,262 @@
+"""The NodeMetric status koordlet reports: usage from the metric cache, in upstream's JSON.
+
+``build_status`` is a pure function of the metric cache, the pods, the collect policy and
+the NodeSLO at one instant, so every rule below is tested as a table:
+
+- ``nodeMetric.nodeUsage`` / ``systemUsage``: averages over the aggregate duration;
+- ``aggregatedNodeUsages`` / ``aggregatedSystemUsages``: per window, avg and p50..p99,
+  each map empty while the samples span less than half the window (cold start);
+- ``podsMetric``: the average of each pod with samples, with its priority class and QoS,
+  sorted by namespace and name; ``hostApplicationMetric`` for NodeSLO host applications;
+- memory follows ``nodeMemoryCollectPolicy`` (hot page cache falls back to "without page
+  cache": no cold-memory collector runs); system usage ignores it, as upstream does.
+
+Quantities are Kubernetes' canonical strings: cpu as milli-cores ("1500m", "2"), memory
+as bytes in the binary format ("200Mi", "1536").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from ..metriccache import (
+    CONTAINER_CPU_USAGE,
+    CONTAINER_ID,
+    CONTAINER_MEMORY_USAGE,
+    CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE,
+    HOST_APP_NAME,
+    HOST_APPLICATION_CPU_USAGE,
+    HOST_APPLICATION_MEMORY_USAGE,
+    HOST_APPLICATION_MEMORY_USAGE_WITH_PAGE_CACHE,
+    NODE_CPU_USAGE,
+    NODE_MEMORY_USAGE,
+    NODE_MEMORY_USAGE_WITH_PAGE_CACHE,
+    POD_CPU_USAGE,
+    POD_MEMORY_USAGE,
+    POD_MEMORY_USAGE_WITH_PAGE_CACHE,
+    POD_UID,
+    SYS_CPU_USAGE,
+    SYS_MEMORY_USAGE,
+    Aggregation,
+)
+from .meta import PodMeta
+from .specs import format_go_duration
+
+log = logging.getLogger(__name__)
+
+COLD_START_RATIO = 0.5
+"""A window is reported only when its samples span at least this share of it."""
+
+WINDOW_AGGREGATIONS = (("avg", Aggregation.AVG), ("p50", Aggregation.P50),
+                       ("p90", Aggregation.P90), ("p95", Aggregation.P95),
+                       ("p99", Aggregation.P99))
+
+
+class MetricQuerier(Protocol):
+    def aggregate(self, kind: str, start: float, end: float, agg: Aggregation,
+                  labels: dict[str, str] | None = None) -> float | None: ...
+
+    def time_range(self, kind: str, start: float, end: float,
+                   labels: dict[str, str] | None = None) -> float: ...
+
+
+# ---- quantities ------------------------------------------------------------------------
+
+_DECIMAL_SUFFIXES = ("m", "", "k", "M", "G", "T", "P", "E")
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def cpu_quantity(milli: int) -> str:
+    """Kubernetes' canonical DecimalSI form of a milli value: 1500 -> "1500m", 2000 -> "2"."""
+    if milli == 0:
+        return "0"
+    value, index = milli, 0
+    while value % 1000 == 0 and index < len(_DECIMAL_SUFFIXES) - 1:
+        value, index = value // 1000, index + 1
+    return f"{value}{_DECIMAL_SUFFIXES[index]}"
+
+
+def memory_quantity(n_bytes: int) -> str:
+    """Kubernetes' canonical BinarySI form: 209715200 -> "200Mi", 1536 -> "1536"."""
+    if -1024 < n_bytes < 1024:
+        return str(n_bytes)
+    value, index = n_bytes, 0
+    while value % 1024 == 0 and index < len(_BINARY_SUFFIXES) - 1:
+        value, index = value // 1024, index + 1
+    return f"{value}{_BINARY_SUFFIXES[index]}"
+
+
+def resource_map(cores: float, n_bytes: float) -> dict[str, Any]:
+    """upstream's ResourceMap: cpu = int(cores * 1000) milli, memory = int(bytes)."""
+    return {"resources": {"cpu": cpu_quantity(int(cores * 1000)),
+                          "memory": memory_quantity(int(n_bytes))}}
+
+
+# ---- classes ---------------------------------------------------------------------------
+
+_QOS_OF_KUBE_QOS = {"guaranteed": "LSR", "burstable": "LS", "besteffort": "BE"}
+_PRIORITY_RANGES = (("koord-prod", 9000, 9999), ("koord-mid", 7000, 7999),
+                    ("koord-batch", 5000, 5999), ("koord-free", 3000, 3999))
+
+
+def qos_with_default(pod: PodMeta) -> str:
+    """The pod's Koordinator QoS, else the one its kube QoS implies (as upstream)."""
+    return pod.koord_qos or _QOS_OF_KUBE_QOS.get(pod.kube_qos, "")
+
+
+def priority_class_with_default(pod: PodMeta) -> str:
+    """koord-prod/mid/batch/free by the pod's priority value, else by its QoS."""
+    if pod.priority is not None:
+        for name, low, high in _PRIORITY_RANGES:
+            if low <= pod.priority <= high:
+                return name
+    qos = qos_with_default(pod)
+    if qos in ("SYSTEM", "LSE", "LSR", "LS"):
+        return "koord-prod"
+    if qos == "BE":
+        return "koord-batch"
+    return ""
+
+
+# ---- status ----------------------------------------------------------------------------
+
+def memory_kinds(policy: str) -> tuple[str, str, str, str]:
+    """(node, pod, container, host app) memory kinds for a nodeMemoryCollectPolicy."""
+    if policy == "usageWithPageCache":
+        return (NODE_MEMORY_USAGE_WITH_PAGE_CACHE, POD_MEMORY_USAGE_WITH_PAGE_CACHE,
+                CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE, HOST_APPLICATION_MEMORY_USAGE_WITH_PAGE_CACHE)
+    return NODE_MEMORY_USAGE, POD_MEMORY_USAGE, CONTAINER_MEMORY_USAGE, HOST_APPLICATION_MEMORY_USAGE
+
+
+def in_cold_start(start: float, end: float, sample_span: float) -> bool:
+    return sample_span < (end - start) * COLD_START_RATIO
+
+
+def usage(cache: MetricQuerier, cpu_kind: str, memory_kind: str, start: float, end: float,
+          agg: Aggregation, labels: dict[str, str] | None = None) -> tuple[float, float] | None:
+    """(cores, bytes) aggregated over [start, end]; None when either has no sample."""
+    cpu = cache.aggregate(cpu_kind, start, end, agg, labels)
+    memory = cache.aggregate(memory_kind, start, end, agg, labels)
+    if cpu is None or memory is None:
+        return None
+    return cpu, memory
+
+
+Usage = tuple[float, float]
+"""(cores, bytes)."""
+
+
+@dataclass
+class Report:
+    """One report's numbers before formatting; Prometheus shows the same numbers."""
+
+    end: float
+    node: Usage | None = None
+    node_windows: list[tuple[float, dict[str, Usage | None]]] = field(default_factory=list)
+    system: Usage | None = None
+    system_windows: list[tuple[float, dict[str, Usage | None]]] = field(default_factory=list)
+    pods: list[tuple[PodMeta, Usage]] = field(default_factory=list)
+    containers: list[tuple[PodMeta, str, str, Usage]] = field(default_factory=list)
+    host_apps: list[tuple[dict[str, Any], Usage]] = field(default_factory=list)
+
+
+def windows(cache: MetricQuerier, cpu_kind: str, memory_kind: str, end: float,
+            durations: Iterable[float]) -> list[tuple[float, dict[str, Usage | None]]]:
+    """Per window: each aggregation, None while in cold start or without samples."""
+    out = []
+    for d in durations:
+        start = end - d
+        cold = in_cold_start(start, end, cache.time_range(cpu_kind, start, end))
+        out.append((d, {name: None if cold else usage(cache, cpu_kind, memory_kind, start, end, agg)
+                        for name, agg in WINDOW_AGGREGATIONS}))
+    return out
+
+
+def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any],
+            node_slo: dict | None = None, now: float | None = None) -> Report:
+    """Everything a report needs, for ``policy`` (a merged ``metricCollectPolicy``)."""
+    end = time.time() if now is None else now
+    start = end - policy["aggregateDurationSeconds"]
+    node_mem, pod_mem, container_mem, app_mem = memory_kinds(policy["nodeMemoryCollectPolicy"])
+    durations = policy["durations"]
+    report = Report(
+        end=end,
+        node=usage(cache, NODE_CPU_USAGE, node_mem, start, end, Aggregation.AVG),
+        node_windows=windows(cache, NODE_CPU_USAGE, node_mem, end, durations),
+        system=usage(cache, SYS_CPU_USAGE, SYS_MEMORY_USAGE, start, end, Aggregation.AVG),
+        system_windows=windows(cache, SYS_CPU_USAGE, SYS_MEMORY_USAGE, end, durations))
+    for pod in sorted(pods, key=lambda p: (p.namespace, p.name, p.uid)):
+        found = usage(cache, POD_CPU_USAGE, pod_mem, start, end, Aggregation.AVG, {POD_UID: pod.uid})
+        if found is None:
+            log.debug("NodeMetric: pod %s has no samples in the last %ss", pod.key,
+                      policy["aggregateDurationSeconds"])
+            continue
+        report.pods.append((pod, found))
+        for c in pod.containers:
+            cu = usage(cache, CONTAINER_CPU_USAGE, container_mem, start, end, Aggregation.AVG,
+                       {CONTAINER_ID: c.id})
+            if cu is not None:
+                report.containers.append((pod, c.id, c.name, cu))
+    apps = ((node_slo or {}).get("spec") or {}).get("hostApplications") or []
+    for app in apps if isinstance(apps, list) else []:
+        name = app.get("name") if isinstance(app, dict) else None
+        if not isinstance(name, str) or not name:
+            continue
+        found = usage(cache, HOST_APPLICATION_CPU_USAGE, app_mem, start, end, Aggregation.AVG,
+                      {HOST_APP_NAME: name})
+        if found is not None:
+            report.host_apps.append((app, found))
+    report.host_apps.sort(key=lambda a: a[0]["name"])
+    return report
+
+
+def _map(found: Usage | None) -> dict[str, Any]:
+    return {} if found is None else resource_map(*found)
+
+
+def _windows_json(ws: list[tuple[float, dict[str, Usage | None]]]) -> list[dict[str, Any]]:
+    return [{"usage": {name: _map(u) for name, u in by_agg.items()},
+             "duration": format_go_duration(d)} for d, by_agg in ws]
+
+
+def update_time(now: float) -> str:
+    """metav1.Time: RFC 3339 in UTC, whole seconds."""
+    return datetime.fromtimestamp(int(now), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_of(report: Report) -> dict[str, Any]:
+    """The NodeMetric ``status`` in upstream's JSON field names."""
+    pods_metric = []
+    for pod, found in report.pods:
+        metric: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name,
+                                  "podUsage": resource_map(*found)}
+        priority, qos = priority_class_with_default(pod), qos_with_default(pod)
+        if priority:
+            metric["priority"] = priority
+        if qos:
+            metric["qos"] = qos
+        pods_metric.append(metric)
+    status: dict[str, Any] = {
+        "updateTime": update_time(report.end),
+        "nodeMetric": {"nodeUsage": _map(report.node),
+                       "aggregatedNodeUsages": _windows_json(report.node_windows),
+                       "systemUsage": _map(report.system),
+                       "aggregatedSystemUsages": _windows_json(report.system_windows)},
+        "podsMetric": pods_metric,
+    }
+    if report.host_apps:
+        status["hostApplicationMetric"] = [
+            {"name": app["name"], "usage": resource_map(*found),
+             **{k: app[k] for k in ("priority", "qos") if isinstance(app.get(k), str) and app[k]}}
+            for app, found in report.host_apps]
+    return status
+
+
+def build_status(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any],
+                 node_slo: dict | None = None, now: float | None = None) -> dict[str, Any]:
+    return status_of(collect(cache, pods, policy, node_slo, now))

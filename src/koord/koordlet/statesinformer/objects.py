@@ -1,0 +1,275 @@
+"""Sources of this node's API objects: Node, NodeSLO and NodeMetric.
+
+Two sources feed the states informer through one sink ``sink(kind, obj)``; objects are
+plain dicts in the API's JSON shape (camelCase keys), ``None`` when the object does not
+exist (deleted in the API server):
+
+- ``FileObjectsSource``: ``--node-file``, ``--node-slo-file``, ``--node-metric-file``
+  (YAML or JSON), re-read when their directory changes; a missing or bad file keeps the
+  last good object.
+- ``KubeObjectsSource``: list-watch of each kind with the field selector
+  ``metadata.name=<node>``, relisting after an error or an expired watch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+log = logging.getLogger(__name__)
+
+NODE, NODE_SLO, NODE_METRIC = "node", "node_slo", "node_metric"
+KIND_NAMES = {NODE: "Node", NODE_SLO: "NodeSLO", NODE_METRIC: "NodeMetric"}
+
+Sink = Callable[[str, "dict | None"], None]
+
+SETTLE_SECONDS = 0.1
+"""Editors and ``kubectl cp`` write a file in several steps; wait for the burst to end."""
+
+MAX_OBJECT_FILE_BYTES = 4 * 1024 * 1024
+"""A Node with every annotation fits in far less; larger is a wrong file, not an object."""
+
+SLO_GROUP, SLO_VERSION = "slo.koordinator.sh", "v1alpha1"
+NODESLO_PLURAL, NODEMETRIC_PLURAL = "nodeslos", "nodemetrics"
+
+
+def load_object_file(path: Path, kind: str) -> dict:
+    """One object from a YAML/JSON file; ValueError naming the file and what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_OBJECT_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{kind} file {path}: cannot read: {exc.strerror or exc}") from None
+    return parse_object(raw, path, kind)
+
+
+def parse_object(raw: bytes, path: Path | str, kind: str) -> dict:
+    if len(raw) > MAX_OBJECT_FILE_BYTES:
+        raise ValueError(f"{kind} file {path}: larger than {MAX_OBJECT_FILE_BYTES} bytes")
+    try:
+        obj = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{kind} file {path}: invalid YAML/JSON: {' '.join(str(exc).split())}") from None
+    if not isinstance(obj, dict):
+        got = type(obj).__name__ if obj is not None else "an empty file"
+        raise ValueError(f"{kind} file {path}: expected a {kind} object (a mapping), got {got}")
+    return obj
+
+
+class _WatchedFile:
+    """One object file: the last bytes read (so an unchanged bad file logs once)."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        self.path = path
+        self.kind = kind
+        self._last_raw: bytes | None | object = object()
+
+    def load(self) -> dict | None:
+        """The object when the file changed and parses; None otherwise (error logged once)."""
+        try:
+            with open(self.path, "rb") as f:
+                raw: bytes | None = f.read(MAX_OBJECT_FILE_BYTES + 1)
+        except FileNotFoundError:
+            raw = None
+        except OSError as exc:
+            log.error("%s file %s: cannot read: %s; keeping the last good value",
+                      self.kind, self.path, exc)
+            return None
+        if raw == self._last_raw:
+            return None
+        self._last_raw = raw
+        if raw is None:
+            log.error("%s file %s: not found; keeping the last good value", self.kind, self.path)
+            return None
+        try:
+            obj = parse_object(raw, self.path, self.kind)
+        except ValueError as exc:
+            log.error("%s; keeping the last good value", exc)
+            return None
+        log.info("%s file %s loaded", self.kind, self.path)
+        return obj
+
+
+class FileObjectsSource:
+    """Reads objects from files and re-reads them when their directory changes.
+
+    Whole directories are watched, not the files, because atomic replaces (rename)
+    and ConfigMap volumes (a ``..data`` symlink swap) never modify the file itself.
+    """
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self._files = {kind: _WatchedFile(Path(path), KIND_NAMES[kind])
+                       for kind, path in files.items()}
+        self._sink: Sink | None = None
+        self._observer: Any = None
+        self._dirty = threading.Event()
+        self._stopping = threading.Event()
+        self._worker: threading.Thread | None = None
+
+    def describe(self) -> str:
+        return "files " + ", ".join(f"{f.kind}={f.path}" for f in self._files.values())
+
+    def kinds(self) -> set[str]:
+        return set(self._files)
+
+    def reload(self) -> None:
+        """Reads every file now; used at start and after each burst of events."""
+        for kind, f in self._files.items():
+            obj = f.load()
+            if obj is not None and self._sink is not None:
+                self._sink(kind, obj)
+
+    def bind(self, sink: Sink) -> None:
+        """Where ``reload`` delivers objects (``start`` binds too)."""
+        self._sink = sink
+
+    def start(self, sink: Sink) -> None:
+        self.bind(sink)
+        self.reload()
+        handler = _DirtyHandler(self._dirty)
+        observer = Observer()
+        for d in {f.path.parent.resolve() for f in self._files.values()}:
+            if not d.is_dir():
+                log.error("states informer: directory %s does not exist; its files are "
+                          "not watched", d)
+                continue
+            observer.schedule(handler, os.fspath(d), recursive=False)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+        self._worker = threading.Thread(target=self._run, name="objects-files", daemon=True)
+        self._worker.start()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._dirty.wait()
+            if self._stopping.is_set():
+                return
+            self._stopping.wait(SETTLE_SECONDS)
+            self._dirty.clear()
+            try:
+                self.reload()
+            except Exception:  # a consumer's bug must not end the watch
+                log.exception("states informer: reloading %s failed", self.describe())
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._dirty.set()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join()
+            self._observer = None
+        if self._worker is not None:
+            self._worker.join()
+            self._worker = None
+
+
+class _DirtyHandler(FileSystemEventHandler):
+    def __init__(self, dirty: threading.Event) -> None:
+        self._dirty = dirty
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type not in ("opened", "closed_no_write"):
+            self._dirty.set()
+
+
+WATCH_SECONDS = 300
+"""Server-side watch timeout: the watch ends and is resumed from its resourceVersion."""
+RETRY_SECONDS = 5.0
+
+
+class KubeObjectsSource:
+    """List-watch of this node's Node, NodeSLO and NodeMetric (one thread per kind)."""
+
+    def __init__(self, api_client: Any, node_name: str,
+                 kinds: tuple[str, ...] = (NODE, NODE_SLO, NODE_METRIC)) -> None:
+        from kubernetes import client
+
+        self.api = api_client
+        self.node_name = node_name
+        self._kinds = kinds
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._sink: Sink | None = None
+
+    def describe(self) -> str:
+        return f"API server {self.api.configuration.host} (node {self.node_name})"
+
+    def kinds(self) -> set[str]:
+        return set(self._kinds)
+
+    def _lister(self, kind: str) -> Callable[..., Any]:
+        if kind == NODE:
+            return self._core.list_node
+        plural = NODESLO_PLURAL if kind == NODE_SLO else NODEMETRIC_PLURAL
+
+        def list_custom(**kwargs: Any) -> Any:
+            return self._custom.list_cluster_custom_object(SLO_GROUP, SLO_VERSION, plural, **kwargs)
+        return list_custom
+
+    def start(self, sink: Sink) -> None:
+        self._sink = sink
+        for kind in self._kinds:
+            t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """A watch blocked in a read ends at its next event or timeout; its daemon thread
+        is not waited for longer than a second in all."""
+        self._stopping.set()
+        deadline = time.monotonic() + 1.0
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._threads.clear()
+
+    def _as_dict(self, obj: Any) -> dict:
+        return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
+
+    def _emit(self, kind: str, obj: dict | None) -> None:
+        assert self._sink is not None
+        self._sink(kind, obj)
+
+    def _run(self, kind: str) -> None:
+        from kubernetes import watch
+
+        lister = self._lister(kind)
+        selector = f"metadata.name={self.node_name}"
+        name = KIND_NAMES[kind]
+        while not self._stopping.is_set():
+            try:
+                listed = self._as_dict(lister(field_selector=selector, _request_timeout=30))
+                items = listed.get("items") or []
+                self._emit(kind, self._as_dict(items[0]) if items else None)
+                version = (listed.get("metadata") or {}).get("resourceVersion")
+                w = watch.Watch()
+                for event in w.stream(lister, field_selector=selector, resource_version=version,
+                                      timeout_seconds=WATCH_SECONDS,
+                                      _request_timeout=WATCH_SECONDS + 30):
+                    if self._stopping.is_set():
+                        w.stop()
+                        return
+                    etype = event.get("type")
+                    if etype == "ERROR":  # e.g. 410 Gone: relist
+                        break
+                    obj = self._as_dict(event.get("raw_object") or event.get("object"))
+                    self._emit(kind, None if etype == "DELETED" else obj)
+            except Exception as exc:  # API errors, broken connections, bad objects
+                log.warning("states informer: list-watch %s %s: %s; retrying in %.0fs",
+                            name, self.node_name, exc, RETRY_SECONDS)
+                self._stopping.wait(RETRY_SECONDS)
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))

@@ -1,0 +1,140 @@
+"""Pods of this node from the CRI runtime: the source that works on any node without kubelet.
+
+Each sync lists sandboxes and containers (cheap), and asks verbose status only for ids it
+has not seen (labels, annotations, cgroup parent and resources never change for an id),
+so a node with a hundred pods costs two list calls per sync. The conversion from verbose
+status reuses the runtime-hooks reconciler's, so both see the same pod.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import grpc
+from cri_api.v1 import api_pb2 as cri
+from cri_api.v1 import api_pb2_grpc as cri_grpc
+
+from ..runtimehooks.protocol import PodRequest
+from ..runtimehooks.reconciler import container_request_from_status, pod_request_from_status
+from .meta import (
+    ContainerMeta,
+    PodMeta,
+    container_cgroup_dir,
+    driver_of_cgroup_parent,
+    koord_qos_of,
+    kube_qos_of_cgroup_parent,
+    milli_cpu_of_quota,
+    milli_cpu_of_shares,
+    pod_cgroup_dir,
+)
+
+log = logging.getLogger(__name__)
+
+CRI_TIMEOUT = 5.0
+
+
+class PodsUnavailable(Exception):
+    """The source could not list pods this time; the caller keeps the previous list."""
+
+
+class CriPodsSource:
+    """Lists pods from a CRI endpoint as ``PodMeta`` (terminated pods included, not running)."""
+
+    def __init__(self, endpoint: str, *, kube_dir: str, driver: str | None = None) -> None:
+        self.endpoint = endpoint.removeprefix("unix://")
+        self.kube_dir = kube_dir
+        self.driver = driver
+        self._channel = grpc.insecure_channel("unix:" + self.endpoint)
+        self._cri = cri_grpc.RuntimeServiceStub(self._channel)
+        self._pods: dict[str, tuple[PodRequest, PodMeta]] = {}
+        self._containers: dict[str, ContainerMeta] = {}
+
+    def describe(self) -> str:
+        return f"CRI {self.endpoint}"
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def list_pods(self) -> list[PodMeta]:
+        try:
+            sandboxes = self._cri.ListPodSandbox(cri.ListPodSandboxRequest(),
+                                                 timeout=CRI_TIMEOUT).items
+            containers = self._cri.ListContainers(cri.ListContainersRequest(),
+                                                  timeout=CRI_TIMEOUT).containers
+        except grpc.RpcError as exc:
+            raise PodsUnavailable(f"CRI {self.endpoint}: {exc.code().name}: {exc.details()}") from None
+        pods: dict[str, PodMeta] = {}
+        seen_pods: dict[str, tuple[PodRequest, PodMeta]] = {}
+        for sandbox in sandboxes:
+            entry = self._pods.get(sandbox.id) or self._describe_pod(sandbox)
+            if entry is None:
+                continue
+            seen_pods[sandbox.id] = entry
+            pods[sandbox.id] = replace(entry[1], running=sandbox.state == cri.SANDBOX_READY,
+                                       containers=[])
+        seen_containers: dict[str, ContainerMeta] = {}
+        for container in containers:
+            pod = pods.get(container.pod_sandbox_id)
+            if pod is None:
+                continue
+            meta = self._containers.get(container.id) or self._describe_container(
+                seen_pods[container.pod_sandbox_id][0], pod, container)
+            if meta is None:
+                continue
+            seen_containers[container.id] = meta
+            pod.containers.append(replace(meta, running=container.state == cri.CONTAINER_RUNNING))
+        self._pods, self._containers = seen_pods, seen_containers
+        for pod in pods.values():
+            pod.containers.sort(key=lambda c: (c.name, c.id))
+        return sorted(pods.values(), key=lambda p: (p.namespace, p.name, p.uid))
+
+    def _describe_pod(self, sandbox: cri.PodSandbox) -> tuple[PodRequest, PodMeta] | None:
+        who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"
+        try:
+            status = self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
+                pod_sandbox_id=sandbox.id, verbose=True), timeout=CRI_TIMEOUT)
+            request = pod_request_from_status(status)
+            kube_qos = kube_qos_of_cgroup_parent(request.cgroup_parent)
+            driver = self.driver or driver_of_cgroup_parent(request.cgroup_parent)
+            meta = PodMeta(
+                namespace=request.meta.namespace, name=request.meta.name, uid=request.meta.uid,
+                labels=dict(request.labels), annotations=dict(request.annotations),
+                kube_qos=kube_qos, koord_qos=koord_qos_of(request.labels), priority=None,
+                cgroup_dir=pod_cgroup_dir(self.kube_dir, kube_qos, request.meta.uid, driver),
+                sandbox_id=sandbox.id, running=sandbox.state == cri.SANDBOX_READY)
+        except grpc.RpcError as exc:  # vanished between list and status: next sync decides
+            log.debug("states informer: %s: status: %s", who, exc.code().name)
+            return None
+        except ValueError as exc:
+            log.warning("states informer: %s (sandbox %s): skipped: %s", who, sandbox.id, exc)
+            return None
+        return request, meta
+
+    def _describe_container(self, request: PodRequest, pod: PodMeta,
+                            container: cri.Container) -> ContainerMeta | None:
+        who = f"pod {pod.key} container {container.metadata.name}"
+        try:
+            status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
+                container_id=container.id, verbose=True), timeout=CRI_TIMEOUT)
+            creq = container_request_from_status(request, container, status)
+            driver = self.driver or driver_of_cgroup_parent(request.cgroup_parent)
+            res = creq.resources
+            requests = {"cpu": milli_cpu_of_shares(res.cpu_shares)}
+            limits: dict[str, int] = {}
+            cpu_limit = milli_cpu_of_quota(res.cpu_quota, res.cpu_period)
+            if cpu_limit is not None:
+                limits["cpu"] = cpu_limit
+            if res.memory_limit and res.memory_limit > 0:
+                limits["memory"] = res.memory_limit
+            return ContainerMeta(
+                name=container.metadata.name, id=container.id,
+                cgroup_dir=container_cgroup_dir(pod.cgroup_dir, container.id, driver),
+                running=container.state == cri.CONTAINER_RUNNING,
+                requests=requests, limits=limits)
+        except grpc.RpcError as exc:
+            log.debug("states informer: %s: status: %s", who, exc.code().name)
+            return None
+        except (ValueError, TypeError) as exc:
+            log.warning("states informer: %s (%s): skipped: %s", who, container.id, exc)
+            return None

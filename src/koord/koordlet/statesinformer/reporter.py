@@ -1,0 +1,234 @@
+"""NodeMetric reporting: every ``reportIntervalSeconds`` the status is rebuilt and written.
+
+Where it goes depends on the node: ``KubeStatusWriter`` replaces the status of the API
+object (UpdateStatus, retried on conflict, at most 0.1 writes/s with a burst of 2 as
+upstream); ``FileStatusWriter`` rewrites ``--node-metric-file`` atomically, keeping its
+``metadata`` and ``spec``. Like upstream, nothing is written until a NodeMetric object has
+been seen, and the first report comes one interval after start (the metric cache keeps
+the samples from before a restart, so it already covers them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from ..metrics import KoordletMetrics
+from .informer import StatesInformer
+from .nodemetric import MetricQuerier, collect, status_of
+from .objects import MAX_OBJECT_FILE_BYTES, NODEMETRIC_PLURAL, SLO_GROUP, SLO_VERSION, parse_object
+
+log = logging.getLogger(__name__)
+
+
+class StatusWriter(Protocol):
+    def describe(self) -> str: ...
+    def write(self, node_metric: dict, status: dict[str, Any]) -> bool: ...
+
+
+class FileStatusWriter:
+    """Replaces ``status`` in a NodeMetric file, keeping what the file has besides.
+
+    The file is re-read before each write: a file that does not parse right now (being
+    edited, garbage) is left alone and the round is skipped; an unwritable one is logged.
+    Either way the process and the metric history carry on.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._last_error: str | None = None
+
+    def describe(self) -> str:
+        return f"file {self.path}"
+
+    def _error(self, message: str) -> bool:
+        if message != self._last_error:
+            log.error("NodeMetric %s", message)
+            self._last_error = message
+        return False
+
+    def write(self, node_metric: dict, status: dict[str, Any]) -> bool:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(MAX_OBJECT_FILE_BYTES + 1)
+            current = parse_object(raw, self.path, "NodeMetric")
+        except OSError as exc:
+            return self._error(f"file {self.path}: cannot read: {exc.strerror or exc}; "
+                               "status not written")
+        except ValueError as exc:
+            return self._error(f"{exc}; status not written, the file is left as it is")
+        current["status"] = status
+        as_json = raw.lstrip()[:1] == b"{"
+        text = (json.dumps(current, indent=2) + "\n" if as_json
+                else yaml.safe_dump(current, sort_keys=False))
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            mode = self.path.stat().st_mode & 0o7777
+            os.chmod(tmp, mode)
+            os.replace(tmp, self.path)
+            tmp = None
+        except OSError as exc:
+            return self._error(f"file {self.path}: cannot write: {exc.strerror or exc}; "
+                               "keeping the last written status")
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        if self._last_error is not None:
+            log.info("NodeMetric file %s written again", self.path)
+            self._last_error = None
+        return True
+
+
+class TokenBucket:
+    """``rate`` tokens per second up to ``burst``; ``allow()`` takes one if there is one."""
+
+    def __init__(self, rate: float, burst: int, clock=time.monotonic) -> None:
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._tokens = float(burst)
+        self._last = clock()
+
+    def allow(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+
+STATUS_UPDATE_QPS, STATUS_UPDATE_BURST = 0.1, 2
+CONFLICT_BACKOFF = (0.01, 0.05, 0.25, 1.25)
+"""client-go's retry.DefaultBackoff: 4 steps from 10 ms, factor 5."""
+
+
+class KubeStatusWriter:
+    """UpdateStatus of this node's NodeMetric; on a conflict, re-read and try again.
+
+    The token bucket limits reports, not attempts: upstream takes a token per conflict
+    retry too, so two conflicts in a row could lose the report.
+    """
+
+    def __init__(self, api_client: Any, node_name: str,
+                 limiter: TokenBucket | None = None) -> None:
+        from kubernetes import client
+
+        self.node_name = node_name
+        self._custom = client.CustomObjectsApi(api_client)
+        self._host = api_client.configuration.host
+        self.limiter = limiter or TokenBucket(STATUS_UPDATE_QPS, STATUS_UPDATE_BURST)
+
+    def describe(self) -> str:
+        return f"API server {self._host} (nodemetrics/{self.node_name}/status)"
+
+    def write(self, node_metric: dict, status: dict[str, Any]) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        if not self.limiter.allow():
+            log.warning("NodeMetric %s: status update refused by the rate limit "
+                        "(qps=%g burst=%d)", self.node_name, self.limiter.rate, self.limiter.burst)
+            return False
+        obj = node_metric
+        for attempt, pause in enumerate((0.0, *CONFLICT_BACKOFF)):
+            if pause:
+                time.sleep(pause)
+            body = dict(obj, status=status)
+            try:
+                self._custom.replace_cluster_custom_object_status(
+                    SLO_GROUP, SLO_VERSION, NODEMETRIC_PLURAL, self.node_name, body,
+                    _request_timeout=30)
+                return True
+            except ApiException as exc:
+                if exc.status == 404:
+                    log.warning("NodeMetric %s not found, skip", self.node_name)
+                    return False
+                if exc.status != 409 or attempt == len(CONFLICT_BACKOFF):
+                    log.warning("NodeMetric %s: status update failed: %s %s", self.node_name,
+                                exc.status, exc.reason)
+                    return False
+                try:
+                    obj = self._custom.get_cluster_custom_object(  # type: ignore[assignment]
+                        SLO_GROUP, SLO_VERSION, NODEMETRIC_PLURAL, self.node_name,
+                        _request_timeout=30)
+                except ApiException as get_exc:
+                    log.warning("NodeMetric %s: re-read after a conflict failed: %s",
+                                self.node_name, get_exc.reason)
+                    return False
+            except Exception as exc:  # connection errors
+                log.warning("NodeMetric %s: status update failed: %s", self.node_name, exc)
+                return False
+        return False
+
+
+class NodeMetricReporter:
+    """The loop: sleep one report interval, report, repeat (the interval may change)."""
+
+    def __init__(self, informer: StatesInformer, cache: MetricQuerier, writer: StatusWriter,
+                 metrics: KoordletMetrics | None = None) -> None:
+        self.informer = informer
+        self.cache = cache
+        self.writer = writer
+        self.metrics = metrics
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._waiting_logged = False
+
+    def report_once(self, now: float | None = None) -> dict[str, Any] | None:
+        """Builds and writes one status; None when there is no NodeMetric object yet."""
+        node_metric = self.informer.get_node_metric()
+        if node_metric is None:
+            if not self._waiting_logged:
+                log.warning("NodeMetric has not been seen yet (%s): skipping reports until it "
+                            "exists", self.writer.describe())
+                self._waiting_logged = True
+            return None
+        self._waiting_logged = False
+        policy = self.informer.get_node_metric_spec()
+        pods = self.informer.get_all_pods()
+        report = collect(self.cache, pods, policy, self.informer.get_node_slo(), now)
+        status = status_of(report)
+        ok = self.writer.write(node_metric, status)
+        if self.metrics is not None:
+            self.metrics.record_usage(report.node, report.system, report.pods, report.containers)
+            self.metrics.record_pods(pods)
+            self.metrics.record_report(ok)
+        if ok:
+            log.debug("NodeMetric written to %s: %d pods", self.writer.describe(),
+                      len(status["podsMetric"]))
+        return status
+
+    def start(self) -> None:
+        log.info("NodeMetric reporter: every reportIntervalSeconds to %s", self.writer.describe())
+        self._thread = threading.Thread(target=self._run, name="nodemetric-reporter", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.informer.get_node_metric_spec()["reportIntervalSeconds"]):
+            try:
+                self.report_once()
+            except Exception:  # a bad sample or object must not end reporting
+                log.exception("NodeMetric report failed; retrying next interval")
+                if self.metrics is not None:
+                    self.metrics.record_report(False)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

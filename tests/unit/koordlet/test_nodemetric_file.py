@@ -1,0 +1,105 @@
+"""--node-metric-file: status replaced atomically, metadata and spec kept, hostile files."""
+
+import json
+import logging
+import os
+import time
+
+import pytest
+import yaml
+
+from koord.koordlet.metriccache import NODE_CPU_USAGE, NODE_MEMORY_USAGE, MetricCache, Sample
+from koord.koordlet.metrics import KoordletMetrics
+from koord.koordlet.statesinformer import FileObjectsSource, StatesInformer
+from koord.koordlet.statesinformer.reporter import FileStatusWriter, NodeMetricReporter
+
+NODE_METRIC = {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric",
+               "metadata": {"name": "node1", "labels": {"x": "y"}},
+               "spec": {"metricCollectPolicy": {"reportIntervalSeconds": 1,
+                                                "aggregateDurationSeconds": 60}}}
+STATUS = {"updateTime": "2026-01-01T00:00:00Z", "podsMetric": []}
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_status_replaced_rest_kept_in_the_file_format(tmp_path, fmt):
+    f = tmp_path / f"nm.{fmt}"
+    dump = (lambda o: json.dumps(o)) if fmt == "json" else (lambda o: yaml.safe_dump(o))
+    f.write_text(dump(dict(NODE_METRIC, status={"old": True})))
+    os.chmod(f, 0o640)
+    assert FileStatusWriter(f).write(NODE_METRIC, STATUS)
+    text = f.read_text()
+    assert text.lstrip().startswith("{") == (fmt == "json")
+    assert yaml.safe_load(text) == dict(NODE_METRIC, status=STATUS)
+    assert os.stat(f).st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f.name]  # no temp file left
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"- a\n- list\n", b"", b"x" * (5 * 2**20)])
+def test_garbage_file_is_left_alone_and_logged_once(tmp_path, caplog, content):
+    f = tmp_path / "nm.json"
+    f.write_bytes(content)
+    writer = FileStatusWriter(f)
+    with caplog.at_level(logging.ERROR):
+        assert not writer.write(NODE_METRIC, STATUS)
+        assert not writer.write(NODE_METRIC, STATUS)
+    assert f.read_bytes() == content
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and str(f) in errors[0] and "not written" in errors[0]
+
+
+def test_path_that_is_not_a_file_is_logged_and_the_writer_recovers(tmp_path, caplog):
+    f = tmp_path / "nm.json"
+    f.mkdir()
+    writer = FileStatusWriter(f)
+    with caplog.at_level(logging.ERROR):
+        assert not writer.write(NODE_METRIC, STATUS)
+    assert any("cannot read" in r.getMessage() and str(f) in r.getMessage() for r in caplog.records)
+    f.rmdir()
+    f.write_text(json.dumps(NODE_METRIC))
+    assert writer.write(NODE_METRIC, STATUS)
+
+
+def test_unwritable_target_keeps_old_content(tmp_path, caplog, monkeypatch):
+    f = tmp_path / "nm.json"
+    f.write_text(json.dumps(NODE_METRIC))
+    writer = FileStatusWriter(f)
+
+    def no_space(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", no_space)
+    with caplog.at_level(logging.ERROR):
+        assert not writer.write(NODE_METRIC, STATUS)
+    assert json.loads(f.read_text()) == NODE_METRIC
+    assert any("No space left" in r.getMessage() for r in caplog.records)
+    assert [p.name for p in tmp_path.iterdir()] == ["nm.json"]
+
+
+def test_reporter_loop_writes_within_one_interval_and_prometheus_matches(tmp_path):
+    f = tmp_path / "nm.json"
+    f.write_text(json.dumps(NODE_METRIC))
+    informer = StatesInformer(objects=FileObjectsSource({"node_metric": f}))
+    cache = MetricCache(None)
+    now = time.time()
+    cache.append([Sample(NODE_CPU_USAGE, {}, now - 1, 1.25),
+                  Sample(NODE_MEMORY_USAGE, {}, now - 1, 300 * 2**20)])
+    metrics = KoordletMetrics("node1")
+    reporter = NodeMetricReporter(informer, cache, FileStatusWriter(f), metrics)
+    informer.start()
+    reporter.start()
+    try:
+        deadline = time.monotonic() + 5
+        while "status" not in json.loads(f.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        written = json.loads(f.read_text())
+    finally:
+        reporter.stop()
+        informer.stop()
+        cache.close()
+    assert written["spec"] == NODE_METRIC["spec"] and written["metadata"] == NODE_METRIC["metadata"]
+    assert written["status"]["nodeMetric"]["nodeUsage"] == {
+        "resources": {"cpu": "1250m", "memory": "300Mi"}}
+    value = metrics.registry.get_sample_value
+    assert value("koordlet_node_metric_node_usage",
+                 {"node": "node1", "resource": "cpu", "unit": "core"}) == 1.25
+    assert value("koordlet_node_metric_node_usage",
+                 {"node": "node1", "resource": "memory", "unit": "byte"}) == 300 * 2**20

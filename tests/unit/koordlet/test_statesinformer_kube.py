@@ -1,0 +1,128 @@
+"""The API-server path, driven by the real kubernetes client against a local fake server."""
+
+import time
+
+import pytest
+from kubernetes import config
+
+from koord.koordlet.metriccache import MetricCache
+from koord.koordlet.statesinformer import NODE, NODE_SLO, KubeObjectsSource, StatesInformer
+from koord.koordlet.statesinformer.reporter import KubeStatusWriter, NodeMetricReporter, TokenBucket
+from koord.testing.kubeapi import NODEMETRICS, NODES, NODESLOS, FakeKubeAPI
+
+WAIT = 10.0
+
+
+def wait_for(cond, what):
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def api(tmp_path):
+    with FakeKubeAPI() as server:
+        server.client = config.new_client_from_config(
+            config_file=str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+        yield server
+
+
+@pytest.fixture
+def informer(api):
+    made = StatesInformer(objects=KubeObjectsSource(api.client, "node1"))
+    yield made
+    made.stop()
+
+
+def test_list_watch_sees_only_this_node_and_every_change(api, informer):
+    api.put(NODES, {"metadata": {"name": "node1", "annotations": {"a": "1"}},
+                    "status": {"capacity": {"cpu": "4"}}})
+    api.put(NODES, {"metadata": {"name": "other"}})
+    fired = []
+    informer.register_callback(NODE_SLO, lambda: fired.append("slo"))
+    informer.start()
+    wait_for(informer.has_synced, "the first list of each kind")
+    assert informer.get_node()["status"]["capacity"]["cpu"] == "4"
+    assert informer.get_node_slo() is None and informer.get_node_metric() is None
+    api.put(NODESLOS, {"metadata": {"name": "node1"},
+                       "spec": {"resourceUsedThresholdWithBE": {"enable": True}}})
+    wait_for(lambda: informer.get_node_slo() is not None, "the NodeSLO watch event")
+    spec = informer.get_node_slo()["spec"]["resourceUsedThresholdWithBE"]
+    assert spec["enable"] is True and spec["cpuSuppressThresholdPercent"] == 65
+    assert fired == ["slo"]
+    api.put(NODES, {"metadata": {"name": "other", "annotations": {"x": "y"}}})
+    api.put(NODES, {"metadata": {"name": "node1", "annotations": {"a": "2"}}})
+    wait_for(lambda: informer.get_node()["metadata"]["annotations"] == {"a": "2"}, "node update")
+    api.delete(NODESLOS, "node1")
+    wait_for(lambda: informer.get_node_slo() is None, "the NodeSLO deletion")
+
+
+def test_api_server_down_at_start_is_retried(tmp_path):
+    with FakeKubeAPI() as server:
+        client = config.new_client_from_config(
+            config_file=str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+    informer = StatesInformer(objects=KubeObjectsSource(client, "node1", kinds=(NODE,)))
+    informer.start()  # must not raise nor block
+    time.sleep(0.3)
+    assert not informer.has_synced() and informer.get_node() is None
+    informer.stop()
+
+
+def test_reporter_updates_status_keeping_spec_and_retries_conflicts(api, informer):
+    api.put(NODEMETRICS, {"metadata": {"name": "node1"},
+                          "spec": {"metricCollectPolicy": {"reportIntervalSeconds": 1}}})
+    informer.start()
+    wait_for(lambda: informer.get_node_metric() is not None, "the NodeMetric")
+    assert informer.get_node_metric_spec()["reportIntervalSeconds"] == 1
+    cache = MetricCache(None)
+    writer = KubeStatusWriter(api.client, "node1")
+    reporter = NodeMetricReporter(informer, cache, writer)
+    api.conflicts_to_inject = 2
+    status = reporter.report_once()
+    assert api.status_updates == [status]
+    stored = api.objects[NODEMETRICS]["node1"]
+    assert stored["spec"] == {"metricCollectPolicy": {"reportIntervalSeconds": 1}}
+    assert stored["status"]["nodeMetric"]["nodeUsage"] == {}
+    cache.close()
+
+
+def test_status_updates_are_rate_limited_as_upstream(api, informer):
+    api.put(NODEMETRICS, {"metadata": {"name": "node1"}})
+    informer.start()
+    wait_for(lambda: informer.get_node_metric() is not None, "the NodeMetric")
+    clock = [0.0]
+    writer = KubeStatusWriter(api.client, "node1", TokenBucket(0.1, 2, clock=lambda: clock[0]))
+    cache = MetricCache(None)
+    reporter = NodeMetricReporter(informer, cache, writer)
+    for _ in range(3):
+        wait_for(lambda: informer.get_node_metric()["metadata"]["resourceVersion"]
+                 == api.objects[NODEMETRICS]["node1"]["metadata"]["resourceVersion"], "watch")
+        reporter.report_once()
+    assert len(api.status_updates) == 2  # burst 2, then refused
+    clock[0] = 10.0
+    reporter.report_once()
+    assert len(api.status_updates) == 3
+    cache.close()
+
+
+def test_no_report_until_the_node_metric_exists(api, informer):
+    informer.start()
+    wait_for(informer.has_synced, "sync")
+    cache = MetricCache(None)
+    reporter = NodeMetricReporter(informer, cache, KubeStatusWriter(api.client, "node1"))
+    assert reporter.report_once() is None and api.status_updates == []
+    cache.close()
+
+
+@pytest.mark.parametrize("tokens,elapsed,allowed", [(2, 0, [True, True, False]),
+                                                     (2, 10, [True, True, True])])
+def test_token_bucket(tokens, elapsed, allowed):
+    clock = [0.0]
+    bucket = TokenBucket(0.1, tokens, clock=lambda: clock[0])
+    got = [bucket.allow(), bucket.allow()]
+    clock[0] += elapsed
+    got.append(bucket.allow())
+    assert got == allowed
