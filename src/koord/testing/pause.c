@@ -10,6 +10,8 @@
  *   sleep N        sleep N seconds
  *   exit N         exit with status N
  *   big N          write N bytes of 'x' to stdout
+ *   burn CORES     keep CORES CPUs busy (fractions allowed: 0.5 = half a CPU) until SIGTERM/SIGINT
+ *   hold MIB       allocate and touch MIB MiB of memory, keep it until SIGTERM/SIGINT
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -100,8 +106,105 @@ static int do_big(long long n) {
     return 0;
 }
 
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One busy worker: spins `share` (0..1] of every 100 ms period, sleeps the rest. */
+static void burn_worker(double share) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    const double period = 0.1;
+    volatile unsigned long sink = 0;
+    for (;;) {
+        double start = now_seconds();
+        while (now_seconds() - start < period * share)
+            for (int i = 0; i < 10000; i++)
+                sink += (unsigned long)i;
+        if (share < 1.0) {
+            struct timespec rest;
+            double left = period * (1.0 - share);
+            rest.tv_sec = 0;
+            rest.tv_nsec = (long)(left * 1e9);
+            nanosleep(&rest, NULL);
+        }
+    }
+}
+
+static int do_burn(const char *arg) {
+    char *end;
+    double cores = strtod(arg, &end);
+    if (end == arg || *end != '\0' || !(cores > 0.0) || cores > 1024.0) {
+        fprintf(stderr, "pause burn: %s: want a number of cores in (0, 1024]\n", arg);
+        return 2;
+    }
+    catch_stop_signals();
+    int workers = (int)cores + ((cores - (int)cores) > 0.0 ? 1 : 0);
+    pid_t pids[1025];
+    for (int w = 0; w < workers; w++) {
+        double share = (w < (int)cores) ? 1.0 : cores - (int)cores;
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "pause burn: fork: %s\n", strerror(errno));
+            for (int k = 0; k < w; k++)
+                kill(pids[k], SIGKILL);
+            return 1;
+        }
+        if (pid == 0)
+            burn_worker(share);
+        pids[w] = pid;
+    }
+    printf("burning %g cores\n", cores);
+    fflush(stdout);
+    while (!stop_requested)
+        pause();
+    for (int w = 0; w < workers; w++)
+        kill(pids[w], SIGKILL);
+    for (int w = 0; w < workers; w++)
+        waitpid(pids[w], NULL, 0);
+    return 0;
+}
+
+static int do_hold(const char *arg) {
+    char *end;
+    long long mib = strtoll(arg, &end, 10);
+    if (end == arg || *end != '\0' || mib <= 0 || mib > 1048576) {
+        fprintf(stderr, "pause hold: %s: want a number of MiB in [1, 1048576]\n", arg);
+        return 2;
+    }
+    catch_stop_signals();
+    size_t len = (size_t)mib << 20;
+    unsigned char *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        fprintf(stderr, "pause hold: mmap %lld MiB: %s\n", mib, strerror(errno));
+        return 1;
+    }
+    /* Non-zero bytes on every page, so each page is really backed (no shared zero page). */
+    long page = sysconf(_SC_PAGESIZE);
+    for (size_t off = 0; off < len; off += (size_t)page)
+        mem[off] = (unsigned char)(1 + off / (size_t)page % 255);
+    printf("holding %lld MiB\n", mib);
+    fflush(stdout);
+    while (!stop_requested)
+        pause();
+    munmap(mem, len);
+    return 0;
+}
+
 static int usage(void) {
-    fprintf(stderr, "usage: pause [env | echo ARGS... | cat FILE | sleep N | exit N | big N]\n");
+    fprintf(stderr, "usage: pause [env | echo ARGS... | cat FILE | sleep N | exit N | big N"
+                    " | burn CORES | hold MIB]\n");
     return 2;
 }
 
@@ -125,6 +228,10 @@ int main(int argc, char **argv) {
         rc = atoi(argv[2]);
     else if (strcmp(cmd, "big") == 0 && argc == 3)
         rc = do_big(strtoll(argv[2], NULL, 10));
+    else if (strcmp(cmd, "burn") == 0 && argc == 3)
+        rc = do_burn(argv[2]);
+    else if (strcmp(cmd, "hold") == 0 && argc == 3)
+        rc = do_hold(argv[2]);
     else
         rc = usage();
     fflush(stdout);

@@ -50,8 +50,20 @@ _FILES: dict[str, _File] = {
     "cpuset_mems": _File("cpuset", "cpuset.mems", "cpuset.mems"),
     "cpu_bvt_warp_ns": _File("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns"),
     "tasks": _File("cpu", "tasks", "cgroup.threads"),
+    # Read by the metrics advisor. v2's cpu.stat holds usage_usec where v1 has cpuacct.usage
+    # (ns); callers parse by ``version``.
+    "cpuacct_usage": _File("cpuacct", "cpuacct.usage", "cpu.stat"),
+    "cpu_stat": _File("cpu", "cpu.stat", "cpu.stat"),
+    "memory_stat": _File("memory", "memory.stat", "memory.stat"),
+    "memory_usage": _File("memory", "memory.usage_in_bytes", "memory.current"),
+    "cpuset_cpus_effective": _File("cpuset", "cpuset.cpus", "cpuset.cpus.effective"),
+    # Pressure stall information: v1 only on kernels that put it in cpuacct (Anolis).
+    "cpu_pressure": _File("cpuacct", "cpu.pressure", "cpu.pressure"),
+    "memory_pressure": _File("cpuacct", "memory.pressure", "memory.pressure"),
+    "io_pressure": _File("cpuacct", "io.pressure", "io.pressure"),
 }
-_READ_ONLY = {"tasks"}
+_READ_ONLY = {"tasks", "cpuacct_usage", "cpu_stat", "memory_stat", "memory_usage",
+              "cpuset_cpus_effective", "cpu_pressure", "memory_pressure", "io_pressure"}
 
 # Write order inside one cgroup: period before quota so a v1 quota below the old period is
 # accepted; mems before cpus as runc does.
