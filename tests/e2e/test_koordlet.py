@@ -11,8 +11,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import pytest
 
@@ -59,7 +59,8 @@ class KoordletProcess:
         self.log_path = workdir / "koordlet.log"
         self.command = [sys.executable, "-m", "koord.koordlet", "--log-level", "DEBUG",
                         "--runtime-hooks-addr", str(self.socket),
-                        "--runtime-hooks-config-path", str(self.config_dir), *args]
+                        "--runtime-hooks-config-path", str(self.config_dir),
+                        "--tsdb-path", str(workdir / "tsdb"), "--addr", "", *args]
         self._log = None
         self._proc: subprocess.Popen | None = None
 

@@ -1,4 +1,4 @@
-"""The ``koordlet`` command: runs the runtime-hooks module (seed 002) on a node.
+"""The ``koordlet`` command: runs the runtime-hooks module on a node.
 
 Both working modes run at once, as upstream koordlet does: the hook server answers the
 proxy (Proxy mode) and the reconciler writes the cgroups of running pods every
@@ -13,17 +13,22 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from koord.hookapi import FailurePolicy, HookPoint, Registration, parse_duration, unix_socket_path
+
+from ..runtimeproxy.metrics import HealthServer
+from . import metriccache
+from .metrics import KoordletMetrics
 from .resourceexecutor.executor import CgroupExecutor
-from .runtimehooks.hooks import FailurePolicy, Hooks, PluginEnv, RuntimePlugin, Stage
+from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins, parse_feature_gates
 from .runtimehooks.reconciler import Reconciler
-from .runtimehooks.registration import Registration
 from .runtimehooks.rule import RuleError, parse_rules
 from .runtimehooks.server import Network, RuntimeHookServer
 from .statesinformer import (
@@ -37,6 +42,12 @@ from .statesinformer import (
     in_cluster,
 )
 from .statesinformer.meta import DEFAULT_KUBE_DIR
+from .statesinformer.reporter import (
+    FileStatusWriter,
+    KubeStatusWriter,
+    NodeMetricReporter,
+    StatusWriter,
+)
 
 log = logging.getLogger("koordlet")
 
@@ -45,25 +56,14 @@ DEFAULT_ADDR = "/var/run/koordlet/koordlet.sock"
 DEFAULT_CONFIG_PATH = "/etc/runtime/hookserver.d"
 DEFAULT_CONTAINERD = "/var/run/containerd/containerd.sock"
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def go_duration(text: str) -> float:
-    """Seconds from a Go duration ("10s", "500ms", "1m30s", "0")."""
-    value = text.strip()
-    if value == "0":
-        return 0.0
-    pos, total = 0, 0.0
-    for m in _DURATION_PART.finditer(value):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos = m.end()
-    if pos != len(value) or not value:
-        raise argparse.ArgumentTypeError(
-            f"not a duration: {text!r} (examples: 10s, 500ms, 1m, 0 to disable)")
-    return total
+    """Seconds from a Go duration ("10s", "500ms", "1m30s", "0"), for argparse."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; 0 disables") from None
 
 
 def failure_policy(text: str) -> FailurePolicy:
@@ -73,14 +73,14 @@ def failure_policy(text: str) -> FailurePolicy:
         raise argparse.ArgumentTypeError(f"{text!r}: want Fail or Ignore") from None
 
 
-def stage_list(text: str) -> frozenset[Stage]:
+def stage_list(text: str) -> frozenset[HookPoint]:
     stages = set()
     for name in filter(None, (s.strip() for s in text.split(","))):
         try:
-            stages.add(Stage(name))
+            stages.add(HookPoint(name))
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"unknown stage {name!r}; stages: {', '.join(s.value for s in Stage)}") from None
+                f"unknown stage {name!r}; stages: {', '.join(s.value for s in HookPoint)}") from None
     return frozenset(stages)
 
 
@@ -92,10 +92,10 @@ def feature_gates(text: str) -> dict[str, bool]:
 
 
 def socket_path(text: str) -> str:
-    path = text.removeprefix("unix://")
-    if not path.startswith("/"):
-        raise argparse.ArgumentTypeError(f"{text!r}: want an absolute unix socket path")
-    return path
+    try:
+        return unix_socket_path(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def choice(*allowed: str):
@@ -170,9 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
       help="how often the pod list is refreshed (default: 10s)")
     a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD, metavar="SOCKET",
       help="CRI socket the reconciler lists pods from (default: %(default)s)")
+    a("--addr", default=":9316", metavar="HOST:PORT",
+      help="serve Prometheus /metrics, /healthz and /readyz here; empty disables "
+      "(default: %(default)s)")
     a("--log-level", type=choice("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
       metavar="LEVEL",
       help="(default: %(default)s)")
+    metriccache.add_flags(p)
     return p
 
 
@@ -215,10 +219,14 @@ class Koordlet:
         defaults = parse_rules(None, None)
         for plugin in self.plugins:
             plugin.update_rules(defaults)
+        self.metrics = KoordletMetrics(node_name())
         self.informer = make_states_informer(a)
         self.informer.register_callback(NODE, self.apply_rules)
         self.informer.register_callback(NODE_SLO, self.apply_rules)
         self.registration: Registration | None = None
+        self.health: HealthServer | None = None
+        self.metric_cache: metriccache.MetricCache | None = None
+        self.reporter: NodeMetricReporter | None = None
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
@@ -233,8 +241,70 @@ class Koordlet:
             self.reconciler.reconcile_now()
 
     def start(self) -> None:
+        """Starts the modules in upstream's order: resource executor, metric cache, states
+        informer (with the NodeMetric reporter), metrics advisor, QoS manager, runtime hooks.
+
+        A module that cannot start logs why, shows 0 in ``koordlet_module_up`` and the
+        others go on; nothing waits for a NodeSLO. Only the hook server failing to listen
+        ends the process (OSError), as before: the proxy could not reach koordlet at all.
+        """
+        self._serve_metrics()
+        self.metrics.set_module("resource-executor", True)  # built in __post_init__
+        self.metric_cache = self._run_module("metric-cache", lambda: metriccache.from_args(self.args))
+        self._run_module("states-informer", self.informer.start)
+        self._start_reporter()
+        # The metrics advisor and the QoS manager start here, each as
+        # self._run_module(name, lambda: Module(...).start()), in this order.
+        self._start_runtime_hooks()
+
+    def _run_module(self, name: str, start):
+        try:
+            result = start()
+        except Exception as exc:
+            log.error("module %s cannot start: %s; the other modules go on", name, exc)
+            self.metrics.set_module(name, False)
+            return None
+        self.metrics.set_module(name, True)
+        return result
+
+    def _serve_metrics(self) -> None:
+        if not self.args.addr:
+            return
+        try:
+            self.health = HealthServer(self.args.addr, self.metrics, self._ready)
+            self.health.start()
+        except (OSError, ValueError) as exc:
+            log.error("cannot serve Prometheus metrics on --addr %s: %s; going on without",
+                      self.args.addr, exc)
+            self.health = None
+
+    def _ready(self) -> tuple[bool, str]:
+        if not self.informer.has_synced():
+            return False, "states informer has not synced yet"
+        return True, ""
+
+    def _start_reporter(self) -> None:
+        writer = self._status_writer()
+        if writer is None:
+            return
+        if self.metric_cache is None:
+            log.error("module nodemetric-reporter cannot start: no metric cache")
+            self.metrics.set_module("nodemetric-reporter", False)
+            return
+        self.reporter = NodeMetricReporter(self.informer, self.metric_cache, writer, self.metrics)
+        self._run_module("nodemetric-reporter", self.reporter.start)
+
+    def _status_writer(self) -> StatusWriter | None:
+        a = self.args
+        if a.node_metric_file is not None:
+            return FileStatusWriter(a.node_metric_file)
+        if isinstance(self.informer.objects, KubeObjectsSource):
+            return KubeStatusWriter(self.informer.objects.api, self.informer.objects.node_name)
+        log.info("no --node-metric-file and no API server: NodeMetric is not reported")
+        return None
+
+    def _start_runtime_hooks(self) -> None:
         log.info("plugins: %s", ", ".join(p.name for p in self.plugins) or "none")
-        self.informer.start()
         self.server.start()
         a = self.args
         self.registration = Registration.of(
@@ -243,16 +313,25 @@ class Koordlet:
         self.registration.write(a.runtime_hooks_config_path)
         if self.reconciler is not None:
             self.reconciler.start()
+        self.metrics.set_module("runtime-hooks", True)
 
     def stop(self) -> None:
-        """Unregisters first so the proxy stops calling, then stops serving."""
+        """Reverse order. Unregisters first so the proxy stops calling, then stops serving."""
         if self.registration is not None:
             self.registration.remove(self.args.runtime_hooks_config_path)
             self.registration = None
         self.server.stop()
         if self.reconciler is not None:
             self.reconciler.stop()
+        if self.reporter is not None:
+            self.reporter.stop()
         self.informer.stop()
+        if self.metric_cache is not None:
+            self.metric_cache.close()
+            self.metric_cache = None
+        if self.health is not None:
+            self.health.stop()
+            self.health = None
 
 
 def make_states_informer(a: argparse.Namespace) -> StatesInformer:
@@ -266,16 +345,25 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
     if files:
         objects = FileObjectsSource(files)
     elif a.kubeconfig or in_cluster():
-        node_name = os.environ.get("NODE_NAME")
-        if not node_name:
+        name = os.environ.get("NODE_NAME")
+        if not name:
             log.error("an API server is configured but NODE_NAME is not set: no Node, "
                       "NodeSLO or NodeMetric; using defaults")
         else:
-            objects = KubeObjectsSource(kube_api_client(a.kubeconfig), node_name)
+            try:
+                objects = KubeObjectsSource(kube_api_client(a.kubeconfig), name)
+            except Exception as exc:  # bad kubeconfig, no service account, no kubernetes package
+                log.error("cannot reach the API server: %s; no Node, NodeSLO or NodeMetric; "
+                          "using defaults", exc)
     else:
         log.info("no --node-slo-file/--node-file/--node-metric-file and not in a cluster: "
                  "using defaults")
     return StatesInformer(objects=objects, pods=pods, pods_interval=a.kubelet_sync_interval)
+
+
+def node_name() -> str:
+    """``NODE_NAME`` as upstream requires it in a cluster; the host name without one."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
 def kube_api_client(kubeconfig: Path | None):

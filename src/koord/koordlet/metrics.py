@@ -80,9 +80,9 @@ class KoordletMetrics:
             self.pod_usage.labels(*base, "memory", UNIT_BYTE).set(n_bytes)
         self.container_usage.clear()
         for pod, cid, cname, (cores, n_bytes) in containers:
-            base = (self.node, pod.uid, pod.name, pod.namespace, cid, cname)
-            self.container_usage.labels(*base, "cpu", UNIT_CORE).set(cores)
-            self.container_usage.labels(*base, "memory", UNIT_BYTE).set(n_bytes)
+            labels = (self.node, pod.uid, pod.name, pod.namespace, cid, cname)
+            self.container_usage.labels(*labels, "cpu", UNIT_CORE).set(cores)
+            self.container_usage.labels(*labels, "memory", UNIT_BYTE).set(n_bytes)
 
     def record_pods(self, pods: Iterable[PodMeta]) -> None:
         """Requests and limits of every container (cpu in cores, memory in bytes)."""

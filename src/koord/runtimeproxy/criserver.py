@@ -1,4 +1,4 @@
-"""The CRI Server (seed 000): serves kubelet and forwards every call to the backend.
+"""The CRI Server: serves kubelet and forwards every call to the backend.
 
 Every method is forwarded as raw bytes by its path, so methods this code has never
 heard of (a newer CRI, ``runtime.v1alpha2`` from old kubelets, streaming calls) pass
@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, NoReturn, TypeGuard
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
@@ -24,11 +25,12 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 from cri_api.v1alpha2 import api_pb2 as cri_v1alpha2
 from google.protobuf.message import DecodeError, Message
 
+from koord.hookapi import HookPoint
+
 from . import convert
 from . import store as store_mod
 from .dispatcher import HookFailed, RuntimeDispatcher, Target
 from .metrics import ProxyMetrics
-from .pluginsmanager import HookPoint
 from .store import ContainerRecord, Store
 
 log = logging.getLogger(__name__)
@@ -93,21 +95,18 @@ def call_options(context: grpc.aio.ServicerContext) -> tuple[float | None, tuple
     return timeout, metadata
 
 
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str,
+                 trailing: tuple[tuple[str, str], ...] = ()) -> NoReturn:
+    """Ends the call with ``code``; grpc's abort always raises, which this signature tells the type checker."""
+    await context.abort(code, details, trailing)
+    raise AssertionError("grpc.aio ServicerContext.abort returned")
+
+
 def _trailing(err: grpc.aio.AioRpcError) -> tuple[tuple[str, str], ...]:
     return tuple((k, v) for k, v in (err.trailing_metadata() or ()) if not k.startswith((":", "grpc-")))
 
 
-# The intercepted methods and the hook-free CRI request type used to decode them.
-_LIFECYCLE = {
-    "RunPodSandbox": cri.RunPodSandboxRequest,
-    "CreateContainer": cri.CreateContainerRequest,
-    "StartContainer": cri.StartContainerRequest,
-    "UpdateContainerResources": cri.UpdateContainerResourcesRequest,
-    "StopContainer": cri.StopContainerRequest,
-    "RemoveContainer": cri.RemoveContainerRequest,
-    "StopPodSandbox": cri.StopPodSandboxRequest,
-    "RemovePodSandbox": cri.RemovePodSandboxRequest,
-}
+Lifecycle = Callable[[Any, "Call"], Awaitable[bytes]]
 _RUNTIME_SERVICES = ("runtime.v1.RuntimeService", "runtime.v1alpha2.RuntimeService")
 
 
@@ -135,6 +134,17 @@ class CRIServer(grpc.GenericRpcHandler):
         self._unary = _cri_paths(server_streaming=False)
         self._streaming = _cri_paths(server_streaming=True)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        # The intercepted methods: the CRI request type that decodes them and their handler.
+        self.lifecycle: dict[str, tuple[type[Message], Lifecycle]] = {
+            "RunPodSandbox": (cri.RunPodSandboxRequest, self.run_pod_sandbox),
+            "CreateContainer": (cri.CreateContainerRequest, self.create_container),
+            "StartContainer": (cri.StartContainerRequest, self.start_container),
+            "UpdateContainerResources": (cri.UpdateContainerResourcesRequest, self.update_container_resources),
+            "StopContainer": (cri.StopContainerRequest, self.stop_container),
+            "RemoveContainer": (cri.RemoveContainerRequest, self.remove_container),
+            "StopPodSandbox": (cri.StopPodSandboxRequest, self.stop_pod_sandbox),
+            "RemovePodSandbox": (cri.RemovePodSandboxRequest, self.remove_pod_sandbox),
+        }
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         path = handler_call_details.method
@@ -149,9 +159,9 @@ class CRIServer(grpc.GenericRpcHandler):
     def _make_handler(self, path: str) -> grpc.RpcMethodHandler:
         service, _, method = path.lstrip("/").partition("/")
         channel = self.backend.channel_for(path)
-        if service in _RUNTIME_SERVICES and method in _LIFECYCLE:
-            return self._intercepted(path, _LIFECYCLE[method], getattr(self, _snake(method)),
-                                     channel.unary_unary(path))
+        if service in _RUNTIME_SERVICES and method in self.lifecycle:
+            request_type, lifecycle = self.lifecycle[method]
+            return self._intercepted(path, request_type, lifecycle, channel.unary_unary(path))
         if path in self._unary:
             return self._unary_passthrough(path, channel.unary_unary(path))
         if path in self._streaming:
@@ -171,7 +181,7 @@ class CRIServer(grpc.GenericRpcHandler):
                 response = await upstream(request, timeout=timeout, metadata=metadata)
             except grpc.aio.AioRpcError as err:
                 observe(label, err.code().name, time.perf_counter() - start)
-                await context.abort(err.code(), err.details(), _trailing(err))
+                await _abort(context, err.code(), err.details(), _trailing(err))
             observe(label, "OK", time.perf_counter() - start)
             return response
 
@@ -209,15 +219,15 @@ class CRIServer(grpc.GenericRpcHandler):
                 yield message
         except grpc.aio.AioRpcError as err:
             code = err.code().name
-            await context.abort(err.code(), err.details(), _trailing(err))
+            await _abort(context, err.code(), err.details(), _trailing(err))
         finally:
             call.cancel()
             self.metrics.observe_cri(label, code, time.perf_counter() - start)
 
     # ------------------------------------------------------------ the interception path
 
-    def _intercepted(self, path: str, request_type: type[Message],
-                     lifecycle: Callable[[Message, Call], Awaitable[bytes]], upstream) -> grpc.RpcMethodHandler:
+    def _intercepted(self, path: str, request_type: type[Message], lifecycle: Lifecycle,
+                     upstream: Callable[..., Awaitable[bytes]]) -> grpc.RpcMethodHandler:
         label = path[1:]
         observe = self.metrics.observe_cri
 
@@ -234,16 +244,17 @@ class CRIServer(grpc.GenericRpcHandler):
                 return await lifecycle(decoded, call)
             except grpc.aio.AioRpcError as err:
                 code = err.code().name
-                await context.abort(err.code(), err.details(), _trailing(err))
+                await _abort(context, err.code(), err.details(), _trailing(err))
             except HookFailed as err:
                 code = grpc.StatusCode.UNKNOWN.name
-                await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+                await _abort(context, grpc.StatusCode.UNKNOWN, str(err))
             finally:
                 observe(label, code, time.perf_counter() - start)
 
         return grpc.unary_unary_rpc_method_handler(handler)
 
-    def _hooked(self, pod: convert.PodHookRequest | None) -> bool:
+    def _hooked(self, pod: convert.PodHookRequest | None) -> TypeGuard[convert.PodHookRequest]:
+        """A known pod without the skip label: the only kind plugins hear about."""
         return pod is not None and pod.labels.get(self.skip_key) != self.skip_val
 
     async def run_pod_sandbox(self, req: cri.RunPodSandboxRequest, call: Call) -> bytes:
@@ -277,7 +288,10 @@ class CRIServer(grpc.GenericRpcHandler):
     async def start_container(self, req: cri.StartContainerRequest, call: Call) -> bytes:
         if not self.dispatcher.has_plugins(HookPoint.PRE_START_CONTAINER, HookPoint.POST_START_CONTAINER):
             return await call.forward()
-        record, pod = await self._container(req.container_id)
+        found = await self._container(req.container_id)
+        if found is None:
+            return await call.forward()
+        record, pod = found
         if not self._hooked(pod):
             return await call.forward()
         request = convert.container_hook_request(pod, record.info)
@@ -298,8 +312,9 @@ class CRIServer(grpc.GenericRpcHandler):
     async def update_container_resources(self, req: cri.UpdateContainerResourcesRequest, call: Call) -> bytes:
         changed = False
         if self.dispatcher.has_plugins(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
-            record, pod = await self._container(req.container_id)
-            if self._hooked(pod):
+            found = await self._container(req.container_id)
+            record, pod = found if found is not None else (None, None)
+            if record is not None and self._hooked(pod):
                 request = convert.container_hook_request(pod, record.info)
                 request.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
                 request.container_annotations.update(req.annotations)
@@ -308,17 +323,18 @@ class CRIServer(grpc.GenericRpcHandler):
                 if changed:
                     convert.apply_to_update_resources(req, request)
         raw = await call.forward(req if changed else None)
-        record = self.store.get_container(req.container_id)
-        if record is not None:
-            record.info.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+        stored = self.store.get_container(req.container_id)
+        if stored is not None:
+            stored.info.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
         return raw
 
     async def stop_container(self, req: cri.StopContainerRequest, call: Call) -> bytes:
         raw = await call.forward()
         if not self.dispatcher.has_plugins(HookPoint.POST_STOP_CONTAINER):
             return raw
-        record, pod = await self._container(req.container_id)
-        if self._hooked(pod):
+        found = await self._container(req.container_id)
+        record, pod = found if found is not None else (None, None)
+        if record is not None and self._hooked(pod):
             await self.dispatcher.run_post(HookPoint.POST_STOP_CONTAINER,
                                            convert.container_hook_request(pod, record.info),
                                            _pod_target(pod, record.info.container_meta.name))
@@ -361,7 +377,8 @@ class CRIServer(grpc.GenericRpcHandler):
         self.store.put_pod(sandbox_id, pod)
         return pod
 
-    async def _container(self, container_id: str) -> tuple[ContainerRecord | None, convert.PodHookRequest | None]:
+    async def _container(self, container_id: str) -> tuple[ContainerRecord, convert.PodHookRequest | None] | None:
+        """The container's record and its pod's info, each from the store or else from the backend."""
         record = self.store.get_container(container_id)
         if record is None:
             try:
@@ -369,7 +386,7 @@ class CRIServer(grpc.GenericRpcHandler):
             except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
                 log.warning("no info for container %s, hooks skipped: %s",
                             container_id, store_mod.describe_error(exc))
-                return None, None
+                return None
             self.store.put_container(container_id, record)
         return record, await self._pod(record.sandbox_id)
 
@@ -377,6 +394,3 @@ class CRIServer(grpc.GenericRpcHandler):
 def _pod_target(pod: convert.PodHookRequest, container: str = "") -> Target:
     return Target(f"{pod.pod_meta.namespace}/{pod.pod_meta.name}", container)
 
-
-def _snake(name: str) -> str:
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")

@@ -1,4 +1,4 @@
-"""The Runtime Dispatcher (seed 000): calls the registered plugins for one hook point.
+"""The Runtime Dispatcher: calls the registered plugins for one hook point.
 
 Pre hooks are chained: every plugin registered for the hook point is called in file-name
 order and sees the request as changed by those before it.  Each plugin has its own
@@ -17,18 +17,13 @@ from dataclasses import dataclass
 
 import grpc
 
-from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.hookapi import FailurePolicy, HookPoint
 
 from . import convert
 from .metrics import ProxyMetrics
-from .pluginsmanager import FailurePolicy, HookPoint, PluginRegistration, PluginsManager
+from .pluginsmanager import PluginRegistration, PluginsManager
 
 log = logging.getLogger(__name__)
-
-SERVICE = "runtime.v1alpha1.RuntimeHookService"
-
-# Pod hook points take PodSandboxHookRequest; all others ContainerResourceHookRequest.
-_POD_HOOKS = frozenset({HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.POST_STOP_POD_SANDBOX})
 
 _CHANNEL_OPTIONS = (
     # A restarted plugin must be reachable again at once, not after grpc's 2-minute backoff.
@@ -86,7 +81,7 @@ class RuntimeDispatcher:
                     raise HookFailed(f"runtime hook {hook_point} of plugin {plugin.name} "
                                      f"failed for {target}: {exc}") from None
                 continue
-            changed = (convert.merge_pod_response(request, answer) if hook_point in _POD_HOOKS
+            changed = (convert.merge_pod_response(request, answer) if hook_point.is_pod
                        else convert.merge_container_response(request, answer))
             for field in changed:
                 earlier = set_by.get(field)
@@ -109,7 +104,7 @@ class RuntimeDispatcher:
         outcome = "ok"
         try:
             answer = await self._ask(plugin, hook_point, request)
-            problems = (convert.validate_pod_response(answer) if hook_point in _POD_HOOKS
+            problems = (convert.validate_pod_response(answer) if hook_point.is_pod
                         else convert.validate_container_response(answer))
             if problems:
                 raise _PluginError("invalid", "invalid answer: " + "; ".join(problems))
@@ -145,14 +140,10 @@ class RuntimeDispatcher:
             if channel is None:
                 channel = grpc.aio.insecure_channel(f"unix://{endpoint}", options=_CHANNEL_OPTIONS)
                 self._channels[endpoint] = channel
-            if hook_point in _POD_HOOKS:
-                request_type, response_type = hook.PodSandboxHookRequest, hook.PodSandboxHookResponse
-            else:
-                request_type, response_type = hook.ContainerResourceHookRequest, hook.ContainerResourceHookResponse
             call = channel.unary_unary(
-                f"/{SERVICE}/{hook_point.value}Hook",
-                request_serializer=request_type.SerializeToString,
-                response_deserializer=response_type.FromString,
+                hook_point.method,
+                request_serializer=hook_point.request_type.SerializeToString,
+                response_deserializer=hook_point.response_type.FromString,
             )
             self._calls[key] = call
         return call

@@ -1,4 +1,4 @@
-"""The Store (seed 000): pod and container info the hooks need, kept in memory.
+"""The Store: pod and container info the hooks need, kept in memory.
 
 StartContainer carries only an id, so the info captured at RunPodSandbox and
 CreateContainer (as sent to the backend, after hooks) is kept here and joined into

@@ -25,3 +25,38 @@ def make_fake_v1_cgroup(root: Path, rel: str) -> Path:
             for name, value in files.items():
                 (d / name).write_text(value + "\n")
     return root / "cpu" / "/".join(parts)
+
+
+def memory_stat_text(version: int, anon: int, file: int = 0, unevictable: int = 0) -> str:
+    """A memory.stat whose usage without page cache is ``anon + unevictable`` (all of ``anon``
+    inactive, as a freshly touched heap) and with page cache adds ``file``."""
+    prefix = "total_" if version == 1 else ""
+    values = {"inactive_anon": anon, "active_anon": 0, "unevictable": unevictable,
+              "inactive_file": file, "active_file": 0}
+    if version == 1:
+        # v1 also has the cgroup's own (non-hierarchical) counters; they must be ignored.
+        lines = [f"{k} 7" for k in values] + ["cache 0", "rss 0"]
+    else:
+        lines = ["anon 0", "file 0"]
+    return "\n".join(lines + [f"{prefix}{k} {v}" for k, v in values.items()]) + "\n"
+
+
+def write_usage(root: Path, rel: str, version: int, *, cpu_ns: int, memory_stat: str,
+                nr_periods: int = 0, nr_throttled: int = 0) -> None:
+    """Writes the files the metrics advisor reads for one cgroup (pod, container or QoS dir)."""
+    rel = rel.strip("/")
+    if version == 1:
+        files = {root / "cpuacct" / rel / "cpuacct.usage": f"{cpu_ns}\n",
+                 root / "memory" / rel / "memory.stat": memory_stat,
+                 root / "cpu" / rel / "cpu.stat":
+                     f"nr_periods {nr_periods}\nnr_throttled {nr_throttled}\nthrottled_time 0\n"}
+    else:
+        files = {root / rel / "cpu.stat":
+                     f"usage_usec {cpu_ns // 1000}\nuser_usec 0\nsystem_usec 0\nnr_periods {nr_periods}\n"
+                     f"nr_throttled {nr_throttled}\nthrottled_usec 0\n",
+                 root / rel / "memory.stat": memory_stat}
+        (root / "cgroup.controllers").parent.mkdir(parents=True, exist_ok=True)
+        (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)

@@ -7,8 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from koord.koordlet.qosmanager.evictcalc import (
-    BEUsage, be_cpu_victims, be_memory_victims, eviction_allowed, labelled_victims,
-    pick_until_released, release_by_be_satisfaction, release_by_used_threshold, release_memory,
+    BEUsage,
+    be_cpu_victims,
+    be_memory_victims,
+    eviction_allowed,
+    labelled_victims,
+    pick_until_released,
+    release_by_be_satisfaction,
+    release_by_used_threshold,
+    release_memory,
 )
 
 from .qos_fakes import GI, pod

@@ -9,8 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from koord.koordlet.qosmanager.nodeinfo import (
-    NodeInfoError, capacity_milli_cpu, pod_allocated_cpus, processors, reserved_cpus,
-    reserved_milli_cpu, system_qos_exclusive_cpus,
+    NodeInfoError,
+    capacity_milli_cpu,
+    pod_allocated_cpus,
+    processors,
+    reserved_cpus,
+    reserved_milli_cpu,
+    system_qos_exclusive_cpus,
 )
 from koord.koordlet.qosmanager.slo import SLOError, ThresholdConfig, threshold_config
 from koord.koordlet.statesinformer.specs import merged_node_slo
@@ -109,7 +114,7 @@ def test_reserved_milli_cpu(n: dict, want: int) -> None:
 
 @pytest.mark.parametrize("n, message", [
     (with_ann(RES, "{not json"), "node annotation node.koordinator.sh/reservation: bad JSON"),
-    (with_ann(RES, '{"reservedCPUs": "0-99999"}'), "beyond 8191"),
+    (with_ann(RES, '{"reservedCPUs": "0-99999"}'), "above the limit 4095"),
     (with_ann(RES, '{"reservedCPUs": "3-1"}'), "runs backwards"),
     (with_ann(RES, '{"reservedCPUs": 5}'), "want a cpu list string"),
     (with_ann(SYS, '{"cpuset": "x"}'), "system-qos-resource: cpuset: bad cpuset"),
@@ -129,7 +134,8 @@ def test_system_qos_not_exclusive() -> None:
 @pytest.mark.parametrize("n, message", [
     ({"status": {}}, "capacity.cpu: missing"),
     ({"status": {"capacity": {"cpu": "lots"}}}, "bad quantity"),
-    ({"status": {"capacity": {"cpu": "1e30"}}}, "out of range"),
+    ({"status": {"capacity": {"cpu": "1e30"}}}, "larger than"),
+    ({"status": {"capacity": {"cpu": "9e18"}}}, "out of range"),
 ])
 def test_bad_capacity(n: dict, message: str) -> None:
     with pytest.raises(NodeInfoError, match=message):
@@ -138,7 +144,7 @@ def test_bad_capacity(n: dict, message: str) -> None:
 
 @pytest.mark.parametrize("annotation, message", [
     ("{", "bad JSON"), ('{"cpuset": "0-a"}', "bad cpuset"), ('{"cpuset": 7}', "want a cpu list string"),
-    ('{"cpuset": "0-100000000"}', "beyond"),
+    ('{"cpuset": "0-100000000"}', "above the limit"),
 ])
 def test_malformed_resource_status(annotation: str, message: str) -> None:
     p = pod("x", "LSR", annotations={"scheduling.koordinator.sh/resource-status": annotation})

@@ -8,7 +8,11 @@ from hypothesis import strategies as st
 
 from koord.koordlet.qosmanager.nodeinfo import Processor
 from koord.koordlet.qosmanager.suppresscalc import (
-    be_pool, calculate_suppress, cfs_quota_target, cpuset_target, pick_cpus,
+    be_pool,
+    calculate_suppress,
+    cfs_quota_target,
+    cpuset_target,
+    pick_cpus,
 )
 
 from .qos_fakes import pod, procs

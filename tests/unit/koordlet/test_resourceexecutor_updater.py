@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from koord.hookapi import parse_cpuset
 from koord.koordlet.resourceexecutor import executor as executor_module
 from koord.koordlet.resourceexecutor.executor import CgroupError
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor, Update, merge_wider
@@ -158,7 +159,7 @@ def test_leveled_cpuset_widens_top_down_then_narrows_bottom_up(tmp_path: Path,
         real(self, path, text)
         order.append((path.parent.relative_to(tmp_path / "cpuset").as_posix(), text))
         chain = [BE, POD, CTR]
-        sets = [set(executor_module.parse_cpuset(cpus_file(tmp_path, d).read_text())) for d in chain]
+        sets = [set(parse_cpuset(cpus_file(tmp_path, d).read_text())) for d in chain]
         assert sets[1] <= sets[0] and sets[2] <= sets[1], f"child wider than parent after {order}"
 
     monkeypatch.setattr(ResourceExecutor, "_write_file", checked)

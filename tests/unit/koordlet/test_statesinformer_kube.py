@@ -6,7 +6,7 @@ import pytest
 from kubernetes import config
 
 from koord.koordlet.metriccache import MetricCache
-from koord.koordlet.statesinformer import NODE, NODE_METRIC, NODE_SLO, KubeObjectsSource, StatesInformer
+from koord.koordlet.statesinformer import NODE, NODE_SLO, KubeObjectsSource, StatesInformer
 from koord.koordlet.statesinformer.reporter import KubeStatusWriter, NodeMetricReporter, TokenBucket
 from koord.testing.kubeapi import NODEMETRICS, NODES, NODESLOS, FakeKubeAPI
 

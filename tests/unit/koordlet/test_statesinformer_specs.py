@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.hookapi import parse_duration
 from koord.koordlet.statesinformer import StatesInformer
 from koord.koordlet.statesinformer.specs import (
     format_go_duration,
@@ -99,8 +100,7 @@ def test_format_go_duration(seconds, text):
 
 @given(st.integers(min_value=1, max_value=10**7))
 def test_go_duration_round_trips(seconds):
-    from koord.koordlet.cli import go_duration
-    assert go_duration(format_go_duration(seconds)) == seconds
+    assert parse_duration(format_go_duration(seconds)) == seconds
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),

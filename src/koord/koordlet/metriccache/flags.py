@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from koord.hookapi import parse_duration
+
 from .storage import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_SECONDS, MIN_MAX_BYTES, MetricCache
 
 # Persistent by default (upstream mounts an emptyDir at /metric-data/): history survives a
@@ -13,9 +15,10 @@ DEFAULT_TSDB_PATH = "/var/lib/koordlet/metric-data"
 
 
 def _duration(text: str) -> float:
-    from ..cli import go_duration  # the koordlet's one Go-duration parser
-
-    seconds = go_duration(text)
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: want a positive duration such as 12h")
     return seconds

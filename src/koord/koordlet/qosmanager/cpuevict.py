@@ -16,15 +16,28 @@ import logging
 
 from ..features import BE_CPU_EVICT, CPU_EVICT
 from ..metriccache import (
-    BE_ALLOCATION, BE_ALLOCATION_REAL_LIMIT, BE_ALLOCATION_REQUEST, BE_ALLOCATION_USAGE,
-    BE_RESOURCE, BE_RESOURCE_CPU, NODE_BE, NODE_CPU_USAGE, POD_CPU_USAGE, POD_UID, Aggregation,
+    BE_ALLOCATION,
+    BE_ALLOCATION_REAL_LIMIT,
+    BE_ALLOCATION_REQUEST,
+    BE_ALLOCATION_USAGE,
+    BE_RESOURCE,
+    BE_RESOURCE_CPU,
+    NODE_BE,
+    NODE_CPU_USAGE,
+    POD_CPU_USAGE,
+    POD_UID,
+    Aggregation,
 )
 from .evictcalc import (
-    BATCH_CPU, BEUsage, be_cpu_victims, labelled_victims, release_by_be_satisfaction,
+    BATCH_CPU,
+    BEUsage,
+    be_cpu_victims,
+    labelled_victims,
+    release_by_be_satisfaction,
     release_by_used_threshold,
 )
 from .framework import Context, Strategy, _log_once
-from .nodeinfo import NodeInfoError, node_quantity, capacity_milli_cpu
+from .nodeinfo import NodeInfoError, capacity_milli_cpu, node_quantity
 from .slo import EVICT_BY_ALLOCATABLE, ThresholdConfig
 
 log = logging.getLogger(__name__)

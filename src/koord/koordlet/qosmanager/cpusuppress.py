@@ -19,22 +19,41 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from koord.hookapi import format_cpuset, parse_cpuset
+
 from ..features import BE_CPU_SUPPRESS
 from ..metriccache import (
-    HOST_APP_NAME, HOST_APPLICATION_CPU_USAGE, NODE_CPU_INFO, NODE_CPU_USAGE, POD_CPU_USAGE, POD_UID,
+    HOST_APP_NAME,
+    HOST_APPLICATION_CPU_USAGE,
+    NODE_CPU_INFO,
+    NODE_CPU_USAGE,
+    POD_CPU_USAGE,
+    POD_UID,
 )
-from ..resourceexecutor.executor import CgroupError, format_cpuset, parse_cpuset
-from ..resourceexecutor.updater import Update, quota_value
+from ..resourceexecutor.executor import CgroupError
+from ..resourceexecutor.updater import BatchResult, Update, quota_value
 from ..runtimehooks.protocol import KubeQoS
 from ..statesinformer import PodMeta
 from .framework import Context, Strategy, _log_once
 from .nodeinfo import (
-    NodeInfoError, Processor, capacity_milli_cpu, kubelet_static_policy, pod_allocated_cpus,
-    processors, reserved_cpus, reserved_milli_cpu, system_qos_exclusive_cpus,
+    NodeInfoError,
+    Processor,
+    capacity_milli_cpu,
+    kubelet_static_policy,
+    pod_allocated_cpus,
+    processors,
+    reserved_cpus,
+    reserved_milli_cpu,
+    system_qos_exclusive_cpus,
 )
 from .slo import CFS_QUOTA_POLICY, CPUSET_POLICY
 from .suppresscalc import (
-    UNLIMITED, Suppress, be_pool, calculate_suppress, cfs_quota_target, cpuset_target,
+    UNLIMITED,
+    Suppress,
+    be_pool,
+    calculate_suppress,
+    cfs_quota_target,
+    cpuset_target,
 )
 
 log = logging.getLogger(__name__)
@@ -191,11 +210,11 @@ class CPUSuppress(Strategy):
         lse: set[int] = set()
         lsr: set[int] = set()
         for pod in pods:
-            cpus = pod_allocated_cpus(pod)
+            allocated = pod_allocated_cpus(pod)
             if pod.koord_qos == "LSE":
-                lse |= cpus
+                lse |= allocated
             elif pod.koord_qos == "LSR":
-                lsr |= cpus
+                lsr |= allocated
         try:
             old = self._old_cpus(procs)
         except (CgroupError, ValueError) as exc:
@@ -226,7 +245,7 @@ class CPUSuppress(Strategy):
             log.info("%s: BE cpuset %s -> %s (%s)", self.name, format_cpuset(old), cpus,
                      suppress.explain())
 
-    def _write_levels(self, cpus: str, depth: int):
+    def _write_levels(self, cpus: str, depth: int) -> BatchResult:
         levels = self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", depth)
         return self.ctx.executor.leveled_update(
             [[Update(d, "cpuset_cpus", cpus, owner=self.name) for d in level] for level in levels])

@@ -7,9 +7,9 @@ for CPU and bytes for memory.
 from __future__ import annotations
 
 import json
-from functools import cmp_to_key
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cmp_to_key
 
 from ..statesinformer import PodMeta
 
@@ -95,12 +95,13 @@ def _int_or(value: str | None, default: int) -> int:
         return default
 
 
-def _by_priority_then(value: Callable[[PodMeta], float]) -> Callable[[PodMeta, PodMeta], float]:
+def _by_priority_then(value: Callable[[PodMeta], float]) -> Callable[[PodMeta, PodMeta], int]:
     """Lower spec priority first when both pods have one and they differ, else larger value first."""
-    def cmp(a: PodMeta, b: PodMeta) -> float:
+    def cmp(a: PodMeta, b: PodMeta) -> int:
         if a.priority is not None and b.priority is not None and a.priority != b.priority:
-            return a.priority - b.priority
-        return value(b) - value(a)
+            return -1 if a.priority < b.priority else 1
+        va, vb = value(a), value(b)
+        return -1 if va > vb else (1 if va < vb else 0)
     return cmp
 
 

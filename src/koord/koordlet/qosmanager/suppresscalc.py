@@ -67,12 +67,12 @@ def calculate_suppress(*, capacity_milli: int, reserved_milli: int, node_used: f
             non_be += used
     non_be_apps = all_apps = 0.0
     for app in host_apps:
-        used = host_app_used.get(str(app.get("name", "")))
-        if used is None:
+        app_used = host_app_used.get(str(app.get("name", "")))
+        if app_used is None:
             continue
-        all_apps += used
+        all_apps += app_used
         if not host_app_is_be(app):
-            non_be_apps += used
+            non_be_apps += app_used
     system = max(node_used - all_pods - all_apps, 0.0, reserved_milli / 1000)
     milli = (capacity_milli * threshold_percent // 100 - int(non_be * 1000)
              - int(non_be_apps * 1000) - int(system * 1000))

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
+
+from koord.hookapi import format_cpuset, parse_cpuset
 
 from ..runtimehooks.protocol import KubeQoS, Resources
 
@@ -28,7 +29,6 @@ KUBE_DIR = "kubepods"
 _V1_MEMORY_UNLIMITED = 9223372036854771712
 _MAX_SHARES = 262144
 _MIN_SHARES = 2
-_CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
 class CgroupError(Exception):
@@ -60,44 +60,25 @@ _FILES: dict[str, _File] = {
     "cpuset_mems": _File("cpuset", "cpuset.mems", "cpuset.mems"),
     "cpu_bvt_warp_ns": _File("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns"),
     "tasks": _File("cpu", "tasks", "cgroup.threads"),
+    # Read by the metrics advisor. v2's cpu.stat holds usage_usec where v1 has cpuacct.usage
+    # (ns); callers parse by ``version``.
+    "cpuacct_usage": _File("cpuacct", "cpuacct.usage", "cpu.stat"),
+    "cpu_stat": _File("cpu", "cpu.stat", "cpu.stat"),
+    "memory_stat": _File("memory", "memory.stat", "memory.stat"),
+    "memory_usage": _File("memory", "memory.usage_in_bytes", "memory.current"),
+    "cpuset_cpus_effective": _File("cpuset", "cpuset.cpus", "cpuset.cpus.effective"),
+    # Pressure stall information: v1 only on kernels that put it in cpuacct (Anolis).
+    "cpu_pressure": _File("cpuacct", "cpu.pressure", "cpu.pressure"),
+    "memory_pressure": _File("cpuacct", "memory.pressure", "memory.pressure"),
+    "io_pressure": _File("cpuacct", "io.pressure", "io.pressure"),
 }
-_READ_ONLY = {"tasks"}
+_READ_ONLY = {"tasks", "cpuacct_usage", "cpu_stat", "memory_stat", "memory_usage",
+              "cpuset_cpus_effective", "cpu_pressure", "memory_pressure", "io_pressure"}
 
 # Write order inside one cgroup: period before quota so a v1 quota below the old period is
 # accepted; mems before cpus as runc does.
 _APPLY_ORDER = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit",
                 "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns")
-
-
-def parse_cpuset(text: str) -> list[int]:
-    """Kernel list syntax ("0-3,5") to sorted cpu ids; "" is the empty set. ValueError if malformed."""
-    text = text.strip()
-    if not text:
-        return []
-    if not _CPUSET_RE.match(text):
-        raise ValueError(f"bad cpuset {text!r}: want a list like '0-3,5'")
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        first, last = int(lo), int(hi or lo)
-        if last < first:
-            raise ValueError(f"bad cpuset {text!r}: range {part} runs backwards")
-        cpus.update(range(first, last + 1))
-    return sorted(cpus)
-
-
-def format_cpuset(cpus: list[int] | set[int]) -> str:
-    """Sorted ids to the compact kernel form: [0,1,2,3,5] -> "0-3,5"."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def shares_to_weight(shares: int) -> int:
@@ -298,10 +279,9 @@ class CgroupExecutor:
             if not isinstance(value, str):
                 raise bad("is not a cpu list string")
             try:
-                parse_cpuset(value)
+                return format_cpuset(parse_cpuset(value))
             except ValueError as exc:
                 raise bad(f"rejected: {exc}") from None
-            return value.strip()
         if isinstance(value, bool):
             raise bad("is not an integer")
         try:

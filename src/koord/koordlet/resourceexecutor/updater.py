@@ -30,7 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .executor import CgroupError, CgroupExecutor, format_cpuset, parse_cpuset
+from koord.hookapi import format_cpuset, parse_cpuset
+
+from .executor import CgroupError, CgroupExecutor
 
 log = logging.getLogger(__name__)
 

@@ -163,7 +163,7 @@ class KubeStatusWriter:
                                 exc.status, exc.reason)
                     return False
                 try:
-                    obj = self._custom.get_cluster_custom_object(
+                    obj = self._custom.get_cluster_custom_object(  # type: ignore[assignment]
                         SLO_GROUP, SLO_VERSION, NODEMETRIC_PLURAL, self.node_name,
                         _request_timeout=30)
                 except ApiException as get_exc:

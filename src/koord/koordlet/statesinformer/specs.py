@@ -11,6 +11,8 @@ import copy
 import math
 from typing import Any
 
+from koord.hookapi import parse_duration
+
 _BE_THRESHOLD = {
     "enable": False,
     "cpuSuppressThresholdPercent": 65,
@@ -98,8 +100,6 @@ def node_metric_collect_policy(node_metric: dict | None) -> dict[str, Any]:
     ``durations`` as seconds, ``nodeMemoryCollectPolicy``; ValueError names the bad field.
     Intervals below upstream's minimums (60 s, 30 s) are accepted so tests can be short.
     """
-    from ..cli import go_duration  # the one Go duration parser (cli imports this package)
-
     spec = (node_metric or {}).get("spec")
     merged = merge_over(DEFAULT_NODE_METRIC_SPEC, spec if isinstance(spec, dict) else {})
     policy = merged.get("metricCollectPolicy")
@@ -130,8 +130,8 @@ def node_metric_collect_policy(node_metric: dict | None) -> dict[str, Any]:
     durations = []
     for i, text in enumerate(raw):
         try:
-            seconds = go_duration(text) if isinstance(text, str) else float("nan")
-        except Exception:
+            seconds = parse_duration(text) if isinstance(text, str) else float("nan")
+        except ValueError:
             seconds = float("nan")
         if not seconds > 0 or not math.isfinite(seconds):
             raise ValueError(f"{where}nodeAggregatePolicy.durations[{i}]: want a Go duration "

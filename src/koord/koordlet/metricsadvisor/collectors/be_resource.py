@@ -1,0 +1,103 @@
+"""Best-effort CPU in milli-cores: what BE pods use, request and may really get.
+
+- usage: delta of the besteffort QoS cgroup's CPU time / wall delta;
+- request: the sum of ``kubernetes.io/batch-cpu`` requests of Koordinator-BE pods;
+- real-limit: min(|BE cpuset| x 1000, quota x 1000 / period when quota != -1), where the BE
+  cpuset is the smallest one among the besteffort dir and every dir below it (a container
+  may be pinned narrower than its parents).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ...metriccache import Sample
+from ...metriccache import kinds as k
+from ..framework import Collector, Env, Rates
+from ..parsers import FileProblem, cgroup_cpu_ns, parse, parse_cpu_list, parse_cpu_quota, read_bounded
+
+BATCH_CPU = "kubernetes.io/batch-cpu"
+_MAX_WALK_DIRS = 10_000
+
+
+def _be_labels(allocation: str) -> dict[str, str]:
+    return {k.BE_RESOURCE: k.BE_RESOURCE_CPU, k.BE_ALLOCATION: allocation}
+
+
+def real_limit_milli(cpuset_sizes: list[int], quota: int, period: int) -> int | None:
+    """min(smallest cpuset x 1000, quota x 1000 / period); None without any cpuset."""
+    if not cpuset_sizes:
+        return None
+    limit = min(cpuset_sizes) * 1000
+    if quota != -1 and period > 0:
+        limit = min(limit, quota * 1000 // period)
+    return limit
+
+
+class BEResourceCollector(Collector):
+    name = "BEResource"
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        self.rates = Rates(ttl=20 * self.interval)
+
+    @property
+    def be_dir(self) -> str:
+        return self.env.kube_qos_dir("besteffort")
+
+    def _cpuset_sizes(self) -> list[int]:
+        """Sizes of the besteffort dir's cpuset and of every dir below it."""
+        top = self.env.cgroup_file(self.be_dir, "cpuset_cpus_effective")
+        name = top.name
+        sizes: list[int] = []
+        walked = 0
+        for dirpath, _dirs, files in os.walk(top.parent):
+            walked += 1
+            if walked > _MAX_WALK_DIRS:
+                self.problems.report("walk", "more than %d dirs below %s; BE cpuset from the first ones",
+                                     _MAX_WALK_DIRS, top.parent)
+                break
+            if name not in files:
+                continue
+            try:
+                cpus = parse(Path(dirpath) / name, parse_cpu_list)
+            except FileProblem as exc:
+                if not exc.missing:
+                    self.problems.report(("cpuset", str(exc.path)), "%s; ignored for the BE cpuset", exc)
+                continue
+            if cpus:  # an empty v1 cpuset inherits nothing: it is not a limit
+                sizes.append(len(cpus))
+        return sizes
+
+    def _quota(self) -> tuple[int, int]:
+        version = self.env.cgroups.version
+        quota_file = self.env.cgroup_file(self.be_dir, "cpu_quota")
+        if version == 2:
+            return parse(quota_file, lambda t: parse_cpu_quota(t, 2))
+        period_text = read_bounded(self.env.cgroup_file(self.be_dir, "cpu_period"))
+        return parse(quota_file, lambda t: parse_cpu_quota(t, 1, period_text))
+
+    def collect(self, now: float) -> list[Sample]:
+        samples: list[Sample] = []
+        version = self.env.cgroups.version
+        try:
+            ns = self.env.read_cgroup(self.be_dir, "cpuacct_usage", lambda t: cgroup_cpu_ns(t, version))
+        except FileProblem as exc:
+            self.problems.report(("usage", exc.reason), "BE usage: %s; no sample", exc)
+        else:
+            rate = self.rates.rate("be", ns, now)
+            if rate is not None:
+                samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_USAGE), now, rate / 1e6))
+        try:
+            limit = real_limit_milli(self._cpuset_sizes(), *self._quota())
+        except FileProblem as exc:
+            self.problems.report(("limit", exc.reason), "BE real limit: %s; no sample", exc)
+        else:
+            if limit is not None:
+                samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REAL_LIMIT), now, limit))
+        if self.env.pods.has_synced():
+            request = sum(int(c.requests.get(BATCH_CPU, 0)) for pod in self.env.pods.get_all_pods()
+                          if pod.running and pod.koord_qos == "BE" for c in pod.containers)
+            samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REQUEST), now, request))
+        return samples

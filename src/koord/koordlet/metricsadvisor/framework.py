@@ -1,0 +1,216 @@
+"""What every collector shares: paths, the pod source, the metric cache, the latest node
+and pod totals (for the system collector), counters for rates, and log-once problems."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..metriccache import MetricCache, Sample
+from ..resourceexecutor.executor import CgroupError, CgroupExecutor
+from .config import AdvisorConfig
+from .parsers import SMALL_FILE_BYTES, FileProblem, parse
+
+log = logging.getLogger("koordlet.metricsadvisor")
+
+
+class ContainerLike(Protocol):
+    name: str
+    id: str
+    cgroup_dir: str
+    running: bool
+
+
+class PodLike(Protocol):
+    """What collectors use of the states informer's PodMeta."""
+    namespace: str
+    name: str
+    uid: str
+    kube_qos: str
+    koord_qos: str
+    cgroup_dir: str
+    running: bool
+    containers: Sequence[Any]
+
+
+class PodSource(Protocol):
+    """The part of the states informer the advisor needs."""
+
+    def get_all_pods(self) -> list[Any]: ...
+
+    def get_node_slo(self) -> Any: ...
+
+    def has_synced(self) -> bool: ...
+
+
+class Problems:
+    """Logs each distinct problem once, not every tick, and again only after it cleared
+    or was not seen for ``forget_after`` seconds (so a fixed-then-broken file is reported)."""
+
+    def __init__(self, logger: logging.Logger, forget_after: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        self._seen: dict[Hashable, float] = {}
+        self._forget_after = forget_after
+        self._clock = clock
+
+    def report(self, key: Hashable, message: str, *args: object, level: int = logging.WARNING,
+               exc_info: bool = False) -> bool:
+        """Logs unless ``key`` was reported recently; True when it logged."""
+        now = self._clock()
+        last = self._seen.get(key)
+        self._seen[key] = now
+        if last is not None and now - last < self._forget_after:
+            return False
+        if len(self._seen) > 10_000:  # bounded: drop what has not recurred for a while
+            self._seen = {k: t for k, t in self._seen.items() if now - t < self._forget_after}
+        self._log.log(level, message, *args, exc_info=exc_info)
+        return True
+
+    def clear(self, key: Hashable) -> None:
+        self._seen.pop(key, None)
+
+
+class Rates:
+    """Per-second rates of monotonically increasing counters. The first value of a key only
+    primes it; a counter that went backwards (a restarted cgroup) re-primes; entries not
+    updated for ``ttl`` seconds are forgotten, so a pod that comes back starts fresh."""
+
+    def __init__(self, ttl: float) -> None:
+        self._prev: dict[Hashable, tuple[float, float]] = {}
+        self._ttl = ttl
+        self._last_prune = 0.0
+
+    def rate(self, key: Hashable, value: float, now: float) -> float | None:
+        prev = self._prev.get(key)
+        self._prev[key] = (value, now)
+        if prev is None or now - prev[1] > self._ttl:
+            return None
+        dv, dt = value - prev[0], now - prev[1]
+        if dv < 0 or dt <= 0:
+            return None
+        return dv / dt
+
+    def delta(self, key: Hashable, values: tuple[float, ...], now: float) -> tuple[float, ...] | None:
+        """Differences of several counters read together (e.g. throttled and periods)."""
+        prev = self._prev.get(key)
+        self._prev[key] = (values, now)  # type: ignore[assignment]
+        if prev is None or now - prev[1] > self._ttl:
+            return None
+        old: tuple[float, ...] = prev[0]  # type: ignore[assignment]
+        diff = tuple(a - b for a, b in zip(values, old))
+        if any(d < 0 for d in diff):
+            return None
+        return diff
+
+    def prune(self, now: float) -> None:
+        if now - self._last_prune < self._ttl:
+            return
+        self._last_prune = now
+        self._prev = {k: v for k, v in self._prev.items() if now - v[1] <= self._ttl}
+
+
+@dataclass
+class Point:
+    cpu: float  # cores
+    memory: float  # bytes
+    timestamp: float
+
+
+@dataclass
+class SharedState:
+    """The latest totals, written by node/pod/host-app collectors, read by the system one."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    node: Point | None = None
+    pods: dict[str, Point] = field(default_factory=dict)  # by collector name
+    host_apps: Point | None = None
+
+    def set_node(self, point: Point) -> None:
+        with self.lock:
+            self.node = point
+
+    def set_pods(self, collector: str, point: Point) -> None:
+        with self.lock:
+            self.pods[collector] = point
+
+    def set_host_apps(self, point: Point) -> None:
+        with self.lock:
+            self.host_apps = point
+
+    def snapshot(self) -> tuple[Point | None, dict[str, Point], Point | None]:
+        with self.lock:
+            return self.node, dict(self.pods), self.host_apps
+
+
+class Env:
+    """Everything a collector needs, built once by the advisor."""
+
+    def __init__(self, config: AdvisorConfig, pods: PodSource, cache: MetricCache,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.pods = pods
+        self.cache = cache
+        self.clock = clock
+        self.cgroups = CgroupExecutor(config.cgroup_root, driver=config.cgroup_driver)
+        self.shared = SharedState()
+
+    @property
+    def proc(self) -> Path:
+        return self.config.proc_root
+
+    @property
+    def sys(self) -> Path:
+        return self.config.sys_root
+
+    def cgroup_file(self, cgroup_dir: str, resource: str) -> Path:
+        try:
+            return self.cgroups.path(cgroup_dir, resource)
+        except CgroupError as exc:
+            raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
+
+    def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], Any]) -> Any:
+        return parse(self.cgroup_file(cgroup_dir, resource), parser, SMALL_FILE_BYTES)
+
+    def kube_qos_dir(self, qos: str) -> str:
+        """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir`` (either driver)."""
+        kube = self.config.cgroup_kube_dir.strip("/")
+        systemd = kube.endswith(".slice")
+        if qos == "guaranteed":
+            return kube
+        if systemd:
+            return f"{kube}/{kube.removesuffix('.slice')}-{qos}.slice"
+        return f"{kube}/{qos}"
+
+
+class Collector:
+    """One collector: ``collect`` is one tick and returns the samples to store. It may raise;
+    the runner logs and carries on. Per-pod problems are handled inside, per pod."""
+
+    name = "collector"
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.problems = Problems(logging.getLogger(f"koordlet.metricsadvisor.{self.name}"))
+
+    @property
+    def interval(self) -> float:
+        return self.env.config.collect_res_used_interval
+
+    def enabled(self) -> bool:
+        return True
+
+    def collect(self, now: float) -> Iterable[Sample]:
+        raise NotImplementedError
+
+    def pod_problem(self, pod: PodLike, container: str | None, exc: FileProblem) -> None:
+        """One log line per pod (and container), file and reason; a vanished cgroup is normal
+        while a pod stops, so it is logged at debug level."""
+        who = f"pod {pod.namespace}/{pod.name}" + (f" container {container}" if container else "")
+        level = logging.DEBUG if exc.missing else logging.WARNING
+        self.problems.report((pod.uid, container, str(exc.path), exc.reason),
+                             "%s: %s: %s; no sample", who, exc.path, exc.reason, level=level)

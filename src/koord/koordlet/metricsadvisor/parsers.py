@@ -1,0 +1,259 @@
+"""Parsers for the /proc, /sys and cgroup files the collectors read.
+
+Every parser takes the text of one file and returns numbers, or raises ValueError saying
+what is wrong; nothing else escapes, whatever the text. Readers bound the size first, so
+a parser never sees more than ``read_bounded``'s limit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from koord.hookapi import parse_cpuset
+
+# Cgroup and sysfs files are tiny; /proc/stat and /proc/cpuinfo grow with the CPU count.
+SMALL_FILE_BYTES = 64 * 1024
+PROC_FILE_BYTES = 4 * 1024 * 1024
+# No counter the kernel keeps is this large; anything above is garbage, not data.
+_MAX_COUNTER = 2**63 - 1
+_MAX_LINES = 10_000
+
+
+class FileProblem(Exception):
+    """A file could not be read or parsed; ``path`` and ``reason`` say which and why."""
+
+    def __init__(self, path: Path, reason: str, missing: bool = False) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.missing = missing
+
+
+def read_bounded(path: Path, limit: int = SMALL_FILE_BYTES) -> str:
+    """The file's text, at most ``limit`` bytes; FileProblem when missing, unreadable,
+    larger than the limit or not UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise FileProblem(path, "missing", missing=True) from None
+    except OSError as exc:
+        raise FileProblem(path, f"read failed: {exc.strerror or exc}",
+                          missing=exc.errno in (19, 20)) from None  # ENODEV, ENOTDIR: cgroup gone
+    if len(data) > limit:
+        raise FileProblem(path, f"larger than {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileProblem(path, "not UTF-8 text") from None
+
+
+def parse(path: Path, text_parser, limit: int = SMALL_FILE_BYTES):  # type: ignore[no-untyped-def]
+    """read_bounded + a parser, with the parser's ValueError turned into a FileProblem."""
+    text = read_bounded(path, limit)
+    try:
+        return text_parser(text)
+    except ValueError as exc:
+        raise FileProblem(path, str(exc)) from None
+
+
+def _counter(token: str, what: str) -> int:
+    if not token.isascii() or not token.isdigit():
+        raise ValueError(f"{what}: {token[:40]!r} is not a non-negative integer")
+    if len(token) > 19 or int(token) > _MAX_COUNTER:
+        raise ValueError(f"{what}: {token[:40]!r} is out of range")
+    return int(token)
+
+
+def _lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    if len(lines) > _MAX_LINES:
+        raise ValueError(f"{len(lines)} lines, more than {_MAX_LINES}")
+    return lines
+
+
+def parse_int(text: str) -> int:
+    """A file holding one non-negative integer (cpuacct.usage)."""
+    return _counter(text.strip(), "value")
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """"key value" lines (memory.stat, cpu.stat); lines with other shapes are errors."""
+    out: dict[str, int] = {}
+    for line in _lines(text):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"line {line[:60]!r}: want 'key value'")
+        out[parts[0]] = _counter(parts[1], parts[0])
+    return out
+
+
+@dataclass(frozen=True)
+class CpuTicks:
+    busy: int   # user + nice + system + irq + softirq (iowait and steal are not usage)
+    total: int
+
+
+def parse_proc_stat(text: str) -> dict[str, CpuTicks]:
+    """The ``cpu`` and ``cpuN`` lines of /proc/stat, by name."""
+    out: dict[str, CpuTicks] = {}
+    for line in _lines(text):
+        if not line.startswith("cpu"):
+            continue
+        parts = line.split()
+        name = parts[0]
+        if name != "cpu" and not (name[3:].isascii() and name[3:].isdigit()):
+            raise ValueError(f"line {line[:60]!r}: bad cpu name")
+        if len(parts) < 8:
+            raise ValueError(f"line {line[:60]!r}: want at least 7 counters")
+        nums = [_counter(t, name) for t in parts[1:]]
+        out[name] = CpuTicks(busy=nums[0] + nums[1] + nums[2] + nums[5] + nums[6], total=sum(nums))
+    if "cpu" not in out:
+        raise ValueError("no 'cpu' line")
+    return out
+
+
+_MEMINFO_LINE = re.compile(r"^(?:Node \d+ )?([A-Za-z0-9_()]+):\s+(\d+)(?: kB)?\s*$")
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo or a NUMA node's meminfo ("Node 0 MemTotal: ... kB") -> kB by key."""
+    out: dict[str, int] = {}
+    for line in _lines(text):
+        if not line.strip():
+            continue
+        m = _MEMINFO_LINE.match(line)
+        if m is None:
+            raise ValueError(f"line {line[:60]!r}: want 'Key: N kB'")
+        out[m.group(1)] = _counter(m.group(2), m.group(1))
+    return out
+
+
+def node_memory_bytes(meminfo: Mapping[str, int]) -> tuple[int, int]:
+    """(usage without page cache, with page cache) in bytes from /proc/meminfo:
+    MemTotal - MemAvailable, and MemTotal - MemFree."""
+    try:
+        total, available, free = meminfo["MemTotal"], meminfo["MemAvailable"], meminfo["MemFree"]
+    except KeyError as exc:
+        raise ValueError(f"no {exc.args[0]} line") from None
+    return max(total - available, 0) * 1024, max(total - free, 0) * 1024
+
+
+def numa_memory_bytes(meminfo: Mapping[str, int]) -> int:
+    """A NUMA node's used memory: MemTotal - (MemFree + Active(file) + Inactive(file) + SReclaimable)."""
+    try:
+        used = meminfo["MemTotal"] - (meminfo["MemFree"] + meminfo["Active(file)"]
+                                      + meminfo["Inactive(file)"] + meminfo["SReclaimable"])
+    except KeyError as exc:
+        raise ValueError(f"no {exc.args[0]} line") from None
+    return max(used, 0) * 1024
+
+
+_V1_ANON = ("total_inactive_anon", "total_active_anon", "total_unevictable")
+_V1_FILE = ("total_inactive_file", "total_active_file")
+_V2_ANON = ("inactive_anon", "active_anon", "unevictable")
+_V2_FILE = ("inactive_file", "active_file")
+
+
+def cgroup_memory_bytes(stat: Mapping[str, int], version: int) -> tuple[int, int]:
+    """(usage without page cache, with page cache) from memory.stat: inactive_anon +
+    active_anon + unevictable, plus active_file + inactive_file (v1: the total_ keys)."""
+    anon, file = (_V1_ANON, _V1_FILE) if version == 1 else (_V2_ANON, _V2_FILE)
+    missing = [k for k in (*anon, *file) if k not in stat]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)} in memory.stat")
+    without = sum(stat[k] for k in anon)
+    return without, without + sum(stat[k] for k in file)
+
+
+def cgroup_cpu_ns(text: str, version: int) -> int:
+    """CPU time used in ns: v1 cpuacct.usage, v2 cpu.stat usage_usec x 1000."""
+    if version == 1:
+        return parse_int(text)
+    stat = parse_flat_keyed(text)
+    if "usage_usec" not in stat:
+        raise ValueError("no usage_usec in cpu.stat")
+    return stat["usage_usec"] * 1000
+
+
+def throttle_counters(stat: Mapping[str, int]) -> tuple[int, int]:
+    """(nr_periods, nr_throttled) from cpu.stat, either version."""
+    try:
+        return stat["nr_periods"], stat["nr_throttled"]
+    except KeyError as exc:
+        raise ValueError(f"no {exc.args[0]} in cpu.stat") from None
+
+
+def parse_cpu_quota(text: str, version: int, period_text: str | None = None) -> tuple[int, int]:
+    """(quota, period) in µs; quota -1 means unlimited. v2 reads "max 100000" from cpu.max,
+    v1 the quota file plus ``period_text``."""
+    if version == 2:
+        parts = text.split()
+        if len(parts) != 2:
+            raise ValueError(f"cpu.max {text.strip()[:40]!r}: want '<quota|max> <period>'")
+        quota = -1 if parts[0] == "max" else _counter(parts[0], "quota")
+        return quota, _counter(parts[1], "period")
+    raw = text.strip()
+    quota = -1 if raw == "-1" else _counter(raw, "quota")
+    if period_text is None:
+        raise ValueError("no period")
+    return quota, _counter(period_text.strip(), "period")
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """A kernel cpu list ("0-3,8"), bounded by the shared cpuset parser."""
+    return parse_cpuset(text)
+
+
+def parse_psi(text: str) -> dict[str, float]:
+    """A pressure file -> {"some": avg10, "full": avg10}; "full" absent when the kernel has none."""
+    out: dict[str, float] = {}
+    for line in _lines(text):
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] not in ("some", "full"):
+            raise ValueError(f"line {line[:60]!r}: want 'some ...' or 'full ...'")
+        fields = dict(p.partition("=")[::2] for p in parts[1:])
+        try:
+            avg10 = float(fields["avg10"])
+        except (KeyError, ValueError):
+            raise ValueError(f"line {line[:60]!r}: no numeric avg10") from None
+        if not (math.isfinite(avg10) and 0 <= avg10 <= 100):
+            raise ValueError(f"line {line[:60]!r}: avg10 {avg10} outside [0, 100]")
+        out[parts[0]] = avg10
+    if "some" not in out:
+        raise ValueError("no 'some' line")
+    return out
+
+
+def parse_cpuinfo(text: str) -> list[dict[str, int]]:
+    """/proc/cpuinfo -> per processor {"cpu", "socket", "core"} (physical id / core id
+    default to 0 where the kernel does not show them, as on many VMs and ARM)."""
+    procs: list[dict[str, int]] = []
+    current: dict[str, int] = {}
+    for line in _lines(text) + [""]:
+        if not line.strip():
+            if current:
+                if "cpu" not in current:
+                    raise ValueError("a processor block without 'processor'")
+                procs.append({"cpu": current["cpu"], "socket": current.get("socket", 0),
+                              "core": current.get("core", current["cpu"])})
+                current = {}
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip()
+        field = {"processor": "cpu", "physical id": "socket", "core id": "core"}.get(key)
+        if field is not None:
+            current[field] = _counter(value.strip(), key)
+    if len({p["cpu"] for p in procs}) != len(procs):
+        raise ValueError("a processor number appears twice")
+    return procs

@@ -1,0 +1,110 @@
+"""koordlet's process wiring: module order, a failing module does not stall the others,
+Prometheus on --addr, NodeMetric reported from the metric cache."""
+
+import json
+import shutil
+import socket
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from koord.koordlet.cli import Koordlet, parse_args
+from koord.koordlet.metriccache import NODE_CPU_USAGE, NODE_MEMORY_USAGE, MetricCache, Sample
+from koord.testing.cgroupfs import make_fake_v1_cgroup
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def short_dir():
+    d = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def koordlet(tmp_path, short_dir, *extra):
+    root = tmp_path / "cg"
+    make_fake_v1_cgroup(root, "kubepods/besteffort/podx")
+    args = parse_args(["--runtime-hooks-addr", str(short_dir / "k.sock"),
+                       "--runtime-hooks-config-path", str(short_dir / "cfg"),
+                       "--cgroup-root-dir", str(root), "--runtime-hooks-reconcile-interval", "0",
+                       "--containerd-endpoint", str(short_dir / "no-cri.sock"),
+                       "--kubelet-sync-interval", "100ms", *extra])
+    return Koordlet(args)
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def test_unusable_metric_cache_does_not_stall_informer_or_hooks(tmp_path, short_dir, caplog):
+    blocker = tmp_path / "tsdb"
+    blocker.write_text("a file where the cache dir should be")
+    port = free_port()
+    k = koordlet(tmp_path, short_dir, "--tsdb-path", str(blocker), "--addr", f"127.0.0.1:{port}",
+                 "--node-metric-file", str(tmp_path / "nm.json"))
+    k.start()
+    try:
+        assert (short_dir / "cfg" / "koordlet.json").exists()  # runtime hooks registered
+        assert k.metric_cache is None and k.reporter is None
+        text = scrape(port)
+        assert 'koordlet_module_up{module="metric-cache",node=' in text
+        up = {line.split('module="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
+              for line in text.splitlines() if line.startswith("koordlet_module_up{")}
+        assert up == {"resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
+                      "nodemetric-reporter": "0.0", "runtime-hooks": "1.0"}
+    finally:
+        k.stop()
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "module metric-cache cannot start" in messages and str(blocker) in messages
+    assert "nodemetric-reporter cannot start: no metric cache" in messages
+
+
+def test_busy_addr_is_logged_and_koordlet_runs(tmp_path, short_dir, caplog):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        k = koordlet(tmp_path, short_dir, "--tsdb-path", str(tmp_path / "tsdb"),
+                     "--addr", f"127.0.0.1:{port}")
+        k.start()
+        try:
+            assert (short_dir / "cfg" / "koordlet.json").exists()
+            assert k.metric_cache is not None
+        finally:
+            k.stop()
+    assert any("cannot serve Prometheus metrics" in r.getMessage() for r in caplog.records)
+
+
+def test_node_metric_file_reported_without_node_slo(tmp_path, short_dir):
+    nm = tmp_path / "nm.json"
+    nm.write_text(json.dumps({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric",
+                              "metadata": {"name": "n1"},
+                              "spec": {"metricCollectPolicy": {"reportIntervalSeconds": 1}}}))
+    cache = MetricCache(tmp_path / "tsdb")  # history written before koordlet starts
+    now = time.time()
+    cache.append([Sample(NODE_CPU_USAGE, {}, now - 2, 0.5), Sample(NODE_MEMORY_USAGE, {}, now - 2, 2**30)])
+    cache.close()
+    port = free_port()
+    k = koordlet(tmp_path, short_dir, "--tsdb-path", str(tmp_path / "tsdb"),
+                 "--addr", f"127.0.0.1:{port}", "--node-metric-file", str(nm))
+    k.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "status" not in json.loads(nm.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = json.loads(nm.read_text())["status"]
+        assert status["nodeMetric"]["nodeUsage"] == {"resources": {"cpu": "500m", "memory": "1Gi"}}
+        assert 'koordlet_node_metric_node_usage{node=' in scrape(port)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        k.stop()

@@ -1,0 +1,428 @@
+"""Collectors on generated /proc, /sys and cgroup v1/v2 trees, with upstream's table cases."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from koord.koordlet import metriccache as mc
+from koord.koordlet.metriccache import MetricCache
+from koord.koordlet.metricsadvisor import AdvisorConfig
+from koord.koordlet.metricsadvisor.collectors import (BEResourceCollector, HostApplicationCollector,
+                                                      NodeInfoCollector, NodeResourceCollector, PSICollector,
+                                                      PodResourceCollector, PodThrottledCollector,
+                                                      SystemResourceCollector)
+from koord.koordlet.metricsadvisor.framework import Env, Point, Problems, Rates
+from koord.testing.cgroupfs import memory_stat_text, write_usage
+from koord.testing.pods import FakeContainer, FakePod, FakeStatesInformer
+
+MiB = 1024 * 1024
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def by_kind(samples):
+    out: dict[str, list] = {}
+    for s in samples:
+        out.setdefault(s.kind, []).append(s)
+    return out
+
+
+@pytest.fixture
+def make_env(tmp_path):
+    def make(version: int = 1, pods=None, node_slo=None, **config) -> Env:
+        root = tmp_path / f"cgroup-v{version}"
+        root.mkdir(exist_ok=True)
+        if version == 2:
+            (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+        for d in ("proc", "sys"):
+            (tmp_path / d).mkdir(exist_ok=True)
+        cfg = AdvisorConfig(cgroup_root=root, proc_root=tmp_path / "proc", sys_root=tmp_path / "sys",
+                            cgroup_driver="cgroupfs", **config)
+        return Env(cfg, FakeStatesInformer(pods or [], node_slo=node_slo), MetricCache(None))
+    return make
+
+
+# ---- node --------------------------------------------------------------------------------
+
+def write_proc(env: Env, busy_ticks: int, mem_total=1048576, mem_avail=524288, mem_free=262144) -> None:
+    (env.proc / "stat").write_text(f"cpu  {busy_ticks} 0 0 5000 7 0 0 9 0 0\ncpu0 {busy_ticks} 0 0 5000 7 0 0 9 0 0\n")
+    (env.proc / "meminfo").write_text(f"MemTotal: {mem_total} kB\nMemFree: {mem_free} kB\n"
+                                      f"MemAvailable: {mem_avail} kB\n")
+
+
+def test_node_resource_as_upstream(make_env):
+    # Test_nodeResourceCollector_collectNodeResUsed
+    env = make_env()
+    c = NodeResourceCollector(env)
+    write_proc(env, 1000)
+    first = by_kind(c.collect(100.0))
+    assert mc.NODE_CPU_USAGE not in first  # the first sample only primes
+    assert first[mc.NODE_MEMORY_USAGE][0].value == 536870912
+    assert first[mc.NODE_MEMORY_USAGE_WITH_PAGE_CACHE][0].value == 805306368
+    assert env.shared.node is None
+    write_proc(env, 1000 + HZ)  # one core's worth of ticks in one second
+    second = by_kind(c.collect(101.0))
+    assert second[mc.NODE_CPU_USAGE][0].value == pytest.approx(1.0)
+    assert env.shared.node == Point(pytest.approx(1.0), 536870912, 101.0)
+
+
+def test_node_resource_numa(make_env):
+    env = make_env()
+    node0 = env.sys / "devices/system/node/node0"
+    node0.mkdir(parents=True)
+    (node0 / "cpulist").write_text("0\n")
+    (node0 / "meminfo").write_text("Node 0 MemTotal: 1000 kB\nNode 0 MemFree: 100 kB\nNode 0 Active(file): 0 kB\n"
+                                   "Node 0 Inactive(file): 0 kB\nNode 0 SReclaimable: 0 kB\n")
+    c = NodeResourceCollector(env)
+    write_proc(env, 0)
+    c.collect(10.0)
+    write_proc(env, HZ // 2)
+    got = by_kind(c.collect(11.0))
+    assert got[mc.NODE_NUMA_CPU_USAGE][0].value == pytest.approx(0.5)
+    assert got[mc.NODE_NUMA_CPU_USAGE][0].labels == {mc.NUMA_NODE_ID: "0"}
+    assert got[mc.NODE_NUMA_MEMORY_USAGE][0].value == 900 * 1024
+
+
+def test_node_counter_going_backwards_gives_no_cpu_sample(make_env):
+    env = make_env()
+    c = NodeResourceCollector(env)
+    write_proc(env, 5000)
+    c.collect(1.0)
+    write_proc(env, 10)
+    assert mc.NODE_CPU_USAGE not in by_kind(c.collect(2.0))
+    write_proc(env, 10 + HZ)
+    assert by_kind(c.collect(3.0))[mc.NODE_CPU_USAGE][0].value == pytest.approx(1.0)
+
+
+# ---- system ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("node, pods, apps, want", [
+    # Test_systemResourceCollector_collectSysResUsed
+    ((1, 1024), {"PodResource": (0.5, 512)}, (0, 0), (0.5, 512)),
+    ((2, 2048), {"PodResource": (0.5, 512), "Other": (1, 512)}, (0, 0), (0.5, 1024)),
+    ((1, 1024), {"PodResource": (0.5, 512)}, (0.1, 128), (0.4, 384)),
+    ((1, 1024), {"PodResource": (2, 2048)}, (0, 0), (0, 0)),  # never negative
+])
+def test_system_resource_as_upstream(make_env, node, pods, apps, want):
+    env = make_env()
+    env.shared.set_node(Point(*node, 100.0))
+    for name, (cpu, mem) in pods.items():
+        env.shared.set_pods(name, Point(cpu, mem, 100.0))
+    env.shared.set_host_apps(Point(*apps, 100.0))
+    got = by_kind(SystemResourceCollector(env).collect(101.0))
+    assert got[mc.SYS_CPU_USAGE][0].value == pytest.approx(want[0])
+    assert got[mc.SYS_MEMORY_USAGE][0].value == want[1]
+
+
+@pytest.mark.parametrize("missing", ["node", "pods", "apps", "stale-node", "stale-pods"])
+def test_system_resource_needs_fresh_inputs(make_env, missing):
+    env = make_env()
+    if missing != "node":
+        env.shared.set_node(Point(1, 1024, 80.0 if missing == "stale-node" else 100.0))
+    if missing != "pods":
+        env.shared.set_pods("PodResource", Point(0.5, 512, 80.0 if missing == "stale-pods" else 100.0))
+    if missing != "apps":
+        env.shared.set_host_apps(Point(0, 0, 100.0))
+    assert SystemResourceCollector(env).collect(101.0) == []
+
+
+# ---- BE ----------------------------------------------------------------------------------
+
+def write_be(env: Env, version: int, cpuset: str, quota: int, cpu_ns: int = 0, container_cpuset: str | None = None):
+    root = env.config.cgroup_root
+    be = "kubepods/besteffort"
+    write_usage(root, be, version, cpu_ns=cpu_ns, memory_stat=memory_stat_text(version, 0))
+    if version == 1:
+        for d in (root / "cpuset" / be, root / "cpu" / be):
+            d.mkdir(parents=True, exist_ok=True)
+        (root / "cpuset" / be / "cpuset.cpus").write_text(cpuset + "\n")
+        (root / "cpu" / be / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (root / "cpu" / be / "cpu.cfs_period_us").write_text("100000\n")
+        if container_cpuset:
+            (root / "cpuset" / be / "podx" / "c1").mkdir(parents=True)
+            (root / "cpuset" / be / "podx" / "cpuset.cpus").write_text(cpuset + "\n")
+            (root / "cpuset" / be / "podx" / "c1" / "cpuset.cpus").write_text(container_cpuset + "\n")
+    else:
+        (root / be / "cpuset.cpus.effective").write_text(cpuset + "\n")
+        (root / be / "cpu.max").write_text(f"{'max' if quota == -1 else quota} 100000\n")
+        if container_cpuset:
+            (root / be / "podx" / "c1").mkdir(parents=True)
+            (root / be / "podx" / "c1" / "cpuset.cpus.effective").write_text(container_cpuset + "\n")
+
+
+def be_value(samples, allocation):
+    return [s.value for s in samples if s.kind == mc.NODE_BE and s.labels[mc.BE_ALLOCATION] == allocation]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("cpuset, quota, container_cpuset, want", [
+    # Test_getBECPURealMilliLimit
+    ("1-2", -1, None, 2000), ("1-15", 800000, None, 8000),
+    ("0-15", -1, "3", 1000),  # a container pinned narrower than its parents
+])
+def test_be_real_limit_as_upstream(make_env, version, cpuset, quota, container_cpuset, want):
+    env = make_env(version)
+    write_be(env, version, cpuset, quota, container_cpuset=container_cpuset)
+    assert be_value(BEResourceCollector(env).collect(1.0), mc.BE_ALLOCATION_REAL_LIMIT) == [want]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_be_usage_as_upstream(make_env, version):
+    # Test_getBECPUUsageMilliCores: 12000e9 -> 12004e9 ns in one second = 4000 milli-cores.
+    env = make_env(version)
+    write_be(env, version, "0-7", -1, cpu_ns=12000 * 10**9)
+    c = BEResourceCollector(env)
+    assert be_value(c.collect(10.0), mc.BE_ALLOCATION_USAGE) == []
+    write_be(env, version, "0-7", -1, cpu_ns=12004 * 10**9)
+    assert be_value(c.collect(11.0), mc.BE_ALLOCATION_USAGE) == [pytest.approx(4000)]
+
+
+def test_be_request_sums_batch_cpu_of_be_pods(make_env):
+    be = FakePod("ns", "be", "u1", "kubepods/besteffort/podu1", kube_qos="besteffort", koord_qos="BE",
+                 containers=[FakeContainer("a", "c1", "x", requests={"kubernetes.io/batch-cpu": 500}),
+                             FakeContainer("b", "c2", "y", requests={"kubernetes.io/batch-cpu": 1500})])
+    ls = FakePod("ns", "ls", "u2", "kubepods/podu2", koord_qos="LS",
+                 containers=[FakeContainer("a", "c3", "z", requests={"kubernetes.io/batch-cpu": 999})])
+    env = make_env(pods=[be, ls])
+    write_be(env, 1, "0-1", -1)
+    assert be_value(BEResourceCollector(env).collect(1.0), mc.BE_ALLOCATION_REQUEST) == [2000]
+
+
+# ---- pods --------------------------------------------------------------------------------
+
+def pod_with_container(uid="u1") -> FakePod:
+    return FakePod("default", f"pod-{uid}", uid, f"kubepods/burstable/pod{uid}",
+                   containers=[FakeContainer("main", f"cid-{uid}", f"kubepods/burstable/pod{uid}/cid-{uid}")])
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_pod_resource_as_upstream(make_env, version):
+    # Test_collector_collectPodResUsed: 1e9 ns in 1 s = 1 core; inactive_anon 104857600 = 100 MiB.
+    pod = pod_with_container()
+    env = make_env(version, pods=[pod])
+    root = env.config.cgroup_root
+    for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+        write_usage(root, rel, version, cpu_ns=0, memory_stat=memory_stat_text(version, 104857600, file=5 * MiB))
+    c = PodResourceCollector(env)
+    first = by_kind(c.collect(50.0))
+    assert mc.POD_CPU_USAGE not in first and mc.CONTAINER_CPU_USAGE not in first
+    assert first[mc.POD_MEMORY_USAGE][0].value == 100 * MiB
+    for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+        write_usage(root, rel, version, cpu_ns=10**9, memory_stat=memory_stat_text(version, 104857600, file=5 * MiB))
+    got = by_kind(c.collect(51.0))
+    assert got[mc.POD_CPU_USAGE][0].value == pytest.approx(1.0)
+    assert got[mc.POD_CPU_USAGE][0].labels == {mc.POD_UID: "u1"}
+    assert got[mc.CONTAINER_CPU_USAGE][0].value == pytest.approx(1.0)
+    assert got[mc.CONTAINER_CPU_USAGE][0].labels == {mc.CONTAINER_ID: "cid-u1"}
+    assert got[mc.CONTAINER_MEMORY_USAGE][0].value == 100 * MiB
+    assert mc.POD_MEMORY_USAGE_WITH_PAGE_CACHE not in got
+    assert env.shared.pods["PodResource"] == Point(pytest.approx(1.0), 100 * MiB, 51.0)
+
+
+def test_pod_resource_page_cache_when_enabled(make_env):
+    pod = pod_with_container()
+    env = make_env(pods=[pod], enable_pagecache_collector=True)
+    for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+        write_usage(env.config.cgroup_root, rel, 1, cpu_ns=0, memory_stat=memory_stat_text(1, MiB, file=2 * MiB))
+    got = by_kind(PodResourceCollector(env).collect(1.0))
+    assert got[mc.POD_MEMORY_USAGE_WITH_PAGE_CACHE][0].value == 3 * MiB
+    assert got[mc.CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE][0].value == 3 * MiB
+
+
+def test_pod_resource_waits_for_sync(make_env):
+    env = make_env(pods=[pod_with_container()])
+    env.pods.synced = False
+    assert PodResourceCollector(env).collect(1.0) == []
+
+
+def test_hostile_pod_files_logged_once_per_cause(make_env, caplog):
+    good, garbage, vanished = pod_with_container("good"), pod_with_container("bad"), pod_with_container("gone")
+    env = make_env(pods=[good, garbage, vanished])
+    root = env.config.cgroup_root
+    for pod in (good, garbage):
+        for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+            write_usage(root, rel, 1, cpu_ns=0, memory_stat=memory_stat_text(1, MiB))
+    (root / "cpuacct" / garbage.cgroup_dir / "cpuacct.usage").write_text("garbage\n")
+    (root / "memory" / garbage.containers[0].cgroup_dir / "memory.stat").write_text("\x00" * 100)
+    c = PodResourceCollector(env)
+    caplog.set_level(logging.DEBUG)
+    for t in range(5):
+        got = c.collect(float(t))
+    uids = {s.labels.get(mc.POD_UID) for s in got if s.kind == mc.POD_MEMORY_USAGE}
+    assert uids == {"good"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1  # the garbage pod-level file; its container is not reached
+    assert "pod default/pod-bad" in warnings[0] and "cpuacct.usage" in warnings[0]
+    missing = [r for r in caplog.records if "pod-gone" in r.getMessage()]
+    assert len(missing) == 1 and missing[0].levelno == logging.DEBUG  # a stopping pod is normal
+
+
+def test_container_garbage_logged_with_container_name(make_env, caplog):
+    pod = pod_with_container()
+    env = make_env(pods=[pod])
+    root = env.config.cgroup_root
+    for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+        write_usage(root, rel, 1, cpu_ns=0, memory_stat=memory_stat_text(1, MiB))
+    (root / "memory" / pod.containers[0].cgroup_dir / "memory.stat").write_text("total_rss x\n")
+    got = by_kind(PodResourceCollector(env).collect(1.0))
+    assert mc.CONTAINER_MEMORY_USAGE not in got and mc.POD_MEMORY_USAGE in got
+    assert "pod default/pod-u1 container main" in caplog.text and "memory.stat" in caplog.text
+
+
+def test_pod_cgroup_escaping_the_root_is_refused(make_env, caplog):
+    pod = FakePod("ns", "evil", "u9", "../../etc")
+    env = make_env(pods=[pod])
+    assert PodResourceCollector(env).collect(1.0) == []
+    assert "leaves the cgroup root" in caplog.text
+
+
+# ---- throttling --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_pod_throttled_ratio(make_env, version):
+    pod = pod_with_container()
+    env = make_env(version, pods=[pod])
+    root = env.config.cgroup_root
+
+    def write(periods, throttled):
+        for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+            write_usage(root, rel, version, cpu_ns=0, memory_stat=memory_stat_text(version, 0),
+                        nr_periods=periods, nr_throttled=throttled)
+
+    c = PodThrottledCollector(env)
+    write(10, 2)
+    assert c.collect(1.0) == []
+    write(20, 7)
+    got = by_kind(c.collect(2.0))
+    assert got[mc.POD_CPU_THROTTLED][0].value == 0.5
+    assert got[mc.CONTAINER_CPU_THROTTLED][0].value == 0.5
+    got = by_kind(c.collect(3.0))  # no period passed
+    assert got[mc.POD_CPU_THROTTLED][0].value == 0.0
+
+
+# ---- PSI ---------------------------------------------------------------------------------
+
+def test_psi_gate_off_by_default_and_samples_when_on(make_env):
+    assert not PSICollector(make_env()).enabled()
+    pod = FakePod("ns", "p", "u1", "kubepods/podu1")
+    env = make_env(2, pods=[pod], psi_collector=True)
+    d = env.config.cgroup_root / pod.cgroup_dir
+    d.mkdir(parents=True)
+    (d / "cpu.pressure").write_text("some avg10=1.50 avg60=0 avg300=0 total=1\nfull avg10=0.5 avg60=0 avg300=0 total=1\n")
+    (d / "memory.pressure").write_text("some avg10=2.00 avg60=0 avg300=0 total=1\n")
+    (d / "io.pressure").write_text("some avg10=0.00 avg60=0 avg300=0 total=1\n")
+    got = {(s.labels[mc.PSI_RESOURCE], s.labels[mc.PSI_DEGREE]): s.value for s in PSICollector(env).collect(1.0)}
+    assert got == {("cpu", "some"): 1.5, ("cpu", "full"): 0.5, ("mem", "some"): 2.0, ("io", "some"): 0.0}
+
+
+# ---- node info ---------------------------------------------------------------------------
+
+def test_node_info_topology(make_env):
+    env = make_env()
+    # 2 sockets x 2 cores x 2 threads; NUMA node per socket; cpu 7 offline.
+    layout = {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (0, 0), 5: (0, 1), 6: (1, 0), 7: (1, 1)}
+    (env.proc / "cpuinfo").write_text("".join(f"processor : {c}\n\n" for c in range(7)))
+    base = env.sys / "devices/system/cpu"
+    for cpu, (socket, core) in layout.items():
+        topo = base / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "physical_package_id").write_text(f"{socket}\n")
+        (topo / "core_id").write_text(f"{core}\n")
+    (base / "online").write_text("0-6\n")
+    for node, cpus in ((0, "0-1,4-5"), (1, "2-3,6-7")):
+        d = env.sys / "devices/system/node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+        (d / "meminfo").write_text(f"Node {node} MemTotal: 1024 kB\n")
+    NodeInfoCollector(env).collect(1.0)
+    info = env.cache.get_kv(mc.NODE_CPU_INFO)
+    assert info["total_cpus"] == 8
+    procs = {p["cpu"]: p for p in info["processors"]}
+    assert procs[4] == {"cpu": 4, "core": 0, "socket": 0, "node": 0, "online": True}
+    assert procs[2]["core"] != procs[0]["core"]  # socket 1's core 0 is another core
+    assert procs[2]["core"] == procs[6]["core"] and procs[2]["node"] == 1
+    assert procs[7]["online"] is False
+    numa = env.cache.get_kv(mc.NODE_NUMA_INFO)
+    assert numa == {"nodes": [{"id": 0, "cpus": [0, 1, 4, 5], "memory_total_bytes": 1048576},
+                              {"id": 1, "cpus": [2, 3, 6, 7], "memory_total_bytes": 1048576}]}
+
+
+def test_node_info_from_cpuinfo_alone(make_env):
+    env = make_env()
+    (env.proc / "cpuinfo").write_text("processor : 0\nphysical id : 0\ncore id : 0\n\n"
+                                      "processor : 1\nphysical id : 0\ncore id : 1\n")
+    NodeInfoCollector(env).collect(1.0)
+    info = env.cache.get_kv(mc.NODE_CPU_INFO)
+    assert info == {"total_cpus": 2, "processors": [
+        {"cpu": 0, "core": 0, "socket": 0, "node": 0, "online": True},
+        {"cpu": 1, "core": 1, "socket": 0, "node": 0, "online": True}]}
+
+
+# ---- host applications -------------------------------------------------------------------
+
+@pytest.mark.parametrize("app, want", [
+    ({"name": "nginx", "qos": "LS"}, "host-latency-sensitive/nginx"),
+    ({"name": "batch", "qos": "BE"}, "host-best-effort/batch"),
+    ({"name": "x", "cgroupPath": {"base": "KubepodsBesteffort", "parentDir": "host/", "relativePath": "x"}},
+     "kubepods/besteffort/host/x"),
+    ({"name": "y", "cgroupPath": {"relativePath": "system.slice/y"}}, "system.slice/y"),
+])
+def test_host_application_dirs(make_env, app, want):
+    assert HostApplicationCollector(make_env()).app_dir(app) == want
+
+
+@pytest.mark.parametrize("app", [{"name": "../x"}, {"name": ""}, {"name": "a", "cgroupPath": {"base": "Nope"}},
+                                 {"name": "a", "cgroupPath": {"relativePath": "../../etc"}},
+                                 {"name": "a", "cgroupPath": "str"}])
+def test_host_application_bad_entries(make_env, app):
+    with pytest.raises(ValueError):
+        HostApplicationCollector(make_env()).app_dir(app)
+
+
+def test_host_application_samples_and_totals(make_env):
+    slo = {"spec": {"hostApplications": [{"name": "nginx", "qos": "LS"}, {"name": "../bad"}, "junk"]}}
+    env = make_env(node_slo=slo)
+    write_usage(env.config.cgroup_root, "host-latency-sensitive/nginx", 1, cpu_ns=0,
+                memory_stat=memory_stat_text(1, 128 * MiB, file=MiB))
+    c = HostApplicationCollector(env)
+    c.collect(1.0)
+    write_usage(env.config.cgroup_root, "host-latency-sensitive/nginx", 1, cpu_ns=10**8,
+                memory_stat=memory_stat_text(1, 128 * MiB, file=MiB))
+    got = by_kind(c.collect(2.0))
+    assert got[mc.HOST_APPLICATION_CPU_USAGE][0].value == pytest.approx(0.1)
+    assert got[mc.HOST_APPLICATION_MEMORY_USAGE][0].labels == {mc.HOST_APP_NAME: "nginx"}
+    assert got[mc.HOST_APPLICATION_MEMORY_USAGE_WITH_PAGE_CACHE][0].value == 129 * MiB
+    assert env.shared.host_apps == Point(pytest.approx(0.1), 128 * MiB, 2.0)
+
+
+def test_host_application_without_node_slo_still_reports_zero(make_env):
+    env = make_env(node_slo=None)
+    assert HostApplicationCollector(env).collect(5.0) == []
+    assert env.shared.host_apps == Point(0.0, 0.0, 5.0)
+
+
+# ---- framework ---------------------------------------------------------------------------
+
+def test_problems_log_once_until_cleared_or_forgotten(caplog):
+    now = [0.0]
+    p = Problems(logging.getLogger("t"), forget_after=100, clock=lambda: now[0])
+    assert p.report("k", "m") and not p.report("k", "m")
+    p.clear("k")
+    assert p.report("k", "m")
+    now[0] = 50
+    assert not p.report("k", "m")
+    now[0] = 200
+    assert p.report("k", "m")
+
+
+def test_rates_prime_backwards_and_ttl():
+    r = Rates(ttl=20)
+    assert r.rate("a", 100, 0) is None
+    assert r.rate("a", 200, 1) == 100
+    assert r.rate("a", 50, 2) is None  # went backwards: re-primed
+    assert r.rate("a", 150, 3) == 100
+    assert r.rate("a", 300, 30) is None  # too old to difference
+    assert r.rate("a", 300, 30) is None  # dt == 0

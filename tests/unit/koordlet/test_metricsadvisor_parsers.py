@@ -1,0 +1,158 @@
+"""Parsers of the files the metrics advisor reads: table cases and properties (any text
+gives a value or a ValueError, nothing else; generated valid files parse back)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from koord.koordlet.metricsadvisor import parsers as p
+
+ANY_TEXT = st.text(max_size=400) | st.lists(
+    st.sampled_from(["cpu", "cpu0", "some", "full", "avg10=1.5", "total=3", "MemTotal:", "kB", "processor",
+                     ":", "1", "-1", "max", "100000", "x", "\n", " ", "Node 0", "usage_usec",
+                     "total_inactive_anon", "99999999999999999999", "1e3", "nan"]),
+    max_size=40).map(" ".join)
+
+PARSERS = [p.parse_int, p.parse_flat_keyed, p.parse_proc_stat, p.parse_meminfo, p.parse_cpu_list,
+           p.parse_psi, p.parse_cpuinfo, lambda t: p.cgroup_cpu_ns(t, 1), lambda t: p.cgroup_cpu_ns(t, 2),
+           lambda t: p.parse_cpu_quota(t, 2), lambda t: p.parse_cpu_quota(t, 1, "100000")]
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+@given(text=ANY_TEXT)
+def test_any_text_gives_value_or_value_error(parser, text):
+    try:
+        parser(text)
+    except ValueError:
+        pass
+
+
+PROC_STAT = """cpu  100 5 50 1000 20 3 2 7 0 0
+cpu0 50 2 25 500 10 1 1 3 0 0
+cpu1 50 3 25 500 10 2 1 4 0 0
+intr 12345 1 2 3
+ctxt 999
+"""
+
+
+def test_proc_stat_busy_excludes_idle_iowait_steal():
+    stat = p.parse_proc_stat(PROC_STAT)
+    assert stat["cpu"].busy == 100 + 5 + 50 + 3 + 2
+    assert stat["cpu1"].busy == 50 + 3 + 25 + 2 + 1
+    assert set(stat) == {"cpu", "cpu0", "cpu1"}
+
+
+@given(st.lists(st.tuples(*[st.integers(0, 2**40)] * 10), min_size=1, max_size=8))
+def test_proc_stat_roundtrip(rows):
+    text = "\n".join(["cpu  " + " ".join(map(str, rows[0]))]
+                     + [f"cpu{i} " + " ".join(map(str, r)) for i, r in enumerate(rows[1:])])
+    stat = p.parse_proc_stat(text)
+    for name, r in zip(["cpu"] + [f"cpu{i}" for i in range(len(rows) - 1)], rows):
+        assert stat[name].busy == r[0] + r[1] + r[2] + r[5] + r[6]
+
+
+def test_meminfo_node_memory_as_upstream():
+    info = p.parse_meminfo("MemTotal:       1048576 kB\nMemFree:         262144 kB\n"
+                           "MemAvailable:    524288 kB\nHugePages_Total:       0\n")
+    assert p.node_memory_bytes(info) == (536870912, 805306368)
+
+
+def test_numa_meminfo():
+    text = ("Node 0 MemTotal: 1000 kB\nNode 0 MemFree: 100 kB\nNode 0 Active(file): 200 kB\n"
+            "Node 0 Inactive(file): 300 kB\nNode 0 SReclaimable: 50 kB\n")
+    assert p.numa_memory_bytes(p.parse_meminfo(text)) == 350 * 1024
+    assert p.numa_memory_bytes({"MemTotal": 1, "MemFree": 5, "Active(file)": 0, "Inactive(file)": 0,
+                                "SReclaimable": 0}) == 0
+    with pytest.raises(ValueError, match="MemFree"):
+        p.numa_memory_bytes({"MemTotal": 1})
+
+
+@given(st.dictionaries(st.from_regex(r"[A-Za-z_][A-Za-z0-9_()]{0,20}", fullmatch=True),
+                       st.integers(0, 2**50), max_size=30))
+def test_meminfo_roundtrip(values):
+    assert p.parse_meminfo("".join(f"{k}: {v} kB\n" for k, v in values.items())) == values
+
+
+@pytest.mark.parametrize("version, stat, want", [
+    (1, {"total_inactive_anon": 104857600, "total_active_anon": 0, "total_unevictable": 0,
+         "total_inactive_file": 5, "total_active_file": 6, "inactive_anon": 1}, (104857600, 104857611)),
+    (2, {"inactive_anon": 104857600, "active_anon": 0, "unevictable": 0, "inactive_file": 5,
+         "active_file": 6}, (104857600, 104857611)),
+])
+def test_cgroup_memory_without_page_cache(version, stat, want):
+    assert p.cgroup_memory_bytes(stat, version) == want
+
+
+def test_cgroup_memory_missing_key_named():
+    with pytest.raises(ValueError, match="active_anon"):
+        p.cgroup_memory_bytes({"inactive_anon": 1}, 2)
+
+
+@given(st.dictionaries(st.from_regex(r"[a-z_]{1,20}", fullmatch=True), st.integers(0, 2**63 - 1), max_size=40))
+def test_flat_keyed_roundtrip(values):
+    assert p.parse_flat_keyed("".join(f"{k} {v}\n" for k, v in values.items())) == values
+
+
+@pytest.mark.parametrize("text, version, want", [
+    ("12000000000\n", 1, 12000000000), ("usage_usec 1000000\nuser_usec 5\n", 2, 1000000000)])
+def test_cgroup_cpu_ns(text, version, want):
+    assert p.cgroup_cpu_ns(text, version) == want
+
+
+@pytest.mark.parametrize("text", ["-5", "abc", "", "1 2", "99999999999999999999", "１２"])
+def test_bad_counters(text):
+    with pytest.raises(ValueError):
+        p.parse_int(text)
+
+
+@pytest.mark.parametrize("text, version, period, want", [
+    ("max 100000", 2, None, (-1, 100000)), ("800000 100000\n", 2, None, (800000, 100000)),
+    ("-1\n", 1, "100000\n", (-1, 100000)), ("800000", 1, "100000", (800000, 100000))])
+def test_cpu_quota(text, version, period, want):
+    assert p.parse_cpu_quota(text, version, period) == want
+
+
+def test_psi():
+    text = ("some avg10=1.50 avg60=0.00 avg300=0.00 total=123\n"
+            "full avg10=0.25 avg60=0.00 avg300=0.00 total=45\n")
+    assert p.parse_psi(text) == {"some": 1.5, "full": 0.25}
+    assert p.parse_psi("some avg10=2.00 avg60=0 avg300=0 total=1\n") == {"some": 2.0}
+    for bad in ("full avg10=1 total=1\n", "some avg10=nan\n", "some avg10=500\n", "other x=1"):
+        with pytest.raises(ValueError):
+            p.parse_psi(bad)
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+physical id\t: 0
+core id\t\t: 0
+
+processor\t: 1
+physical id\t: 1
+core id\t\t: 0
+"""
+
+
+def test_cpuinfo():
+    assert p.parse_cpuinfo(CPUINFO) == [{"cpu": 0, "socket": 0, "core": 0}, {"cpu": 1, "socket": 1, "core": 0}]
+    assert p.parse_cpuinfo("processor : 3\nBogoMIPS : 100\n") == [{"cpu": 3, "socket": 0, "core": 3}]
+    with pytest.raises(ValueError):
+        p.parse_cpuinfo("processor : 0\n\nprocessor : 0\n")
+
+
+def test_read_bounded(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x" * 100)
+    assert p.read_bounded(f, 100) == "x" * 100
+    with pytest.raises(p.FileProblem, match="larger than 10 bytes"):
+        p.read_bounded(f, 10)
+    with pytest.raises(p.FileProblem) as err:
+        p.read_bounded(tmp_path / "missing")
+    assert err.value.missing
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(p.FileProblem, match="UTF-8"):
+        p.read_bounded(f)
+    with pytest.raises(p.FileProblem, match="is a directory|read failed"):
+        p.read_bounded(tmp_path)
