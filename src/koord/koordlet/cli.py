@@ -23,9 +23,9 @@ from pathlib import Path
 from koord.hookapi import FailurePolicy, HookPoint, Registration, parse_duration, unix_socket_path
 
 from ..runtimeproxy.metrics import HealthServer
-from . import metriccache
+from . import metriccache, qosmanager
 from .metrics import KoordletMetrics
-from .resourceexecutor.executor import CgroupExecutor
+from .resourceexecutor.updater import ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins, parse_feature_gates
 from .runtimehooks.reconciler import Reconciler
@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
       metavar="LEVEL",
       help="(default: %(default)s)")
     metriccache.add_flags(p)
+    qosmanager.add_flags(p)
     return p
 
 
@@ -203,7 +204,7 @@ class Koordlet:
     def __post_init__(self) -> None:
         a = self.args
         driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
-        self.executor = CgroupExecutor(a.cgroup_root_dir, driver=driver)
+        self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir)
         env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
                         proc_root=a.proc_root_dir)
         self.plugins: list[RuntimePlugin] = build_plugins(env, a.feature_gates)
@@ -227,6 +228,7 @@ class Koordlet:
         self.health: HealthServer | None = None
         self.metric_cache: metriccache.MetricCache | None = None
         self.reporter: NodeMetricReporter | None = None
+        self.qos_manager: qosmanager.QOSManager | None = None
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
@@ -255,6 +257,7 @@ class Koordlet:
         self._start_reporter()
         # The metrics advisor and the QoS manager start here, each as
         # self._run_module(name, lambda: Module(...).start()), in this order.
+        self.qos_manager = self._run_module("qos-manager", self._start_qos_manager)
         self._start_runtime_hooks()
 
     def _run_module(self, name: str, start):
@@ -303,6 +306,15 @@ class Koordlet:
         log.info("no --node-metric-file and no API server: NodeMetric is not reported")
         return None
 
+    def _start_qos_manager(self) -> qosmanager.QOSManager:
+        if self.metric_cache is None:
+            raise RuntimeError("no metric cache")
+        manager = qosmanager.QOSManager(
+            qosmanager.QOSConfig.from_args(self.args, node_name=node_name()), self.informer,
+            self.metric_cache, self.executor, registry=self.metrics.registry)
+        manager.start()
+        return manager
+
     def _start_runtime_hooks(self) -> None:
         log.info("plugins: %s", ", ".join(p.name for p in self.plugins) or "none")
         self.server.start()
@@ -323,6 +335,8 @@ class Koordlet:
         self.server.stop()
         if self.reconciler is not None:
             self.reconciler.stop()
+        if self.qos_manager is not None:
+            self.qos_manager.stop()
         if self.reporter is not None:
             self.reporter.stop()
         self.informer.stop()

@@ -395,3 +395,14 @@ def test_add_flags_defaults() -> None:
                          "BEMemoryEvict": False, "MemoryEvict": False}
     with pytest.raises(SystemExit):
         p.parse_args(["--cpu-suppress-interval-seconds", "-1"])
+
+
+def test_koordlet_flags_reach_the_qos_manager() -> None:
+    from koord.koordlet import cli
+
+    args = cli.parse_args(["--cpu-suppress-interval-seconds", "2", "--only-evict-by-api",
+                           "--feature-gates", "BEMemoryEvict=true,BECPUSuppress=false",
+                           "--cgroup-kube-dir", "test/kubepods"])
+    cfg = QOSConfig.from_args(args, node_name="n1")
+    assert (cfg.cpu_suppress_interval, cfg.only_evict_by_api, cfg.node_name) == (2, True, "n1")
+    assert cfg.gates["BEMemoryEvict"] is True and cfg.gates["BECPUSuppress"] is False

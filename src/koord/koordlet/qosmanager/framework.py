@@ -71,7 +71,7 @@ class QOSConfig:
     node_name: str = ""
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> QOSConfig:
+    def from_args(cls, args: argparse.Namespace, node_name: str = "") -> QOSConfig:
         gates = dict(QOS_FEATURE_GATES)
         gates.update({k: v for k, v in (getattr(args, "feature_gates", None) or {}).items()
                       if k in QOS_FEATURE_GATES})
@@ -85,6 +85,7 @@ class QOSConfig:
             collect_interval=float(getattr(args, "collect_res_used_interval", 1.0) or 1.0),
             gates=gates,
             cri_endpoint=getattr(args, "containerd_endpoint", cls.cri_endpoint),
+            node_name=node_name,
         )
 
 
