@@ -406,3 +406,37 @@ def test_koordlet_flags_reach_the_qos_manager() -> None:
     cfg = QOSConfig.from_args(args, node_name="n1")
     assert (cfg.cpu_suppress_interval, cfg.only_evict_by_api, cfg.node_name) == (2, True, "n1")
     assert cfg.gates["BEMemoryEvict"] is True and cfg.gates["BECPUSuppress"] is False
+
+
+def test_pending_eviction_counts_what_the_pod_had(tmp_path: Path) -> None:
+    """After its containers stop a pod's usage sample vanishes; the release it brought still
+    counts, so the next tick does not evict another pod for the same shortage."""
+    rig = memory_rig(tmp_path, {"BEMemoryEvict": True})
+    rig.config = QOSConfig(gates=rig.config.gates, memory_evict_cool_time=0)
+    rig.manager = QOSManager(rig.config, rig.informer, rig.cache, rig.executor,
+                             registry=CollectorRegistry(), evictor=rig.evictor, clock=lambda: rig.now)
+    rig.slo(enable=True, memoryEvictThresholdPercent=82)  # 18G: the 20G pod
+    s = rig.strategy("MemoryEvict")
+    s.run_once()
+    assert [u for u, _, _ in rig.evictor.stopped] == ["p100-20g"]
+    rig.now += 3  # the evicted pod's sample is stale now, the others are refreshed
+    rig.sample("node_memory_usage", 115 * GI)
+    for uid, gib in (("p100-5g", 5), ("p120-10g", 10)):
+        rig.sample("pod_memory_usage", gib * GI, pod_uid=uid)
+    s.run_once()
+    assert [u for u, _, _ in rig.evictor.stopped] == ["p100-20g"]
+
+
+def test_failed_eviction_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rig = memory_rig(tmp_path, {"BEMemoryEvict": True})
+    evictor = Evictor(str(tmp_path / "no-such.sock"))
+    rig.manager = QOSManager(QOSConfig(gates=rig.config.gates, memory_evict_cool_time=0), rig.informer,
+                             rig.cache, rig.executor, registry=CollectorRegistry(), evictor=evictor,
+                             clock=lambda: rig.now)
+    rig.slo(enable=True, memoryEvictThresholdPercent=82)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):
+            rig.strategy("MemoryEvict").run_once()
+    errors = [r for r in caplog.records if "p100-20g" in r.getMessage() or "default/p100-20g" in r.getMessage()]
+    assert len(errors) == 1 and "stopping containers failed" in errors[0].getMessage()
+    evictor.close()

@@ -149,8 +149,19 @@ class CPUSuppress(Strategy):
 
     # ---- cfsQuota -------------------------------------------------------------------------
 
+    def _be_dir_exists(self, resource: str) -> bool:
+        """No besteffort cgroup yet (no BE pod ever ran): nothing to suppress or restore."""
+        if self.ctx.executor.supports(self.be_dir, resource):
+            _log_once(self.name + "/dir-" + resource, None)
+            return True
+        _log_once(self.name + "/dir-" + resource, f"{self.be_dir} has no {resource} file yet: "
+                  "waiting for kubelet to create it")
+        return False
+
     def adjust_by_cfs_quota(self, suppress: Suppress) -> None:
         ex = self.ctx.executor
+        if not self._be_dir_exists("cpu_quota"):
+            return
         try:
             current = quota_value(ex.read(self.be_dir, "cpu_quota"))
         except (CgroupError, ValueError) as exc:
@@ -172,7 +183,7 @@ class CPUSuppress(Strategy):
                  suppress.explain())
 
     def recover_quota(self) -> None:
-        if self.status.get(CFS_QUOTA_POLICY) == RECOVERED:
+        if self.status.get(CFS_QUOTA_POLICY) == RECOVERED or not self._be_dir_exists("cpu_quota"):
             return
         try:
             if self.ctx.executor.update(Update(self.be_dir, "cpu_quota", UNLIMITED, owner=self.name),
@@ -204,7 +215,7 @@ class CPUSuppress(Strategy):
 
     def adjust_by_cpuset(self, suppress: Suppress) -> None:
         topo = self._topology()
-        if topo is None:
+        if topo is None or not self._be_dir_exists("cpuset_cpus"):
             return
         procs, excluded, pods = topo
         lse: set[int] = set()
@@ -254,7 +265,7 @@ class CPUSuppress(Strategy):
         """BE dirs (down to ``depth``) back to the BE pool: all cpus but reserved,
         exclusive system-QoS and LSE ones."""
         topo = self._topology()
-        if topo is None:
+        if topo is None or not self._be_dir_exists("cpuset_cpus"):
             return
         procs, excluded, pods = topo
         lse: set[int] = set()

@@ -37,6 +37,8 @@ class Evictor:
         self._clock = clock
         self._lock = threading.Lock()
         self._evicted: dict[str, float] = {}
+        self._evicted_amount: dict[str, float] = {}
+        self._failures: dict[str, str] = {}
         self._channel: grpc.Channel | None = None
 
     def recently_evicted(self, uid: str) -> bool:
@@ -44,6 +46,7 @@ class Evictor:
             now = self._clock()
             for key in [k for k, t in self._evicted.items() if now - t >= EVICTED_TTL_SECONDS]:
                 del self._evicted[key]
+                self._evicted_amount.pop(key, None)
             return uid in self._evicted
 
     def evict(self, pod: PodMeta, reason: str, message: str) -> bool:
@@ -53,8 +56,8 @@ class Evictor:
         if self.api_client is not None:
             ok = self._evict_by_api(pod, reason, message)
         elif self.only_by_api:
-            log.error("evict pod %s (%s) skipped: --only-evict-by-api and no API server; %s",
-                      pod.key, reason, message)
+            self._failed(pod, f"evict pod {pod.key} ({reason}) skipped: --only-evict-by-api and "
+                              f"no API server; {message}")
             return False
         else:
             ok = self._stop_containers(pod, reason, message)
@@ -70,15 +73,21 @@ class Evictor:
                     message: Callable[[PodMeta], str]) -> int:
         """Evicts victims in order until their amounts cover ``release``; a pod evicted
         moments ago counts without being evicted again. Returns how many were evicted now."""
-        released, evicted = 0.0, 0
+        pending = [p for p in victims if self.recently_evicted(p.uid)]
+        # Their usage samples may be gone already: count what they had when evicted.
+        with self._lock:
+            released = sum(self._evicted_amount.get(p.uid, 0.0) for p in pending)
+        evicted = 0
         for pod in victims:
             if released >= release:
                 break
-            if self.recently_evicted(pod.uid):
-                released += amount(pod)
+            if pod in pending:
                 continue
+            pod_amount = amount(pod)
             if self.evict(pod, reason, message(pod)):
-                released += amount(pod)
+                with self._lock:
+                    self._evicted_amount[pod.uid] = pod_amount
+                released += pod_amount
                 evicted += 1
         return evicted
 
@@ -93,8 +102,8 @@ class Evictor:
             client.CoreV1Api(self.api_client).create_namespaced_pod_eviction(
                 pod.name, pod.namespace, body)
         except ApiException as exc:
-            log.error("evict pod %s (%s) through the API failed: %s %s; %s",
-                      pod.key, reason, exc.status, exc.reason, message)
+            self._failed(pod, f"evict pod {pod.key} ({reason}) through the API failed: "
+                              f"{exc.status} {exc.reason}; {message}")
             return False
         log.warning("evicted pod %s through the API: %s: %s", pod.key, reason, message)
         return True
@@ -116,12 +125,22 @@ class Evictor:
             except grpc.RpcError as exc:
                 failed.append(f"{c.name}: {exc.code().name} {exc.details()}")
         if failed:
-            log.error("evict pod %s (%s): stopping containers failed: %s", pod.key, reason,
-                      "; ".join(failed))
+            self._failed(pod, f"evict pod {pod.key} ({reason}): stopping containers failed: "
+                              + "; ".join(failed))
         if stopped:
             log.warning("evicted pod %s by stopping containers %s through CRI: %s: %s",
                         pod.key, ", ".join(stopped), reason, message)
         return bool(stopped)
+
+    def _failed(self, pod: PodMeta, message: str) -> None:
+        """A failure repeats every tick while the cause lasts: logged as an error once per
+        pod and cause, at debug level after that."""
+        with self._lock:
+            repeated = self._failures.get(pod.uid) == message
+            self._failures[pod.uid] = message
+            if len(self._failures) > 1024:
+                self._failures.clear()
+        log.log(logging.DEBUG if repeated else logging.ERROR, "%s", message)
 
     def close(self) -> None:
         if self._channel is not None:

@@ -1,0 +1,274 @@
+"""QoS manager end to end: real containerd + runc pods burning CPU and holding memory, the
+real metrics advisor measuring them from real cgroup files, the states informer listing
+them over CRI, and the QoS manager writing the real besteffort cgroup / stopping containers.
+
+Pods live under the test's own kube dir (``koordtest-<id>/kubepods``), so nothing here
+touches other tests' pods or a real kubelet's. The modules are assembled in-process the way
+koordlet's start-up assembles them, so the test can read the strategy's last calculation
+and compare the written quota with the formula.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from koord.koordlet.metriccache import Aggregation, MetricCache
+from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
+from koord.koordlet.metricsadvisor.config import AdvisorConfig
+from koord.koordlet.qosmanager import QOSConfig, QOSManager
+from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
+from koord.koordlet.resourceexecutor.updater import ResourceExecutor
+from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObjectsSource, StatesInformer
+from koord.testing.containerd import Containerd
+from koord.testing.kubelet import KubeletClient
+from koord.testing.workloads import burn_command, hold_command
+
+pytestmark = pytest.mark.e2e
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+QOS_LABEL = "koordinator.sh/qosClass"
+PERIOD = 100000
+MIB = 1 << 20
+
+
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> object:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(path)
+
+
+@dataclass
+class Node:
+    """The koordlet modules of one test, with pods under a private kube dir."""
+
+    kube: str
+    informer: StatesInformer
+    cache: MetricCache
+    advisor: MetricsAdvisor
+    executor: ResourceExecutor
+    qos: QOSManager
+    registry: CollectorRegistry
+    slo_file: Path
+
+    def be_dir(self, subsystem: str) -> Path:
+        return CGROUP_ROOT / subsystem / self.kube / "besteffort"
+
+    def quota(self) -> int:
+        return int((self.be_dir("cpu") / "cpu.cfs_quota_us").read_text())
+
+    def suppress(self) -> CPUSuppress:
+        return next(s for s in self.qos.strategies if isinstance(s, CPUSuppress))
+
+    def slo(self, **threshold: object) -> None:
+        write_json(self.slo_file, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+                                   "metadata": {"name": "test-node"},
+                                   "spec": {"resourceUsedThresholdWithBE": threshold}})
+
+
+@pytest.fixture
+def node_factory(containerd: Containerd, tmp_path: Path) -> Iterator[Callable[..., Node]]:
+    made: list[Node] = []
+
+    def make(*, memory: str, config: QOSConfig, proc_root: Path = Path("/proc")) -> Node:
+        kube = f"koordtest-{uuid.uuid4().hex[:8]}/kubepods"
+        node_file, slo_file = tmp_path / "node.json", tmp_path / "nodeslo.json"
+        cpus = os.cpu_count() or 1
+        write_json(node_file, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node"},
+                               "status": {"capacity": {"cpu": str(cpus), "memory": memory},
+                                          "allocatable": {"cpu": str(cpus), "memory": memory}}})
+        write_json(slo_file, {"metadata": {"name": "test-node"}, "spec": {}})
+        informer = StatesInformer(objects=FileObjectsSource({NODE: node_file, NODE_SLO: slo_file}),
+                                  pods=CriPodsSource(containerd.endpoint, kube_dir=kube, driver="cgroupfs"),
+                                  pods_interval=1.0)
+        cache = MetricCache(None)
+        advisor = MetricsAdvisor(AdvisorConfig(cgroup_kube_dir=kube, cgroup_driver="cgroupfs",
+                                               proc_root=proc_root), informer, cache)
+        executor = ResourceExecutor(CGROUP_ROOT, driver="cgroupfs", kube_dir=kube)
+        registry = CollectorRegistry()
+        qos = QOSManager(config, informer, cache, executor, registry=registry)
+        node = Node(kube, informer, cache, advisor, executor, qos, registry, slo_file)
+        informer.start()
+        advisor.start()
+        qos.start()
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        node.qos.stop()
+        node.advisor.stop()
+        node.informer.stop()
+        node.cache.close()
+
+
+def run_pod(containerd: Containerd, kubelet: KubeletClient, kube: str, name: str, qos: str,
+            koord_qos: str, command: list[str]) -> tuple[str, str, str]:
+    """A pod under ``kube`` with one container running ``command``: (sandbox, container, uid)."""
+    uid = str(uuid.uuid4())
+    config = kubelet.sandbox_config(name, uid=uid, labels={QOS_LABEL: koord_qos}, qos=qos)
+    qos_dir = kube if qos == "guaranteed" else f"{kube}/{qos}"
+    config.linux.cgroup_parent = f"/{qos_dir}/pod{uid}"
+    containerd.track_pod_cgroup(config.linux.cgroup_parent)
+    sandbox = kubelet.runtime.RunPodSandbox(kubelet.pb.RunPodSandboxRequest(config=config), timeout=240).pod_sandbox_id
+    kubelet.sandbox_configs[sandbox] = config
+    kubelet.pods.append(sandbox)
+    cid = kubelet.create_container(sandbox, "main", containerd.image, command=command)
+    kubelet.start_container(cid)
+    return sandbox, cid, uid
+
+
+def remove_kube_dir(kube: str) -> None:
+    """The test's kube dirs, deepest first, once its pods are gone."""
+    top = kube.split("/")[0]
+    for hierarchy in (p for p in CGROUP_ROOT.iterdir() if p.is_dir()):
+        base = hierarchy / top
+        if not base.is_dir():
+            continue
+        for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        try:
+            base.rmdir()
+        except OSError:
+            pass
+
+
+def be_usage(node: Node, seconds: float = 3.0) -> tuple[float, float]:
+    """(cores the besteffort cgroup used, cores its quota allowed on average) over ``seconds``,
+    from cpuacct.usage (what the kernel counted) and the quota sampled every 0.1 s."""
+    usage = CGROUP_ROOT / "cpuacct" / node.kube / "besteffort" / "cpuacct.usage"
+    t0, u0 = time.monotonic(), int(usage.read_text())
+    quotas = []
+    while time.monotonic() - t0 < seconds:
+        q = node.quota()
+        quotas.append(float("inf") if q == -1 else q / PERIOD)
+        time.sleep(0.1)
+    used = (int(usage.read_text()) - u0) / 1e9 / (time.monotonic() - t0)
+    return used, sum(quotas) / len(quotas)
+
+
+def test_cfs_quota_suppress_follows_the_formula_and_recovers(
+        containerd: Containerd, kubelet: KubeletClient, node_factory: Callable[..., Node]) -> None:
+    cpus = os.cpu_count() or 1
+    capacity_quota = cpus * PERIOD
+    band, step = capacity_quota // 100, capacity_quota // 10
+    node = node_factory(memory="8Gi", config=QOSConfig(cpu_suppress_interval=1.0,
+                                                        cri_endpoint=containerd.endpoint))
+    try:
+        node.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=65)
+        _, ls_cid, _ = run_pod(containerd, kubelet, node.kube, "ls-burner", "burstable", "LS", burn_command(1))
+        run_pod(containerd, kubelet, node.kube, "be-burner", "besteffort", "BE",
+                                    burn_command(cpus))
+        suppress = node.suppress()
+
+        def at_formula() -> tuple[int, int] | None:
+            s = suppress.last_suppress
+            if s is None or s.non_be_pods < 0.5:  # the LS burner measured
+                return None
+            target = max(s.milli * PERIOD // 1000, 2000)
+            quota = node.quota()
+            return (quota, target) if quota != -1 and abs(quota - target) <= band else None
+
+        quota, target = wait_for(at_formula, "the besteffort quota at the suppress formula's value", 40)
+        print(f"suppressed: quota {quota} vs formula {target}: {suppress.last_suppress.explain()}")
+        be_used, allowed = be_usage(node)
+        print(f"BE pods used {be_used:.3f} cores while the quota allowed {allowed:.3f} on average")
+        assert be_used <= allowed + 0.1, "BE usage does not follow the quota"
+        gauge = node.registry.get_sample_value("koordlet_be_suppress_cpu_cores",
+                                               {"node": "", "type": "cfsQuota"})
+        assert gauge is not None and gauge * PERIOD == pytest.approx(node.quota(), abs=band)
+
+        kubelet.stop_container(ls_cid, grace=0)
+        seen = [node.quota()]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            q = node.quota()
+            if q != seen[-1]:
+                seen.append(q)
+            s = suppress.last_suppress
+            if s is not None and s.non_be_pods < 0.2 and len(seen) > 1 and \
+                    abs(q - max(s.milli * PERIOD // 1000, 2000)) <= band:
+                break
+        print(f"after the LS pod stopped the quota went {seen}")
+        rises = [b - a for a, b in zip(seen, seen[1:], strict=False) if b > a]
+        assert rises, f"quota never rose after the LS pod stopped: {seen}"
+        assert all(r <= step for r in rises), f"rose faster than 10% of the node per tick: {seen}"
+        be_after, allowed = be_usage(node)
+        print(f"BE pods used {be_after:.3f} cores while the quota allowed {allowed:.3f} on average")
+        assert be_after <= allowed + 0.1, "BE usage does not follow the quota"
+
+        node.slo(enable=False, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=65)
+        wait_for(lambda: node.quota() == -1, "quota -1 after NodeSLO disabled suppress", 10)
+    finally:
+        node.qos.stop()
+        assert not kubelet.cleanup()
+        remove_kube_dir(node.kube)
+
+
+def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: KubeletClient,
+                                             node_factory: Callable[..., Node], tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    for name in ("stat", "cpuinfo"):
+        (proc / name).symlink_to(f"/proc/{name}")
+    total_kb = 1024 * 1024
+    (proc / "meminfo").write_text(f"MemTotal: {total_kb} kB\nMemFree: {total_kb // 50} kB\n"
+                                  f"MemAvailable: {total_kb // 20} kB\n")  # 95% used
+    config = QOSConfig(memory_evict_interval=1.0, memory_evict_cool_time=0.0,
+                       gates={"BECPUSuppress": False, "BEMemoryEvict": True},
+                       cri_endpoint=containerd.endpoint)
+    node = node_factory(memory="1Gi", config=config, proc_root=proc)
+    try:
+        _, big, _ = run_pod(containerd, kubelet, node.kube, "be-big", "besteffort", "BE", hold_command(100))
+        _, small, _ = run_pod(containerd, kubelet, node.kube, "be-small", "besteffort", "BE", hold_command(40))
+        _, ls, _ = run_pod(containerd, kubelet, node.kube, "ls", "burstable", "LS", hold_command(150))
+
+        def measured() -> bool:
+            pods = {p.name: p.uid for p in node.informer.get_all_pods()}
+            now = time.time()
+            return len(pods) == 3 and all(node.cache.aggregate("pod_memory_usage", now - 3, now, Aggregation.LAST,
+                                                               {"pod_uid": uid}) for uid in pods.values())
+
+        wait_for(measured, "the advisor measuring all three pods' memory", 30)
+        # 95% used, threshold 90 -> down to 88%: release 7% of 1 GiB (72 MiB): the 100 MiB pod.
+        node.slo(enable=True, memoryEvictThresholdPercent=90)
+        pb = kubelet.pb
+        wait_for(lambda: kubelet.container_status(big).status.state == pb.CONTAINER_EXITED,
+                 "the 100 MiB BE pod's container stopped", 20)
+        (proc / "meminfo").write_text(f"MemTotal: {total_kb} kB\nMemFree: {total_kb // 2} kB\n"
+                                      f"MemAvailable: {total_kb // 2} kB\n")  # relieved: 50%
+        time.sleep(2)
+        assert kubelet.container_status(small).status.state == pb.CONTAINER_RUNNING
+        assert kubelet.container_status(ls).status.state == pb.CONTAINER_RUNNING
+        evictions = node.registry.get_sample_value("koordlet_pod_eviction_total",
+                                                   {"node": "", "reason": "EvictPodByNodeMemoryUsage"})
+        assert evictions == 1
+    finally:
+        node.qos.stop()
+        assert not kubelet.cleanup()
+        remove_kube_dir(node.kube)
+
+
