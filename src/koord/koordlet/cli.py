@@ -23,8 +23,9 @@ from pathlib import Path
 from koord.hookapi import FailurePolicy, HookPoint, Registration, parse_duration, unix_socket_path
 
 from ..runtimeproxy.metrics import HealthServer
-from . import metriccache, qosmanager
+from . import metriccache, metricsadvisor, qosmanager
 from .metrics import KoordletMetrics
+from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins, parse_feature_gates
@@ -41,6 +42,7 @@ from .statesinformer import (
     StatesInformer,
     in_cluster,
 )
+from .statesinformer.kubelet import KubeletPodsSource
 from .statesinformer.meta import DEFAULT_KUBE_DIR
 from .statesinformer.reporter import (
     FileStatusWriter,
@@ -107,6 +109,22 @@ def choice(*allowed: str):
     return check
 
 
+def flag_bool(text: str) -> bool:
+    """Go's flag.Bool spellings."""
+    value = text.strip().lower()
+    if value in ("1", "t", "true"):
+        return True
+    if value in ("0", "f", "false"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: want true or false")
+
+
+def port_number(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a port in 1-65535")
+    return int(text)
+
+
 def existing_dir(text: str) -> Path:
     path = Path(text)
     if not path.is_dir():
@@ -168,6 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
       "kubepods.slice with the systemd driver)")
     a("--kubelet-sync-interval", type=go_duration, default=10.0, metavar="DURATION",
       help="how often the pod list is refreshed (default: 10s)")
+    a("--pods-source", type=choice("cri", "kubelet"), default="cri", metavar="cri|kubelet",
+      help="where pods come from: the CRI endpoint (works on any node) or kubelet's /pods "
+      "(needs the Node object) (default: %(default)s)")
+    a("--kubelet-preferred-address-type", default="InternalIP", metavar="TYPE",
+      help="Node address type used to reach kubelet (default: %(default)s)")
+    a("--kubelet-sync-timeout", type=go_duration, default=3.0, metavar="DURATION",
+      help="timeout of one kubelet /pods request (default: 3s)")
+    a("--kubelet-insecure-tls", type=flag_bool, default=False, nargs="?", const=True, metavar="BOOL",
+      help="use kubelet's read-only port over plain HTTP (default: false)")
+    a("--kubelet-read-only-port", type=port_number, default=10255, metavar="PORT",
+      help="kubelet's read-only port (default: %(default)s)")
     a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD, metavar="SOCKET",
       help="CRI socket the reconciler lists pods from (default: %(default)s)")
     a("--addr", default=":9316", metavar="HOST:PORT",
@@ -177,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
       metavar="LEVEL",
       help="(default: %(default)s)")
     metriccache.add_flags(p)
+    metricsadvisor.add_flags(p)
     qosmanager.add_flags(p)
     return p
 
@@ -228,6 +258,7 @@ class Koordlet:
         self.health: HealthServer | None = None
         self.metric_cache: metriccache.MetricCache | None = None
         self.reporter: NodeMetricReporter | None = None
+        self.advisor: metricsadvisor.MetricsAdvisor | None = None
         self.qos_manager: qosmanager.QOSManager | None = None
 
     def apply_rules(self) -> None:
@@ -255,8 +286,7 @@ class Koordlet:
         self.metric_cache = self._run_module("metric-cache", lambda: metriccache.from_args(self.args))
         self._run_module("states-informer", self.informer.start)
         self._start_reporter()
-        # The metrics advisor and the QoS manager start here, each as
-        # self._run_module(name, lambda: Module(...).start()), in this order.
+        self._start_advisor()
         self.qos_manager = self._run_module("qos-manager", self._start_qos_manager)
         self._start_runtime_hooks()
 
@@ -315,6 +345,20 @@ class Koordlet:
         manager.start()
         return manager
 
+    def _start_advisor(self) -> None:
+        if self.metric_cache is None:
+            log.error("module metrics-advisor cannot start: no metric cache")
+            self.metrics.set_module("metrics-advisor", False)
+            return
+        cache = self.metric_cache
+
+        def start() -> metricsadvisor.MetricsAdvisor:
+            advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args),
+                                                    self.informer, cache)
+            advisor.start()
+            return advisor
+        self.advisor = self._run_module("metrics-advisor", start)
+
     def _start_runtime_hooks(self) -> None:
         log.info("plugins: %s", ", ".join(p.name for p in self.plugins) or "none")
         self.server.start()
@@ -337,6 +381,8 @@ class Koordlet:
             self.reconciler.stop()
         if self.qos_manager is not None:
             self.qos_manager.stop()
+        if self.advisor is not None:
+            self.advisor.stop()
         if self.reporter is not None:
             self.reporter.stop()
         self.informer.stop()
@@ -350,9 +396,8 @@ class Koordlet:
 
 def make_states_informer(a: argparse.Namespace) -> StatesInformer:
     """Objects from files when any file flag is given, else from the API server when
-    there is one; pods from CRI."""
+    there is one; pods from CRI or kubelet (``--pods-source``)."""
     driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
-    pods = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir, driver=driver)
     files = {kind: path for kind, path in ((NODE, a.node_file), (NODE_SLO, a.node_slo_file),
                                            (NODE_METRIC, a.node_metric_file)) if path}
     objects: FileObjectsSource | KubeObjectsSource | None = None
@@ -372,7 +417,17 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
     else:
         log.info("no --node-slo-file/--node-file/--node-metric-file and not in a cluster: "
                  "using defaults")
-    return StatesInformer(objects=objects, pods=pods, pods_interval=a.kubelet_sync_interval)
+    informer = StatesInformer(objects=objects, pods_interval=a.kubelet_sync_interval)
+    if a.pods_source == "kubelet":
+        informer.pods_source = KubeletPodsSource(
+            informer.get_node, kube_dir=a.cgroup_kube_dir,
+            driver=driver or CgroupExecutor(a.cgroup_root_dir)._driver_for(None),  # the tree kubelet made
+            address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
+            read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout)
+    else:
+        informer.pods_source = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir,
+                                             driver=driver)
+    return informer
 
 
 def node_name() -> str:

@@ -60,12 +60,14 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks(tmp_path, short_
         up = {line.split('module="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
               for line in text.splitlines() if line.startswith("koordlet_module_up{")}
         assert up == {"resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
-                      "nodemetric-reporter": "0.0", "runtime-hooks": "1.0"}
+                      "nodemetric-reporter": "0.0", "metrics-advisor": "0.0", "qos-manager": "0.0",
+                      "runtime-hooks": "1.0"}
     finally:
         k.stop()
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "module metric-cache cannot start" in messages and str(blocker) in messages
     assert "nodemetric-reporter cannot start: no metric cache" in messages
+    assert "module qos-manager cannot start: no metric cache" in messages
 
 
 def test_busy_addr_is_logged_and_koordlet_runs(tmp_path, short_dir, caplog):
@@ -95,7 +97,8 @@ def test_node_metric_file_reported_without_node_slo(tmp_path, short_dir):
     cache.close()
     port = free_port()
     k = koordlet(tmp_path, short_dir, "--tsdb-path", str(tmp_path / "tsdb"),
-                 "--addr", f"127.0.0.1:{port}", "--node-metric-file", str(nm))
+                 "--addr", f"127.0.0.1:{port}", "--node-metric-file", str(nm),
+                 "--collect-res-used-interval", "100ms")  # advisor off: only the samples above
     k.start()
     try:
         deadline = time.monotonic() + 10

@@ -1,0 +1,201 @@
+"""Pods of this node from kubelet's ``/pods`` endpoint, upstream's source (``--pods-source=kubelet``).
+
+The address is the Node's address of ``--kubelet-preferred-address-type``; with
+``--kubelet-insecure-tls`` the read-only port over plain HTTP, otherwise HTTPS on the
+Node's ``status.daemonEndpoints.kubeletEndpoint.Port`` with the service-account token and
+kubelet's certificate not verified (as upstream). The answer is bounded in size and each
+pod is converted on its own: one malformed pod is skipped with a log line naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from koord.hookapi import parse_quantity
+
+from .meta import (
+    CGROUPFS,
+    ContainerMeta,
+    PodMeta,
+    container_cgroup_dir,
+    koord_qos_of,
+    pod_cgroup_dir,
+)
+from .pods import PodsUnavailable
+
+log = logging.getLogger(__name__)
+
+MAX_PODS_BYTES = 64 * 1024 * 1024
+"""110 pods with large specs are a few MiB; more is not a pod list."""
+TOKEN_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+_QOS = {"Guaranteed": "guaranteed", "Burstable": "burstable", "BestEffort": "besteffort"}
+
+
+def _object(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: want an object, got {type(value).__name__}")
+    return value
+
+
+def _strings(value: Any, where: str) -> dict[str, str]:
+    obj = _object(value, where)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        raise ValueError(f"{where}: want string keys and values")
+    return dict(obj)
+
+
+def resource_values(value: Any, where: str) -> dict[str, int]:
+    """A ResourceList as ``ContainerMeta`` keeps it: cpu milli-cores, the rest as integers
+    (``kubernetes.io/batch-cpu`` is already counted in milli-cores)."""
+    out: dict[str, int] = {}
+    for name, quantity in _object(value, where).items():
+        number = parse_quantity(quantity)
+        if name == "cpu":
+            number *= 1000
+        out[str(name)] = int(number)
+    return out
+
+
+def _kube_qos(pod: dict, containers: list[dict]) -> str:
+    qos = _QOS.get((pod.get("status") or {}).get("qosClass", ""))
+    if qos:
+        return qos
+    requests = [c.get("resources", {}).get("requests") or {} for c in containers]
+    limits = [c.get("resources", {}).get("limits") or {} for c in containers]
+    if not any(requests) and not any(limits):
+        return "besteffort"
+    if all(lim.get(r) is not None and (req.get(r, lim.get(r)) == lim.get(r))
+           for req, lim in zip(requests, limits, strict=True) for r in ("cpu", "memory")):
+        return "guaranteed"
+    return "burstable"
+
+
+def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
+    """One Pod (API JSON) as ``PodMeta``; ValueError naming the field when it is malformed."""
+    pod = _object(pod, "pod")
+    meta = _object(pod.get("metadata"), "metadata")
+    name, namespace, uid = meta.get("name"), meta.get("namespace"), meta.get("uid")
+    if not all(isinstance(v, str) and v for v in (name, namespace, uid)):
+        raise ValueError("metadata: want name, namespace and uid strings")
+    assert isinstance(name, str) and isinstance(namespace, str) and isinstance(uid, str)
+    spec = _object(pod.get("spec"), "spec")
+    containers = spec.get("containers") or []
+    if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
+        raise ValueError("spec.containers: want a list of objects")
+    priority = spec.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ValueError(f"spec.priority: want an integer, got {priority!r:.40}")
+    labels = _strings(meta.get("labels"), "metadata.labels")
+    status = _object(pod.get("status"), "status")
+    kube_qos = _kube_qos(pod, containers)
+    cgroup_dir = pod_cgroup_dir(kube_dir, kube_qos, uid, driver)
+    statuses = {s.get("name"): s for s in status.get("containerStatuses") or [] if isinstance(s, dict)}
+    metas = []
+    for i, c in enumerate(containers):
+        cname = c.get("name")
+        if not isinstance(cname, str):
+            raise ValueError(f"spec.containers[{i}].name: want a string")
+        resources = _object(c.get("resources"), f"spec.containers[{i}].resources")
+        cstatus = statuses.get(cname) or {}
+        cid = str(cstatus.get("containerID") or "").partition("://")[2]
+        metas.append(ContainerMeta(
+            name=cname, id=cid,
+            cgroup_dir=container_cgroup_dir(cgroup_dir, cid, driver) if cid else "",
+            running="running" in (cstatus.get("state") or {}),
+            requests=resource_values(resources.get("requests"), f"container {cname} requests"),
+            limits=resource_values(resources.get("limits"), f"container {cname} limits")))
+    return PodMeta(namespace=namespace, name=name, uid=uid, labels=labels,
+                   annotations=_strings(meta.get("annotations"), "metadata.annotations"),
+                   kube_qos=kube_qos, koord_qos=koord_qos_of(labels), priority=priority,
+                   cgroup_dir=cgroup_dir, sandbox_id="", running=status.get("phase") == "Running",
+                   containers=metas)
+
+
+def pods_of_list(data: bytes, kube_dir: str, driver: str) -> list[PodMeta]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise PodsUnavailable(f"kubelet /pods: not JSON: {exc}") from None
+    items = doc.get("items") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise PodsUnavailable("kubelet /pods: not a PodList (no items list)")
+    pods = []
+    for i, item in enumerate(items):
+        try:
+            pods.append(pod_meta_of(item, kube_dir, driver))
+        except (ValueError, TypeError, AttributeError) as exc:
+            who = ((item.get("metadata") or {}) if isinstance(item, dict) else {})
+            log.warning("states informer: kubelet pod %s/%s (item %d) skipped: %s",
+                        who.get("namespace", "?"), who.get("name", "?"), i, exc)
+    return sorted(pods, key=lambda p: (p.namespace, p.name, p.uid))
+
+
+class KubeletPodsSource:
+    def __init__(self, get_node: Callable[[], dict | None], *, kube_dir: str, driver: str | None,
+                 address_type: str = "InternalIP", insecure_tls: bool = False,
+                 read_only_port: int = 10255, timeout: float = 3.0,
+                 token_file: Path = TOKEN_FILE) -> None:
+        self.get_node = get_node
+        self.kube_dir = kube_dir
+        self.driver = driver or CGROUPFS
+        self.address_type = address_type
+        self.insecure_tls = insecure_tls
+        self.read_only_port = read_only_port
+        self.timeout = timeout
+        self.token_file = token_file
+
+    def describe(self) -> str:
+        return "kubelet /pods"
+
+    def close(self) -> None:
+        pass
+
+    def url(self) -> str:
+        node = self.get_node()
+        if node is None:
+            raise PodsUnavailable("kubelet /pods: the Node object is not known yet")
+        status = node.get("status") or {}
+        addresses = [a.get("address") for a in status.get("addresses") or []
+                     if isinstance(a, dict) and a.get("type") == self.address_type]
+        if not addresses or not isinstance(addresses[0], str):
+            raise PodsUnavailable(f"kubelet /pods: the Node has no {self.address_type} address")
+        host = f"[{addresses[0]}]" if ":" in addresses[0] else addresses[0]
+        if self.insecure_tls:
+            return f"http://{host}:{self.read_only_port}/pods/"
+        port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise PodsUnavailable("kubelet /pods: the Node has no daemonEndpoints.kubeletEndpoint.Port")
+        return f"https://{host}:{port}/pods/"
+
+    def list_pods(self) -> list[PodMeta]:
+        url = self.url()
+        request = urllib.request.Request(url)
+        context = None
+        if url.startswith("https:"):
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE  # kubelet's serving cert is self-signed, as upstream
+            try:
+                request.add_header("Authorization", "Bearer " + self.token_file.read_text().strip())
+            except OSError as exc:
+                raise PodsUnavailable(f"kubelet /pods: service-account token: {exc}") from None
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=context) as r:
+                data = r.read(MAX_PODS_BYTES + 1)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise PodsUnavailable(f"kubelet {url}: {exc}") from None
+        if len(data) > MAX_PODS_BYTES:
+            raise PodsUnavailable(f"kubelet {url}: answer larger than {MAX_PODS_BYTES} bytes")
+        pods = pods_of_list(data, self.kube_dir, self.driver)
+        if not pods:  # upstream: an empty list keeps the old one (kubelet restarting)
+            raise PodsUnavailable(f"kubelet {url}: empty pod list")
+        return pods
