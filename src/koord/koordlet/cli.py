@@ -23,7 +23,7 @@ from pathlib import Path
 from koord.hookapi import FailurePolicy, HookPoint, Registration, parse_duration, unix_socket_path
 
 from ..runtimeproxy.metrics import HealthServer
-from . import metriccache
+from . import metriccache, metricsadvisor
 from .metrics import KoordletMetrics
 from .runtimehooks.executor import CgroupExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
       metavar="LEVEL",
       help="(default: %(default)s)")
     metriccache.add_flags(p)
+    metricsadvisor.add_flags(p)
     return p
 
 
@@ -227,6 +228,7 @@ class Koordlet:
         self.health: HealthServer | None = None
         self.metric_cache: metriccache.MetricCache | None = None
         self.reporter: NodeMetricReporter | None = None
+        self.advisor: metricsadvisor.MetricsAdvisor | None = None
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
@@ -253,9 +255,18 @@ class Koordlet:
         self.metric_cache = self._run_module("metric-cache", lambda: metriccache.from_args(self.args))
         self._run_module("states-informer", self.informer.start)
         self._start_reporter()
-        # The metrics advisor and the QoS manager start here, each as
-        # self._run_module(name, lambda: Module(...).start()), in this order.
+        self._start_advisor()
+        # The QoS manager starts here, as self._run_module(name, lambda: Module(...).start()).
         self._start_runtime_hooks()
+
+    def _start_advisor(self) -> None:
+        if self.metric_cache is None:
+            log.error("module metrics-advisor cannot start: no metric cache")
+            self.metrics.set_module("metrics-advisor", False)
+            return
+        self.advisor = metricsadvisor.MetricsAdvisor(
+            metricsadvisor.from_args(self.args), self.informer, self.metric_cache)
+        self._run_module("metrics-advisor", self.advisor.start)
 
     def _run_module(self, name: str, start):
         try:
@@ -323,6 +334,8 @@ class Koordlet:
         self.server.stop()
         if self.reconciler is not None:
             self.reconciler.stop()
+        if self.advisor is not None:
+            self.advisor.stop()
         if self.reporter is not None:
             self.reporter.stop()
         self.informer.stop()

@@ -36,7 +36,9 @@ def koordlet(tmp_path, short_dir, *extra):
                        "--runtime-hooks-config-path", str(short_dir / "cfg"),
                        "--cgroup-root-dir", str(root), "--runtime-hooks-reconcile-interval", "0",
                        "--containerd-endpoint", str(short_dir / "no-cri.sock"),
-                       "--kubelet-sync-interval", "100ms", *extra])
+                       "--kubelet-sync-interval", "100ms",
+                       # Empty proc/sys: the metrics advisor finds nothing to add to the samples the tests write.
+                       "--proc-root-dir", str(tmp_path / "proc"), "--sys-root-dir", str(tmp_path / "sys"), *extra])
     return Koordlet(args)
 
 
@@ -60,7 +62,7 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks(tmp_path, short_
         up = {line.split('module="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
               for line in text.splitlines() if line.startswith("koordlet_module_up{")}
         assert up == {"resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
-                      "nodemetric-reporter": "0.0", "runtime-hooks": "1.0"}
+                      "nodemetric-reporter": "0.0", "metrics-advisor": "0.0", "runtime-hooks": "1.0"}
     finally:
         k.stop()
     messages = " ".join(r.getMessage() for r in caplog.records)

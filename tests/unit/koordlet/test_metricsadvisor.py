@@ -92,7 +92,8 @@ def test_flags():
     cfg = from_args(parser.parse_args([]))
     assert (cfg.collect_res_used_interval, cfg.collect_sys_metric_outdated_interval,
             cfg.collect_node_cpu_info_interval, cfg.psi_collector_interval,
-            cfg.enable_pagecache_collector, cfg.psi_collector, str(cfg.sys_root)) == (1, 10, 60, 10, False, False, "/sys")
+            cfg.enable_pagecache_collector, cfg.psi_collector, str(cfg.sys_root)) == (
+        1, 10, 60, 10, False, False, "/sys")
     cfg = from_args(parser.parse_args(["--collect-res-used-interval", "2s", "--enable-pagecache-collector",
                                        "--sys-root-dir", "/host-sys", "--feature-gates", "PSICollector=true"]))
     assert (cfg.collect_res_used_interval, cfg.enable_pagecache_collector, str(cfg.sys_root), cfg.psi_collector) == (

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import pytest
 
 from koord.koordlet import metriccache as mc
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metricsadvisor import AdvisorConfig
-from koord.koordlet.metricsadvisor.collectors import (BEResourceCollector, HostApplicationCollector,
-                                                      NodeInfoCollector, NodeResourceCollector, PSICollector,
-                                                      PodResourceCollector, PodThrottledCollector,
-                                                      SystemResourceCollector)
+from koord.koordlet.metricsadvisor.collectors import (
+    BEResourceCollector,
+    HostApplicationCollector,
+    NodeInfoCollector,
+    NodeResourceCollector,
+    PodResourceCollector,
+    PodThrottledCollector,
+    PSICollector,
+    SystemResourceCollector,
+)
 from koord.koordlet.metricsadvisor.framework import Env, Point, Problems, Rates
 from koord.testing.cgroupfs import memory_stat_text, write_usage
 from koord.testing.pods import FakeContainer, FakePod, FakeStatesInformer
@@ -311,7 +316,8 @@ def test_psi_gate_off_by_default_and_samples_when_on(make_env):
     env = make_env(2, pods=[pod], psi_collector=True)
     d = env.config.cgroup_root / pod.cgroup_dir
     d.mkdir(parents=True)
-    (d / "cpu.pressure").write_text("some avg10=1.50 avg60=0 avg300=0 total=1\nfull avg10=0.5 avg60=0 avg300=0 total=1\n")
+    (d / "cpu.pressure").write_text("some avg10=1.50 avg60=0 avg300=0 total=1\n"
+                                    "full avg10=0.5 avg60=0 avg300=0 total=1\n")
     (d / "memory.pressure").write_text("some avg10=2.00 avg60=0 avg300=0 total=1\n")
     (d / "io.pressure").write_text("some avg10=0.00 avg60=0 avg300=0 total=1\n")
     got = {(s.labels[mc.PSI_RESOURCE], s.labels[mc.PSI_DEGREE]): s.value for s in PSICollector(env).collect(1.0)}

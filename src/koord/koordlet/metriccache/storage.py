@@ -115,7 +115,7 @@ def encode_chunk(ts: Iterable[int], values: Iterable[float]) -> bytes:
     """Points sorted by time, one per ms, as a compressed blob (ms deltas + float64 values)."""
     times = array("q", ts)
     vals = array("d", values)
-    deltas = array("q", (b - a for a, b in zip(times, times[1:])))
+    deltas = array("q", (b - a for a, b in zip(times, times[1:], strict=False)))
     return zlib.compress(_CHUNK_HEADER.pack(times[0], len(times)) + deltas.tobytes() + vals.tobytes(), 1)
 
 
@@ -346,7 +346,7 @@ class MetricCache:
             try:
                 db.execute("BEGIN")
                 rows = [(self._series_id(db, key, s.labels), _ms(s.timestamp), float(s.value))
-                        for key, s in zip(keys, batch)]
+                        for key, s in zip(keys, batch, strict=True)]
                 db.executemany("INSERT INTO head VALUES (?, ?, ?)", rows)
                 db.execute("COMMIT")
             except sqlite3.Error as exc:
@@ -374,7 +374,7 @@ class MetricCache:
         for series in self._by_id.values():
             if not series.ts:
                 continue
-            points = dict(sorted(zip(series.ts, series.values)))  # sorted, one per ms, newest wins
+            points = dict(sorted(zip(series.ts, series.values, strict=True)))  # sorted, one per ms, newest wins
             rows.append((series.id, max(points), min(points), encode_chunk(points, points.values())))
         try:
             db.execute("BEGIN")
@@ -469,7 +469,7 @@ class MetricCache:
                 del self._series[key], self._by_id[series.id]
                 self._by_kind[key[0]].remove(series)
             elif series.ts and min(series.ts) < cutoff_ms:
-                kept = [(t, v) for t, v in zip(series.ts, series.values) if t >= cutoff_ms]
+                kept = [(t, v) for t, v in zip(series.ts, series.values, strict=True) if t >= cutoff_ms]
                 series.ts = array("q", (t for t, _ in kept))
                 series.values = array("d", (v for _, v in kept))
 
@@ -496,14 +496,14 @@ class MetricCache:
                     f"SELECT series_id, data FROM chunks WHERE series_id IN ({marks}) "
                     "AND max_ts >= ? AND min_ts <= ?", (*chunk, lo, hi)).fetchall()
             for s in matching:
-                points += [(t, s.id, v) for t, v in zip(s.ts, s.values) if lo <= t <= hi]
+                points += [(t, s.id, v) for t, v in zip(s.ts, s.values, strict=True) if lo <= t <= hi]
         for sid, blob in blobs:
             try:
                 times, vals = decode_chunk(blob)
             except ValueError as exc:
                 log.error("metric cache: %s series %d: %s; skipped", kind, sid, exc)
                 continue
-            points += [(t, sid, v) for t, v in zip(times, vals) if lo <= t <= hi]
+            points += [(t, sid, v) for t, v in zip(times, vals, strict=True) if lo <= t <= hi]
         points.sort()
         return [(t / 1000, v) for t, _, v in points]
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from koord.hookapi import parse_duration
 
+from ..statesinformer.meta import DEFAULT_KUBE_DIR
+
 # Gates of the advisor's optional collectors, all off by default as upstream.
 FEATURE_GATES = {"PSICollector": False}
 
@@ -17,7 +19,7 @@ class AdvisorConfig:
     cgroup_root: Path = Path("/sys/fs/cgroup")
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
-    cgroup_kube_dir: str = "kubepods"
+    cgroup_kube_dir: str = DEFAULT_KUBE_DIR
     cgroup_driver: str | None = None  # None: detected per hierarchy
     collect_res_used_interval: float = 1.0
     collect_sys_metric_outdated_interval: float = 10.0
@@ -69,7 +71,7 @@ def from_args(args: argparse.Namespace) -> AdvisorConfig:
         cgroup_root=Path(getattr(args, "cgroup_root_dir", "/sys/fs/cgroup")),
         proc_root=Path(getattr(args, "proc_root_dir", "/proc")),
         sys_root=Path(getattr(args, "sys_root_dir", "/sys")),
-        cgroup_kube_dir=str(getattr(args, "cgroup_kube_dir", "kubepods")).strip("/") or "kubepods",
+        cgroup_kube_dir=getattr(args, "cgroup_kube_dir", DEFAULT_KUBE_DIR) or DEFAULT_KUBE_DIR,
         cgroup_driver=None if driver in (None, "auto") else driver,
         collect_res_used_interval=args.collect_res_used_interval,
         collect_sys_metric_outdated_interval=args.collect_sys_metric_outdated_interval,

@@ -4,6 +4,7 @@ and pod totals (for the system collector), counters for rates, and log-once prob
 from __future__ import annotations
 
 import logging
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -13,6 +14,8 @@ from typing import Any, Protocol
 
 from ..metriccache import MetricCache, Sample
 from ..runtimehooks.executor import CgroupError, CgroupExecutor
+from ..runtimehooks.protocol import KubeQoS
+from ..statesinformer.meta import CGROUPFS, SYSTEMD, pod_cgroup_dir
 from .config import AdvisorConfig
 from .parsers import SMALL_FILE_BYTES, FileProblem, parse
 
@@ -103,7 +106,7 @@ class Rates:
         if prev is None or now - prev[1] > self._ttl:
             return None
         old: tuple[float, ...] = prev[0]  # type: ignore[assignment]
-        diff = tuple(a - b for a, b in zip(values, old))
+        diff = tuple(a - b for a, b in zip(values, old, strict=True))
         if any(d < 0 for d in diff):
             return None
         return diff
@@ -177,14 +180,11 @@ class Env:
         return parse(self.cgroup_file(cgroup_dir, resource), parser, SMALL_FILE_BYTES)
 
     def kube_qos_dir(self, qos: str) -> str:
-        """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir`` (either driver)."""
-        kube = self.config.cgroup_kube_dir.strip("/")
-        systemd = kube.endswith(".slice")
-        if qos == "guaranteed":
-            return kube
-        if systemd:
-            return f"{kube}/{kube.removesuffix('.slice')}-{qos}.slice"
-        return f"{kube}/{qos}"
+        """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir``: the parent of any
+        pod dir of that class, as the states informer lays pods out (either driver)."""
+        driver = self.config.cgroup_driver or (
+            SYSTEMD if self.cgroups.kube_qos_dir(KubeQoS.GUARANTEED).endswith(".slice") else CGROUPFS)
+        return posixpath.dirname(pod_cgroup_dir(self.config.cgroup_kube_dir, qos, "x", driver))
 
 
 class Collector:

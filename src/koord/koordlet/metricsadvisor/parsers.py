@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from koord.hookapi import parse_cpuset
+
+T = TypeVar("T")
 
 # Cgroup and sysfs files are tiny; /proc/stat and /proc/cpuinfo grow with the CPU count.
 SMALL_FILE_BYTES = 64 * 1024
@@ -52,7 +55,7 @@ def read_bounded(path: Path, limit: int = SMALL_FILE_BYTES) -> str:
         raise FileProblem(path, "not UTF-8 text") from None
 
 
-def parse(path: Path, text_parser, limit: int = SMALL_FILE_BYTES):  # type: ignore[no-untyped-def]
+def parse(path: Path, text_parser: Callable[[str], T], limit: int = SMALL_FILE_BYTES) -> T:
     """read_bounded + a parser, with the parser's ValueError turned into a FileProblem."""
     text = read_bounded(path, limit)
     try:

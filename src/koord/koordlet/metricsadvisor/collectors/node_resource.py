@@ -11,11 +11,19 @@ from __future__ import annotations
 import os
 import re
 
-from ...metriccache import kinds as k
 from ...metriccache import Sample
+from ...metriccache import kinds as k
 from ..framework import Collector, Env, Point, Rates
-from ..parsers import (PROC_FILE_BYTES, FileProblem, node_memory_bytes, numa_memory_bytes, parse,
-                       parse_cpu_list, parse_meminfo, parse_proc_stat)
+from ..parsers import (
+    PROC_FILE_BYTES,
+    FileProblem,
+    node_memory_bytes,
+    numa_memory_bytes,
+    parse,
+    parse_cpu_list,
+    parse_meminfo,
+    parse_proc_stat,
+)
 
 _NODE_DIR = re.compile(r"^node(\d+)$")
 

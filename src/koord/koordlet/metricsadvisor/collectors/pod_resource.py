@@ -8,6 +8,8 @@ with page cache. The pods' totals go to the shared state for the system collecto
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from ...metriccache import Sample
 from ...metriccache import kinds as k
 from ..framework import Collector, Env, Point, Rates
@@ -21,7 +23,7 @@ class PodResourceCollector(Collector):
         super().__init__(env)
         self.rates = Rates(ttl=20 * self.interval)
 
-    def _usage(self, cgroup_dir: str, key: str, now: float) -> tuple[float | None, int, int]:
+    def _usage(self, cgroup_dir: str, key: Hashable, now: float) -> tuple[float | None, int, int]:
         """(cores or None on the priming tick, memory bytes, with page cache) of one cgroup."""
         version = self.env.cgroups.version
         ns = self.env.read_cgroup(cgroup_dir, "cpuacct_usage", lambda t: cgroup_cpu_ns(t, version))
