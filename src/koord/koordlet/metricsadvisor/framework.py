@@ -150,6 +150,9 @@ class SharedState:
             return self.node, dict(self.pods), self.host_apps
 
 
+_MAX_CACHED_PATHS = 100_000
+
+
 class Env:
     """Everything a collector needs, built once by the advisor."""
 
@@ -161,6 +164,9 @@ class Env:
         self.clock = clock
         self.cgroups = CgroupExecutor(config.cgroup_root, driver=config.cgroup_driver)
         self.shared = SharedState()
+        self._paths: dict[tuple[str, str], Path] = {}
+        self._pods_lock = threading.Lock()
+        self._pods_cache: tuple[float, list[Any]] | None = None
 
     @property
     def proc(self) -> Path:
@@ -171,10 +177,26 @@ class Env:
         return self.config.sys_root
 
     def cgroup_file(self, cgroup_dir: str, resource: str) -> Path:
-        try:
-            return self.cgroups.path(cgroup_dir, resource)
-        except CgroupError as exc:
-            raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
+        key = (cgroup_dir, resource)
+        path = self._paths.get(key)
+        if path is None:
+            try:
+                path = self.cgroups.path(cgroup_dir, resource)
+            except CgroupError as exc:
+                raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
+            if len(self._paths) > _MAX_CACHED_PATHS:  # pods come and go: start over now and then
+                self._paths.clear()
+            self._paths[key] = path
+        return path
+
+    def all_pods(self) -> list[Any]:
+        """The informer's pods, one copy shared by the collectors that tick together (they
+        only read it): the informer deep-copies on every call."""
+        with self._pods_lock:
+            now = time.monotonic()
+            if self._pods_cache is None or now - self._pods_cache[0] > self.config.collect_res_used_interval / 2:
+                self._pods_cache = (now, self.pods.get_all_pods())
+            return self._pods_cache[1]
 
     def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], Any]) -> Any:
         return parse(self.cgroup_file(cgroup_dir, resource), parser, SMALL_FILE_BYTES)

@@ -97,7 +97,7 @@ class BEResourceCollector(Collector):
             if limit is not None:
                 samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REAL_LIMIT), now, limit))
         if self.env.pods.has_synced():
-            request = sum(int(c.requests.get(BATCH_CPU, 0)) for pod in self.env.pods.get_all_pods()
+            request = sum(int(c.requests.get(BATCH_CPU, 0)) for pod in self.env.all_pods()
                           if pod.running and pod.koord_qos == "BE" for c in pod.containers)
             samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REQUEST), now, request))
         return samples

@@ -13,7 +13,7 @@ from collections.abc import Hashable
 from ...metriccache import Sample
 from ...metriccache import kinds as k
 from ..framework import Collector, Env, Point, Rates
-from ..parsers import FileProblem, cgroup_cpu_ns, cgroup_memory_bytes, parse_flat_keyed
+from ..parsers import FileProblem, cgroup_cpu_ns, parse_memory_stat
 
 
 class PodResourceCollector(Collector):
@@ -27,11 +27,7 @@ class PodResourceCollector(Collector):
         """(cores or None on the priming tick, memory bytes, with page cache) of one cgroup."""
         version = self.env.cgroups.version
         ns = self.env.read_cgroup(cgroup_dir, "cpuacct_usage", lambda t: cgroup_cpu_ns(t, version))
-        stat = self.env.read_cgroup(cgroup_dir, "memory_stat", parse_flat_keyed)
-        try:
-            memory, with_cache = cgroup_memory_bytes(stat, version)
-        except ValueError as exc:
-            raise FileProblem(self.env.cgroup_file(cgroup_dir, "memory_stat"), str(exc)) from None
+        memory, with_cache = self.env.read_cgroup(cgroup_dir, "memory_stat", lambda t: parse_memory_stat(t, version))
         rate = self.rates.rate(key, ns, now)
         return (None if rate is None else rate / 1e9), memory, with_cache
 
@@ -41,7 +37,7 @@ class PodResourceCollector(Collector):
         cache_too = self.env.config.enable_pagecache_collector
         samples: list[Sample] = []
         total_cpu = total_mem = 0.0
-        for pod in self.env.pods.get_all_pods():
+        for pod in self.env.all_pods():
             if not pod.running or not pod.cgroup_dir:
                 continue
             labels = {k.POD_UID: pod.uid}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...metriccache import Sample
 from ...metriccache import kinds as k
 from ..framework import Collector, Env, Rates
-from ..parsers import FileProblem, parse_flat_keyed, throttle_counters
+from ..parsers import FileProblem, parse_throttle
 
 
 class PodThrottledCollector(Collector):
@@ -17,11 +17,7 @@ class PodThrottledCollector(Collector):
         self.rates = Rates(ttl=20 * self.interval)
 
     def _ratio(self, cgroup_dir: str, key: tuple[str, str], now: float) -> float | None:
-        stat = self.env.read_cgroup(cgroup_dir, "cpu_stat", parse_flat_keyed)
-        try:
-            periods, throttled = throttle_counters(stat)
-        except ValueError as exc:
-            raise FileProblem(self.env.cgroup_file(cgroup_dir, "cpu_stat"), str(exc)) from None
+        periods, throttled = self.env.read_cgroup(cgroup_dir, "cpu_stat", parse_throttle)
         diff = self.rates.delta(key, (periods, throttled), now)
         if diff is None:
             return None
@@ -31,7 +27,7 @@ class PodThrottledCollector(Collector):
         if not self.env.pods.has_synced():
             return []
         samples: list[Sample] = []
-        for pod in self.env.pods.get_all_pods():
+        for pod in self.env.all_pods():
             if not pod.running or not pod.cgroup_dir:
                 continue
             try:

@@ -35,7 +35,7 @@ class PSICollector(Collector):
         if not self.env.pods.has_synced():
             return []
         samples: list[Sample] = []
-        for pod in self.env.pods.get_all_pods():
+        for pod in self.env.all_pods():
             if not pod.running or not pod.cgroup_dir:
                 continue
             try:
