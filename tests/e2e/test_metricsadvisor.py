@@ -9,7 +9,7 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from koord.koordlet.statesinformer import StatesInformer
 from koord.koordlet.statesinformer.pods import CriPodsSource
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient, container_cgroup_dir
+from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command, hold_command
 
 pytestmark = pytest.mark.e2e
@@ -28,15 +29,6 @@ MiB = 1024 * 1024
 WAIT = 60.0
 
 
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT) -> object:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture
@@ -82,9 +74,10 @@ def test_burner_and_holder_measured_from_real_cgroups(containerd: Containerd, ku
     hold_pod = kubelet.run_pod(f"hold-{hold_uid[:6]}", uid=hold_uid, qos="burstable")
     holder = kubelet.run_container(hold_pod, "hold", containerd.image, command=hold_command(200))
 
-    wait_for(lambda: last_values(cache, mc.POD_CPU_USAGE, {mc.POD_UID: burn_uid}, 1), "the burner's first CPU sample")
+    wait_for(lambda: last_values(cache, mc.POD_CPU_USAGE, {mc.POD_UID: burn_uid}, 1),
+             "the burner's first CPU sample", WAIT)
     wait_for(lambda: len(last_values(cache, mc.CONTAINER_MEMORY_USAGE, {mc.CONTAINER_ID: holder}, 3)) >= 3,
-             "memory samples of the holding container")
+             "memory samples of the holding container", WAIT)
     # The burner asks for one CPU, but this machine is shared: what it really gets is measured
     # independently (the kernel's per-task tick accounting in /proc) over the same window.
     pids = task_pids(kubelet, burn_pod, burner)

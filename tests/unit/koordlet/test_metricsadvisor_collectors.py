@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -21,8 +22,9 @@ from koord.koordlet.metricsadvisor.collectors import (
     SystemResourceCollector,
 )
 from koord.koordlet.metricsadvisor.framework import Env, Point, Problems, Rates
+from koord.koordlet.statesinformer.meta import PodMeta
 from koord.testing.cgroupfs import memory_stat_text, write_usage
-from koord.testing.pods import FakeContainer, FakePod, FakeStatesInformer
+from koord.testing.pods import FakeStatesInformer, container_meta, pod_meta
 
 MiB = 1024 * 1024
 HZ = os.sysconf("SC_CLK_TCK")
@@ -186,21 +188,28 @@ def test_be_usage_as_upstream(make_env, version):
 
 
 def test_be_request_sums_batch_cpu_of_be_pods(make_env):
-    be = FakePod("ns", "be", "u1", "kubepods/besteffort/podu1", kube_qos="besteffort", koord_qos="BE",
-                 containers=[FakeContainer("a", "c1", "x", requests={"kubernetes.io/batch-cpu": 500}),
-                             FakeContainer("b", "c2", "y", requests={"kubernetes.io/batch-cpu": 1500})])
-    ls = FakePod("ns", "ls", "u2", "kubepods/podu2", koord_qos="LS",
-                 containers=[FakeContainer("a", "c3", "z", requests={"kubernetes.io/batch-cpu": 999})])
-    env = make_env(pods=[be, ls])
+    be = pod_meta("ns", "be", "u1", "kubepods/besteffort/podu1", kube_qos="besteffort", koord_qos="BE",
+                 containers=[container_meta("a", "c1", "x", requests={"kubernetes.io/batch-cpu": 500}),
+                             container_meta("b", "c2", "y", requests={"kubernetes.io/batch-cpu": 1500})])
+    ls = pod_meta("ns", "ls", "u2", "kubepods/podu2", koord_qos="LS",
+                 containers=[container_meta("a", "c3", "z", requests={"kubernetes.io/batch-cpu": 999})])
+    from_cri = pod_meta("ns", "be2", "u3", "kubepods/besteffort/podu3", kube_qos="besteffort", koord_qos="BE",
+                        containers=[container_meta("main", "c4", "w")])
+    from_cri.annotations["node.koordinator.sh/extended-resource-spec"] = json.dumps(
+        {"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "250"}}}})
+    broken = pod_meta("ns", "be3", "u4", "kubepods/besteffort/podu4", kube_qos="besteffort", koord_qos="BE",
+                      containers=[container_meta("main", "c5", "v")])
+    broken.annotations["node.koordinator.sh/extended-resource-spec"] = "{not json"
+    env = make_env(pods=[be, ls, from_cri, broken])
     write_be(env, 1, "0-1", -1)
-    assert be_value(BEResourceCollector(env).collect(1.0), mc.BE_ALLOCATION_REQUEST) == [2000]
+    assert be_value(BEResourceCollector(env).collect(1.0), mc.BE_ALLOCATION_REQUEST) == [2250]
 
 
 # ---- pods --------------------------------------------------------------------------------
 
-def pod_with_container(uid="u1") -> FakePod:
-    return FakePod("default", f"pod-{uid}", uid, f"kubepods/burstable/pod{uid}",
-                   containers=[FakeContainer("main", f"cid-{uid}", f"kubepods/burstable/pod{uid}/cid-{uid}")])
+def pod_with_container(uid="u1") -> PodMeta:
+    return pod_meta("default", f"pod-{uid}", uid, f"kubepods/burstable/pod{uid}",
+                   containers=[container_meta("main", f"cid-{uid}", f"kubepods/burstable/pod{uid}/cid-{uid}")])
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -259,10 +268,12 @@ def test_hostile_pod_files_logged_once_per_cause(make_env, caplog):
     uids = {s.labels.get(mc.POD_UID) for s in got if s.kind == mc.POD_MEMORY_USAGE}
     assert uids == {"good"}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1  # the garbage pod-level file; its container is not reached
-    assert "pod default/pod-bad" in warnings[0] and "cpuacct.usage" in warnings[0]
+    assert len(warnings) == 2  # one per cause over five ticks: the pod's file, its container's
+    assert "pod default/pod-bad:" in warnings[0] and "cpuacct.usage" in warnings[0]
+    assert "pod default/pod-bad container main:" in warnings[1] and "memory.stat" in warnings[1]
     missing = [r for r in caplog.records if "pod-gone" in r.getMessage()]
-    assert len(missing) == 1 and missing[0].levelno == logging.DEBUG  # a stopping pod is normal
+    # A stopping pod is normal: debug level, once for the pod and once for its container.
+    assert len(missing) == 2 and {r.levelno for r in missing} == {logging.DEBUG}
 
 
 def test_container_garbage_logged_with_container_name(make_env, caplog):
@@ -278,7 +289,7 @@ def test_container_garbage_logged_with_container_name(make_env, caplog):
 
 
 def test_pod_cgroup_escaping_the_root_is_refused(make_env, caplog):
-    pod = FakePod("ns", "evil", "u9", "../../etc")
+    pod = pod_meta("ns", "evil", "u9", "../../etc")
     env = make_env(pods=[pod])
     assert PodResourceCollector(env).collect(1.0) == []
     assert "leaves the cgroup root" in caplog.text
@@ -312,7 +323,7 @@ def test_pod_throttled_ratio(make_env, version):
 
 def test_psi_gate_off_by_default_and_samples_when_on(make_env):
     assert not PSICollector(make_env()).enabled()
-    pod = FakePod("ns", "p", "u1", "kubepods/podu1")
+    pod = pod_meta("ns", "p", "u1", "kubepods/podu1")
     env = make_env(2, pods=[pod], psi_collector=True)
     d = env.config.cgroup_root / pod.cgroup_dir
     d.mkdir(parents=True)

@@ -6,8 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from koord.hookapi import parse_duration
-
+from ..metriccache.flags import positive_duration
 from ..statesinformer.meta import DEFAULT_KUBE_DIR
 
 # Gates of the advisor's optional collectors, all off by default as upstream.
@@ -29,16 +28,6 @@ class AdvisorConfig:
     psi_collector: bool = False
 
 
-def _duration(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: want a positive duration such as 1s")
-    return seconds
-
-
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "t", "true"):
@@ -52,12 +41,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     """The advisor's flags. ``--sys-root-dir`` is added only when the parser lacks it; the
     cgroup and proc roots, the cgroup driver and kube dir are read from the koordlet's own."""
     group = parser.add_argument_group("metrics advisor")
-    group.add_argument("--collect-res-used-interval", type=_duration, default=1.0, metavar="DURATION",
+    group.add_argument("--collect-res-used-interval", type=positive_duration, default=1.0, metavar="DURATION",
                        help="node/pod/system/BE usage collect interval; below 1s disables the advisor")
-    group.add_argument("--collect-sys-metric-outdated-interval", type=_duration, default=10.0,
+    group.add_argument("--collect-sys-metric-outdated-interval", type=positive_duration, default=10.0,
                        metavar="DURATION", help="node and pod totals older than this give no system usage")
-    group.add_argument("--collect-node-cpu-info-interval", type=_duration, default=60.0, metavar="DURATION")
-    group.add_argument("--psi-collector-interval", type=_duration, default=10.0, metavar="DURATION")
+    group.add_argument("--collect-node-cpu-info-interval", type=positive_duration, default=60.0, metavar="DURATION")
+    group.add_argument("--psi-collector-interval", type=positive_duration, default=10.0, metavar="DURATION")
     group.add_argument("--enable-pagecache-collector", type=_bool, default=False, nargs="?", const=True,
                        metavar="BOOL", help="also store memory usage with page cache")
     if "--sys-root-dir" not in parser._option_string_actions:  # noqa: SLF001 - shared flag

@@ -7,7 +7,7 @@ import logging
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +27,7 @@ class ContainerLike(Protocol):
     id: str
     cgroup_dir: str
     running: bool
+    requests: dict[str, int]
 
 
 class PodLike(Protocol):
@@ -36,6 +37,7 @@ class PodLike(Protocol):
     uid: str
     kube_qos: str
     koord_qos: str
+    annotations: dict[str, str]
     cgroup_dir: str
     running: bool
     containers: Sequence[Any]
@@ -228,6 +230,17 @@ class Collector:
 
     def collect(self, now: float) -> Iterable[Sample]:
         raise NotImplementedError
+
+    def pod_cgroups(self) -> Iterator[tuple[Any, Any | None]]:
+        """(pod, None) for every running pod with a cgroup dir, then (pod, container) for
+        each of its running containers with an id and a cgroup dir."""
+        for pod in self.env.all_pods():
+            if not pod.running or not pod.cgroup_dir:
+                continue
+            yield pod, None
+            for container in pod.containers:
+                if container.running and container.id and container.cgroup_dir:
+                    yield pod, container
 
     def pod_problem(self, pod: PodLike, container: str | None, exc: FileProblem) -> None:
         """One log line per pod (and container), file and reason; a vanished cgroup is normal

@@ -27,25 +27,18 @@ class PodThrottledCollector(Collector):
         if not self.env.pods.has_synced():
             return []
         samples: list[Sample] = []
-        for pod in self.env.all_pods():
-            if not pod.running or not pod.cgroup_dir:
-                continue
+        for pod, container in self.pod_cgroups():
+            if container is None:
+                kind, labels, key = k.POD_CPU_THROTTLED, {k.POD_UID: pod.uid}, ("pod", pod.uid)
+            else:
+                kind, labels = k.CONTAINER_CPU_THROTTLED, {k.CONTAINER_ID: container.id}
+                key = ("container", container.id)
             try:
-                ratio = self._ratio(pod.cgroup_dir, ("pod", pod.uid), now)
+                ratio = self._ratio(container.cgroup_dir if container else pod.cgroup_dir, key, now)
             except FileProblem as exc:
-                self.pod_problem(pod, None, exc)
+                self.pod_problem(pod, container.name if container else None, exc)
                 continue
             if ratio is not None:
-                samples.append(Sample(k.POD_CPU_THROTTLED, {k.POD_UID: pod.uid}, now, ratio))
-            for c in pod.containers:
-                if not c.running or not c.id or not c.cgroup_dir:
-                    continue
-                try:
-                    cratio = self._ratio(c.cgroup_dir, ("container", c.id), now)
-                except FileProblem as exc:
-                    self.pod_problem(pod, c.name, exc)
-                    continue
-                if cratio is not None:
-                    samples.append(Sample(k.CONTAINER_CPU_THROTTLED, {k.CONTAINER_ID: c.id}, now, cratio))
+                samples.append(Sample(kind, labels, now, ratio))
         self.rates.prune(now)
         return samples
