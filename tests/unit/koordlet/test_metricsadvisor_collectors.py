@@ -236,6 +236,27 @@ def test_pod_resource_as_upstream(make_env, version):
     assert env.shared.pods["PodResource"] == Point(pytest.approx(1.0), 100 * MiB, 51.0)
 
 
+def test_pod_counter_going_backwards_logged_once_no_sample(make_env, caplog):
+    pod = pod_with_container()
+    env = make_env(pods=[pod])
+    c = PodResourceCollector(env)
+
+    def write(ns):
+        for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+            write_usage(env.config.cgroup_root, rel, 1, cpu_ns=ns, memory_stat=memory_stat_text(1, MiB))
+
+    for t, ns in enumerate((5 * 10**9, 10**9, 5 * 10**8, 10**9)):
+        write(ns)
+        got = by_kind(c.collect(float(t)))
+        if t in (1, 2):
+            assert mc.POD_CPU_USAGE not in got and mc.CONTAINER_CPU_USAGE not in got
+    assert got[mc.POD_CPU_USAGE][0].value == pytest.approx(0.5)  # counting anew from 5e8
+    lines = [r.getMessage() for r in caplog.records if "went backwards" in r.getMessage()]
+    assert len(lines) == 2  # pod and container, once each over two backward steps
+    assert lines[0].startswith("pod default/pod-u1: CPU time went backwards")
+    assert lines[1].startswith("pod default/pod-u1 container main: CPU time went backwards")
+
+
 def test_pod_resource_page_cache_when_enabled(make_env):
     pod = pod_with_container()
     env = make_env(pods=[pod], enable_pagecache_collector=True)

@@ -83,33 +83,45 @@ class Problems:
 
 class Rates:
     """Per-second rates of monotonically increasing counters. The first value of a key only
-    primes it; a counter that went backwards (a restarted cgroup) re-primes; entries not
-    updated for ``ttl`` seconds are forgotten, so a pod that comes back starts fresh."""
+    primes it; a counter that went backwards (a recreated cgroup, a wrapped counter) gives no
+    sample, is logged once per key, and primes again; entries not updated for ``ttl`` seconds
+    are forgotten, so a pod that comes back starts fresh."""
 
-    def __init__(self, ttl: float) -> None:
-        self._prev: dict[Hashable, tuple[float, float]] = {}
+    def __init__(self, ttl: float, problems: Problems | None = None) -> None:
+        self._prev: dict[Hashable, tuple[Any, float]] = {}
         self._ttl = ttl
+        self._problems = problems
         self._last_prune = 0.0
 
-    def rate(self, key: Hashable, value: float, now: float) -> float | None:
+    def _backwards(self, key: Hashable, what: str, old: object, new: object) -> None:
+        if self._problems is not None:
+            self._problems.report(("backwards", key), "%s went backwards (%s -> %s); no sample, counting anew",
+                                  what or key, old, new)
+
+    def rate(self, key: Hashable, value: float, now: float, what: str = "") -> float | None:
+        """(value - previous) / (now - previous time); None on the first value of a key."""
         prev = self._prev.get(key)
         self._prev[key] = (value, now)
         if prev is None or now - prev[1] > self._ttl:
             return None
         dv, dt = value - prev[0], now - prev[1]
-        if dv < 0 or dt <= 0:
+        if dv < 0:
+            self._backwards(key, what, prev[0], value)
+            return None
+        if dt <= 0:
             return None
         return dv / dt
 
-    def delta(self, key: Hashable, values: tuple[float, ...], now: float) -> tuple[float, ...] | None:
-        """Differences of several counters read together (e.g. throttled and periods)."""
+    def delta(self, key: Hashable, values: tuple[float, ...], now: float,
+              what: str = "") -> tuple[float, ...] | None:
+        """Differences of several counters read together (e.g. periods and throttled)."""
         prev = self._prev.get(key)
-        self._prev[key] = (values, now)  # type: ignore[assignment]
+        self._prev[key] = (values, now)
         if prev is None or now - prev[1] > self._ttl:
             return None
-        old: tuple[float, ...] = prev[0]  # type: ignore[assignment]
-        diff = tuple(a - b for a, b in zip(values, old, strict=True))
+        diff = tuple(a - b for a, b in zip(values, prev[0], strict=True))
         if any(d < 0 for d in diff):
+            self._backwards(key, what, prev[0], values)
             return None
         return diff
 
@@ -242,10 +254,13 @@ class Collector:
                 if container.running and container.id and container.cgroup_dir:
                     yield pod, container
 
-    def pod_problem(self, pod: PodLike, container: str | None, exc: FileProblem) -> None:
+    @staticmethod
+    def who(pod: PodLike, container: ContainerLike | None) -> str:
+        return f"pod {pod.namespace}/{pod.name}" + (f" container {container.name}" if container else "")
+
+    def pod_problem(self, pod: PodLike, container: ContainerLike | None, exc: FileProblem) -> None:
         """One log line per pod (and container), file and reason; a vanished cgroup is normal
         while a pod stops, so it is logged at debug level."""
-        who = f"pod {pod.namespace}/{pod.name}" + (f" container {container}" if container else "")
         level = logging.DEBUG if exc.missing else logging.WARNING
-        self.problems.report((pod.uid, container, str(exc.path), exc.reason),
-                             "%s: %s: %s; no sample", who, exc.path, exc.reason, level=level)
+        self.problems.report((pod.uid, container and container.id, str(exc.path), exc.reason),
+                             "%s: %s: %s; no sample", self.who(pod, container), exc.path, exc.reason, level=level)

@@ -48,11 +48,12 @@ def read_bounded(path: Path, limit: int = SMALL_FILE_BYTES) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             while size <= limit:
-                chunk = os.read(fd, limit + 1 - size)
-                if not chunk:
-                    break
+                want = limit + 1 - size
+                chunk = os.read(fd, want)
                 chunks.append(chunk)
                 size += len(chunk)
+                if len(chunk) < want:  # a short read is the end (seq_file fills the buffer otherwise)
+                    break
         finally:
             os.close(fd)
     except FileNotFoundError:

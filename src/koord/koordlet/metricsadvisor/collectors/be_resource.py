@@ -42,7 +42,7 @@ class BEResourceCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
     @property
     def be_dir(self) -> str:
@@ -88,7 +88,7 @@ class BEResourceCollector(Collector):
         except FileProblem as exc:
             self.problems.report(("usage", exc.reason), "BE usage: %s; no sample", exc)
         else:
-            rate = self.rates.rate("be", ns, now)
+            rate = self.rates.rate("be", ns, now, f"CPU time of {self.be_dir}")
             if rate is not None:
                 samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_USAGE), now, rate / 1e6))
         try:

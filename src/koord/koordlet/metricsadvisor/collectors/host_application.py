@@ -25,7 +25,7 @@ class HostApplicationCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
     def app_dir(self, app: Mapping[str, Any]) -> str:
         """The app's cgroup dir; ValueError when the NodeSLO entry is malformed."""
@@ -89,7 +89,7 @@ class HostApplicationCollector(Collector):
             samples += [Sample(k.HOST_APPLICATION_MEMORY_USAGE, labels, now, memory),
                         Sample(k.HOST_APPLICATION_MEMORY_USAGE_WITH_PAGE_CACHE, labels, now, with_cache)]
             total_mem += memory
-            rate = self.rates.rate(name, ns, now)
+            rate = self.rates.rate(name, ns, now, f"host application {name}: CPU time")
             if rate is not None:
                 samples.append(Sample(k.HOST_APPLICATION_CPU_USAGE, labels, now, rate / 1e9))
                 total_cpu += rate / 1e9

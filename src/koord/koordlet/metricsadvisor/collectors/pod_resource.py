@@ -24,14 +24,14 @@ class PodResourceCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
-    def _usage(self, cgroup_dir: str, key: Hashable, now: float) -> tuple[float | None, int, int]:
+    def _usage(self, cgroup_dir: str, key: Hashable, now: float, who: str) -> tuple[float | None, int, int]:
         """(cores or None on the priming tick, memory bytes, with page cache) of one cgroup."""
         version = self.env.cgroups.version
         ns = self.env.read_cgroup(cgroup_dir, "cpuacct_usage", lambda t: cgroup_cpu_ns(t, version))
         memory, with_cache = self.env.read_cgroup(cgroup_dir, "memory_stat", lambda t: parse_memory_stat(t, version))
-        rate = self.rates.rate(key, ns, now)
+        rate = self.rates.rate(key, ns, now, f"{who}: CPU time")
         return (None if rate is None else rate / 1e9), memory, with_cache
 
     def collect(self, now: float) -> list[Sample]:
@@ -48,9 +48,9 @@ class PodResourceCollector(Collector):
                 kinds, labels = _CONTAINER_KINDS, {k.CONTAINER_ID: container.id}
                 cgroup_dir, key = container.cgroup_dir, ("container", container.id)
             try:
-                cores, memory, with_cache = self._usage(cgroup_dir, key, now)
+                cores, memory, with_cache = self._usage(cgroup_dir, key, now, self.who(pod, container))
             except FileProblem as exc:
-                self.pod_problem(pod, container.name if container else None, exc)
+                self.pod_problem(pod, container, exc)
                 continue
             cpu_kind, memory_kind, cache_kind = kinds
             samples.append(Sample(memory_kind, labels, now, memory))

@@ -14,11 +14,11 @@ class PodThrottledCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
-    def _ratio(self, cgroup_dir: str, key: tuple[str, str], now: float) -> float | None:
+    def _ratio(self, cgroup_dir: str, key: tuple[str, str], now: float, who: str) -> float | None:
         periods, throttled = self.env.read_cgroup(cgroup_dir, "cpu_stat", parse_throttle)
-        diff = self.rates.delta(key, (periods, throttled), now)
+        diff = self.rates.delta(key, (periods, throttled), now, f"{who}: cpu.stat periods/throttled")
         if diff is None:
             return None
         return diff[1] / diff[0] if diff[0] > 0 else 0.0
@@ -34,9 +34,10 @@ class PodThrottledCollector(Collector):
                 kind, labels = k.CONTAINER_CPU_THROTTLED, {k.CONTAINER_ID: container.id}
                 key = ("container", container.id)
             try:
-                ratio = self._ratio(container.cgroup_dir if container else pod.cgroup_dir, key, now)
+                ratio = self._ratio(container.cgroup_dir if container else pod.cgroup_dir, key, now,
+                                    self.who(pod, container))
             except FileProblem as exc:
-                self.pod_problem(pod, container.name if container else None, exc)
+                self.pod_problem(pod, container, exc)
                 continue
             if ratio is not None:
                 samples.append(Sample(kind, labels, now, ratio))

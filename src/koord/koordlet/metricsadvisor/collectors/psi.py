@@ -43,5 +43,5 @@ class PSICollector(Collector):
                     samples += self._samples(k.CONTAINER_PSI, {k.CONTAINER_ID: container.id},
                                              container.cgroup_dir, now)
             except FileProblem as exc:
-                self.pod_problem(pod, container.name if container else None, exc)
+                self.pod_problem(pod, container, exc)
         return samples
