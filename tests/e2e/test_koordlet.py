@@ -4,20 +4,16 @@ containerd (Standalone mode), and a NodeSLO change reaching pods that already ru
 from __future__ import annotations
 
 import json
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 from koord.testing.containerd import Containerd
+from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient, read_cgroup
 from koord.testing.proxy import RuntimeProxy
 
@@ -46,53 +42,6 @@ def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT):
             return last
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
-class KoordletProcess:
-    """``python -m koord.koordlet`` as a subprocess, registered in ``config_dir``."""
-
-    def __init__(self, workdir: Path, args: Sequence[str]) -> None:
-        self.workdir = workdir
-        self.sockdir = Path(tempfile.mkdtemp(prefix="kl-e2e-", dir="/tmp"))
-        self.socket = self.sockdir / "koordlet.sock"
-        self.config_dir = workdir / "hookserver.d"
-        self.log_path = workdir / "koordlet.log"
-        self.command = [sys.executable, "-m", "koord.koordlet", "--log-level", "DEBUG",
-                        "--runtime-hooks-addr", str(self.socket),
-                        "--runtime-hooks-config-path", str(self.config_dir),
-                        "--tsdb-path", str(workdir / "tsdb"), "--addr", "", *args]
-        self._log = None
-        self._proc: subprocess.Popen | None = None
-
-    def start(self) -> KoordletProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                      stderr=self._log, start_new_session=True)
-        wait_for(lambda: (self.config_dir / "koordlet.json").exists() or self._proc.poll() is not None,
-                 "koordlet to register")
-        assert self._proc.poll() is None, f"koordlet exited:\n{self.logs()}"
-        return self
-
-    def stop(self) -> int | None:
-        if self._proc is None:
-            return None
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._log.close()
-        shutil.rmtree(self.sockdir, ignore_errors=True)
-        return self._proc.returncode
-
-    def logs(self, tail: int = 120) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-tail:])
-        except OSError:
-            return ""
 
 
 @pytest.fixture

@@ -256,7 +256,7 @@ class Koordlet:
         self._run_module("states-informer", self.informer.start)
         self._start_reporter()
         self._start_advisor()
-        # The QoS manager starts here, as self._run_module(name, lambda: Module(...).start()).
+        # The QoS manager starts here, as self._run_module("qos-manager", ...).
         self._start_runtime_hooks()
 
     def _start_advisor(self) -> None:
@@ -313,6 +313,20 @@ class Koordlet:
             return KubeStatusWriter(self.informer.objects.api, self.informer.objects.node_name)
         log.info("no --node-metric-file and no API server: NodeMetric is not reported")
         return None
+
+    def _start_advisor(self) -> None:
+        if self.metric_cache is None:
+            log.error("module metrics-advisor cannot start: no metric cache")
+            self.metrics.set_module("metrics-advisor", False)
+            return
+        cache = self.metric_cache
+
+        def start() -> metricsadvisor.MetricsAdvisor:
+            advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args),
+                                                    self.informer, cache)
+            advisor.start()
+            return advisor
+        self.advisor = self._run_module("metrics-advisor", start)
 
     def _start_runtime_hooks(self) -> None:
         log.info("plugins: %s", ", ".join(p.name for p in self.plugins) or "none")

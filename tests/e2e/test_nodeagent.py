@@ -1,0 +1,176 @@
+"""koordlet as the node agent, end to end: real containerd and runc, real cgroups, a pod
+burning one CPU and one holding 200 MiB; the NodeMetric file and Prometheus report them,
+and the metric history survives ``kill -9``."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from koord.hookapi import parse_quantity
+from koord.koordlet.metriccache import POD_CPU_USAGE, POD_UID, Aggregation, MetricCache
+from koord.testing.containerd import Containerd
+from koord.testing.koordlet import KoordletProcess
+from koord.testing.kubelet import KubeletClient
+from koord.testing.workloads import burn_command, hold_command
+
+pytestmark = pytest.mark.e2e
+
+MiB = 2**20
+REPORT_SECONDS, AGGREGATE_SECONDS, WINDOW = 2, 10, "16s"
+
+
+def wait_for(check: Callable[[], object], what: str, timeout: float = 90.0):
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (OSError, ValueError, KeyError) as exc:  # a file being replaced, a metric not there yet
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    samples = {}
+    for name, labels, value in re.findall(r"^(\w+)\{(.*)\} (\S+)$", text, re.M):
+        samples[(name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels)))] = float(value)
+    return samples
+
+
+def pod_usage(status: dict, name: str) -> tuple[float, float] | None:
+    for m in status.get("podsMetric", []):
+        if m["name"] == name:
+            res = m["podUsage"]["resources"]
+            return float(parse_quantity(res["cpu"])), float(parse_quantity(res["memory"]))
+    return None
+
+
+def accurate(status: dict) -> dict | None:
+    """The status when the burner shows 1 core (±20%) and the holder 200 MiB (±10%)."""
+    burner, holder = pod_usage(status, "burner"), pod_usage(status, "holder")
+    if burner is None or holder is None:
+        return None
+    if abs(burner[0] - 1.0) <= 0.2 and abs(holder[1] - 200 * MiB) <= 20 * MiB:
+        return status
+    return None
+
+
+@pytest.fixture
+def pods(containerd: Containerd, kubelet: KubeletClient):
+    # The burner asks for a full CPU (1024 shares) so it gets one on a busy machine too.
+    burner = kubelet.run_pod("burner", labels={"koordinator.sh/qosClass": "LS"}, qos="burstable")
+    kubelet.run_container(burner, "burn", containerd.image, command=burn_command(1),
+                          resources={"cpu_shares": 1024, "cpu_period": 100000, "cpu_quota": 200000})
+    holder = kubelet.run_pod("holder", labels={"koordinator.sh/qosClass": "BE"}, qos="besteffort")
+    kubelet.run_container(holder, "hold", containerd.image, command=hold_command(200),
+                          resources={"cpu_shares": 2})
+    return {"burner": kubelet.sandbox_configs[burner].metadata.uid,
+            "holder": kubelet.sandbox_configs[holder].metadata.uid}
+
+
+def test_node_metric_and_prometheus_report_real_usage_and_survive_kill_9(
+        containerd: Containerd, pods: dict[str, str], tmp_path: Path):
+    node_metric = tmp_path / "nodemetric.yaml"
+    node_metric.write_text(
+        "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeMetric\nmetadata: {name: e2e-node}\n"
+        f"spec:\n  metricCollectPolicy:\n    reportIntervalSeconds: {REPORT_SECONDS}\n"
+        f"    aggregateDurationSeconds: {AGGREGATE_SECONDS}\n"
+        f"    nodeAggregatePolicy: {{durations: [{WINDOW}]}}\n")
+    port = free_port()
+    workdir = tmp_path / "koordlet"
+    koordlet = KoordletProcess(workdir, [
+        "--containerd-endpoint", containerd.endpoint, "--node-metric-file", str(node_metric),
+        "--addr", f"127.0.0.1:{port}", "--kubelet-sync-interval", "500ms",
+        "--collect-res-used-interval", "1s", "--runtime-hooks-reconcile-interval", "0"]).start()
+    try:
+        seen: list[dict] = []
+
+        def settled():
+            status = yaml.safe_load(node_metric.read_text())["status"]
+            seen[:] = [status]
+            window = status["nodeMetric"]["aggregatedNodeUsages"][0]["usage"]["p90"]
+            return window and accurate(status)  # the window needs 8 s of samples
+        try:
+            status = wait_for(settled, "podsMetric: burner ≈ 1000m and holder ≈ 200Mi, a full window")
+        except AssertionError:
+            print(f"last NodeMetric status: {seen}")
+            raise
+        burner_cpu, _ = pod_usage(status, "burner")
+        _, holder_mem = pod_usage(status, "holder")
+        by_name = {m["name"]: m for m in status["podsMetric"]}
+        assert (by_name["burner"]["qos"], by_name["burner"]["priority"]) == ("LS", "koord-prod")
+        assert (by_name["holder"]["qos"], by_name["holder"]["priority"]) == ("BE", "koord-batch")
+        node = status["nodeMetric"]["nodeUsage"]["resources"]
+        assert float(parse_quantity(node["cpu"])) >= 0.8, node  # covers the burner
+        assert float(parse_quantity(node["memory"])) >= holder_mem, node
+        print(f"measured: burner {burner_cpu:.3f} cores, holder {holder_mem / MiB:.1f} MiB, "
+              f"node {node}")
+
+        def prometheus_matches():
+            """Prometheus and the file from one report: both show the same numbers."""
+            before = yaml.safe_load(node_metric.read_text())["status"]
+            m = scrape(port)
+            after = yaml.safe_load(node_metric.read_text())["status"]
+            if before["updateTime"] != after["updateTime"] or not accurate(after):
+                return None
+
+            def gauge(name, resource):
+                for (metric, labels), value in m.items():
+                    d = dict(labels)
+                    if metric == "koordlet_pod_resource_usage" and d["pod_name"] == name \
+                            and d["resource"] == resource:
+                        return value
+                return None
+            cpu, mem = gauge("burner", "cpu"), gauge("holder", "memory")
+            file_cpu, file_mem = pod_usage(after, "burner")[0], pod_usage(after, "holder")[1]
+            return (cpu is not None and abs(cpu - file_cpu) < 0.001 and mem is not None
+                    and abs(mem - file_mem) < 1 and (cpu, mem))
+        print("prometheus:", wait_for(prometheus_matches, "Prometheus pod usage = podsMetric"))
+
+        killed_at = time.time()
+        koordlet.kill()
+        koordlet.start()
+        restarted_at = time.time()
+
+        def window_from_history():
+            doc = yaml.safe_load(node_metric.read_text())
+            if doc["status"]["updateTime"] < time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(restarted_at)):
+                return None  # the report from before the kill
+            return doc["status"]["nodeMetric"]["aggregatedNodeUsages"][0]["usage"]["p90"]
+        # A 16 s window is reported only when its samples span 8 s; one report interval
+        # (2 s) after the restart only samples from before the kill can make it non-empty.
+        p90 = wait_for(window_from_history, "first report after the restart",
+                       timeout=REPORT_SECONDS * 3 + 5)
+        assert p90.get("resources"), "the window after restart must include pre-kill samples"
+        assert time.time() - restarted_at < REPORT_SECONDS * 3 + 5
+    finally:
+        rc = koordlet.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs()}")
+    cache = MetricCache(workdir / "tsdb")
+    try:
+        before = cache.query(POD_CPU_USAGE, killed_at - 60, killed_at, {POD_UID: pods["burner"]})
+        assert len(before) >= 5, "burner samples from before the kill are kept"
+        avg = cache.aggregate(POD_CPU_USAGE, killed_at - 60, time.time(), Aggregation.AVG,
+                              {POD_UID: pods["burner"]})
+        assert avg is not None and abs(avg - 1.0) <= 0.25
+    finally:
+        cache.close()

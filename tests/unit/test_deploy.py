@@ -1,0 +1,88 @@
+"""deploy/: the manifests are valid Kubernetes objects and every koordlet flag they pass exists."""
+
+import configparser
+import re
+import shlex
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from koord.koordlet import cli
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+K8S_VERSION = "1.30.0"
+
+
+def manifests():
+    return [d for d in yaml.safe_load_all((DEPLOY / "koordlet.yaml").read_text()) if d]
+
+
+@pytest.mark.parametrize("doc", manifests(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_manifest_is_valid_against_the_kubernetes_schema(doc):
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_validator_rejects_a_broken_daemonset():
+    """The check above can fail: a misspelt field is an error under strict validation."""
+    ds = next(d for d in manifests() if d["kind"] == "DaemonSet")
+    ds["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, K8S_VERSION, strict=True)
+
+
+def _daemonset():
+    return next(d for d in manifests() if d["kind"] == "DaemonSet")
+
+
+@pytest.fixture
+def node_parser(monkeypatch):
+    """koordlet's parser as on the node: the host dirs exist there, not here."""
+    monkeypatch.setattr(cli, "existing_dir", Path)
+    return cli.build_parser()
+
+
+def test_daemonset_args_parse_and_point_at_mounted_host_paths(node_parser):
+    spec = _daemonset()["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    args = node_parser.parse_args(container["args"])
+    mounts = {m["mountPath"].rstrip("/") for m in container["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    for path in (args.cgroup_root_dir, args.sys_fs_root_dir, Path(args.runtime_hooks_addr).parent,
+                 args.runtime_hooks_config_path, args.tsdb_path,
+                 Path(args.containerd_endpoint.removeprefix("unix://")).parent):
+        assert str(path).rstrip("/") in mounts, f"{path} is not mounted from the host"
+    assert host["hook-registration"] == "/etc/runtime/hookserver.d"  # where the proxy reads
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} \
+        in container["env"]
+    assert spec["hostPID"] is True and args.proc_root_dir == Path("/proc")
+
+
+def test_rbac_allows_what_koordlet_calls():
+    role = next(d for d in manifests() if d["kind"] == "ClusterRole")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
+    for resource, group in (("nodes", ""), ("nodeslos", "slo.koordinator.sh"),
+                            ("nodemetrics", "slo.koordinator.sh")):
+        for verb in ("list", "watch"):
+            assert (group, resource, verb) in granted
+    assert ("slo.koordinator.sh", "nodemetrics/status", "update") in granted
+
+
+def test_systemd_unit_flags_parse(node_parser):
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string((DEPLOY / "koordlet.service").read_text().replace("\\\n", " "))
+    command = shlex.split(unit["Service"]["ExecStart"])
+    assert command[0] == "/usr/local/bin/koordlet"
+    args = node_parser.parse_args(command[1:])
+    assert args.node_metric_file == Path("/etc/koordlet/nodemetric.yaml") and args.addr == ":9316"
+
+
+def test_image_recipe_installs_the_kubernetes_extra_and_runs_koordlet():
+    text = (DEPLOY / "koordlet.Dockerfile").read_text()
+    assert re.search(r"pip install .*\.\[kubernetes\]", text)
+    assert 'ENTRYPOINT ["koordlet"]' in text
+    for needed in re.findall(r"^COPY (.+) \S+$", text, re.M):
+        for name in needed.split():
+            assert (DEPLOY.parent / name).exists(), f"the image copies {name}, which is not in the repo"
