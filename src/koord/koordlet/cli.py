@@ -259,15 +259,6 @@ class Koordlet:
         # The QoS manager starts here, as self._run_module("qos-manager", ...).
         self._start_runtime_hooks()
 
-    def _start_advisor(self) -> None:
-        if self.metric_cache is None:
-            log.error("module metrics-advisor cannot start: no metric cache")
-            self.metrics.set_module("metrics-advisor", False)
-            return
-        self.advisor = metricsadvisor.MetricsAdvisor(
-            metricsadvisor.from_args(self.args), self.informer, self.metric_cache)
-        self._run_module("metrics-advisor", self.advisor.start)
-
     def _run_module(self, name: str, start):
         try:
             result = start()
