@@ -53,6 +53,15 @@ def task_pids(kubelet: KubeletClient, sandbox: str, container: str) -> list[int]
     return [int(p) for p in tasks.read_text().split()]
 
 
+def demand_ns(pids: list[int]) -> int:
+    """ns the tasks ran plus waited to run: what they asked for, whatever the machine's load."""
+    total = 0
+    for pid in pids:
+        on_cpu, waiting, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+        total += int(on_cpu) + int(waiting)
+    return total
+
+
 def proc_cpu_ticks(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -78,22 +87,25 @@ def test_burner_and_holder_measured_from_real_cgroups(containerd: Containerd, ku
              "the burner's first CPU sample", WAIT)
     wait_for(lambda: len(last_values(cache, mc.CONTAINER_MEMORY_USAGE, {mc.CONTAINER_ID: holder}, 3)) >= 3,
              "memory samples of the holding container", WAIT)
-    # The burner asks for one CPU, but this machine is shared: what it really gets is measured
-    # independently (the kernel's per-task tick accounting in /proc) over the same window.
+    # The burner asks for one CPU (its tasks' run + wait time), but this machine is shared: what
+    # it really gets is measured independently (the kernel's per-task tick accounting in /proc)
+    # over the same window, and the collector must report that.
     pids = task_pids(kubelet, burn_pod, burner)
-    t0, ticks0 = time.time(), proc_cpu_ticks(pids)
+    t0, ticks0, demand0 = time.time(), proc_cpu_ticks(pids), demand_ns(pids)
     time.sleep(6)
-    t1, ticks1 = time.time(), proc_cpu_ticks(pids)
+    t1, ticks1, demand1 = time.time(), proc_cpu_ticks(pids), demand_ns(pids)
     got = (ticks1 - ticks0) / os.sysconf("SC_CLK_TCK") / (t1 - t0)
+    asked = (demand1 - demand0) / 1e9 / (t1 - t0)
     window = (t0 + 1.0, t1)
     pod_cpu = statistics.mean(v for _, v in cache.query(mc.POD_CPU_USAGE, *window, {mc.POD_UID: burn_uid}))
     container_cpu = statistics.mean(
         v for _, v in cache.query(mc.CONTAINER_CPU_USAGE, *window, {mc.CONTAINER_ID: burner}))
     pod_mem = last_values(cache, mc.POD_MEMORY_USAGE, {mc.POD_UID: hold_uid}, 1)[0]
     container_mem = last_values(cache, mc.CONTAINER_MEMORY_USAGE, {mc.CONTAINER_ID: holder}, 1)[0]
-    print(f"burner got {got:.3f} cores (/proc); collected pod {pod_cpu:.3f}, container {container_cpu:.3f}; "
+    print(f"burner asked {asked:.3f} cores, got {got:.3f} (/proc); collected pod {pod_cpu:.3f}, container {container_cpu:.3f}; "
           f"holder pod {pod_mem / MiB:.1f} MiB, container {container_mem / MiB:.1f} MiB")
 
+    assert asked == pytest.approx(1.0, rel=0.2)
     assert got > 0.1, "the burner hardly ran: the machine is too busy to measure anything"
     assert pod_cpu == pytest.approx(got, rel=0.2)
     assert container_cpu == pytest.approx(got, rel=0.2)
