@@ -102,7 +102,8 @@ def test_burner_and_holder_measured_from_real_cgroups(containerd: Containerd, ku
         v for _, v in cache.query(mc.CONTAINER_CPU_USAGE, *window, {mc.CONTAINER_ID: burner}))
     pod_mem = last_values(cache, mc.POD_MEMORY_USAGE, {mc.POD_UID: hold_uid}, 1)[0]
     container_mem = last_values(cache, mc.CONTAINER_MEMORY_USAGE, {mc.CONTAINER_ID: holder}, 1)[0]
-    print(f"burner asked {asked:.3f} cores, got {got:.3f} (/proc); collected pod {pod_cpu:.3f}, container {container_cpu:.3f}; "
+    print(f"burner asked {asked:.3f} cores, got {got:.3f} (/proc); "
+          f"collected pod {pod_cpu:.3f}, container {container_cpu:.3f}; "
           f"holder pod {pod_mem / MiB:.1f} MiB, container {container_mem / MiB:.1f} MiB")
 
     assert asked == pytest.approx(1.0, rel=0.2)
