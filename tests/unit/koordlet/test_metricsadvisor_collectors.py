@@ -464,3 +464,16 @@ def test_rates_prime_backwards_and_ttl():
     assert r.rate("a", 150, 3) == 100
     assert r.rate("a", 300, 30) is None  # too old to difference
     assert r.rate("a", 300, 30) is None  # dt == 0
+
+
+@pytest.mark.parametrize("driver, kube_dir, qos, want", [
+    ("cgroupfs", "kubepods/", "besteffort", "kubepods/besteffort"),
+    ("cgroupfs", "kubepods/", "guaranteed", "kubepods"),
+    ("cgroupfs", "test/kubepods", "burstable", "test/kubepods/burstable"),
+    ("systemd", "kubepods/", "besteffort", "kubepods.slice/kubepods-besteffort.slice"),
+    ("systemd", "kubepods.slice", "guaranteed", "kubepods.slice"),
+])
+def test_kube_qos_dirs_follow_the_pod_layout(make_env, driver, kube_dir, qos, want):
+    env = make_env(cgroup_kube_dir=kube_dir)
+    env.config.cgroup_driver = driver
+    assert env.kube_qos_dir(qos) == want
