@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 
 class KoordletProcess:
@@ -27,7 +27,7 @@ class KoordletProcess:
                         "--runtime-hooks-addr", str(self.socket),
                         "--runtime-hooks-config-path", str(self.config_dir),
                         "--tsdb-path", str(workdir / "tsdb"), "--addr", "", *args]
-        self._log: BinaryIO | None = None
+        self._log: IO[bytes] | None = None
         self._proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> KoordletProcess:
