@@ -1,9 +1,10 @@
-"""Small builders shared by the QoS manager's unit tests."""
+"""Pod and CPU builders for the QoS manager's unit tests (over koord.testing.pods)."""
 
 from __future__ import annotations
 
 from koord.koordlet.qosmanager.nodeinfo import Processor
-from koord.koordlet.statesinformer import ContainerMeta, PodMeta
+from koord.koordlet.statesinformer import PodMeta
+from koord.testing.pods import container_meta, pod_meta
 
 GI = 1 << 30
 
@@ -12,16 +13,18 @@ def pod(uid: str, koord_qos: str = "", kube_qos: str = "burstable", *, name: str
         priority: int | None = None, annotations: dict[str, str] | None = None,
         labels: dict[str, str] | None = None, containers: int = 1, running: bool = True,
         batch_cpu: int = 0, kube_dir: str = "kubepods") -> PodMeta:
+    """A pod under ``kube_dir`` (cgroupfs layout) with ``containers`` containers."""
     qos_dir = kube_dir if kube_qos == "guaranteed" else f"{kube_dir}/{kube_qos}"
     pod_dir = f"{qos_dir}/pod{uid}"
-    return PodMeta(
-        namespace="default", name=name or uid, uid=uid, labels=dict(labels or {}),
-        annotations=dict(annotations or {}), kube_qos=kube_qos, koord_qos=koord_qos,
-        priority=priority, cgroup_dir=pod_dir, sandbox_id=f"sandbox-{uid}", running=running,
-        containers=[ContainerMeta(name=f"c{i}", id=f"{uid}-c{i}", cgroup_dir=f"{pod_dir}/{uid}-c{i}",
-                                  running=running,
-                                  requests={"kubernetes.io/batch-cpu": batch_cpu} if batch_cpu else {})
-                    for i in range(containers)])
+    p = pod_meta("default", name or uid, uid, pod_dir, kube_qos=kube_qos, koord_qos=koord_qos,
+                 running=running, containers=[
+                     container_meta(f"c{i}", f"{uid}-c{i}", f"{pod_dir}/{uid}-c{i}", running=running,
+                                    requests={"kubernetes.io/batch-cpu": batch_cpu} if batch_cpu else None)
+                     for i in range(containers)])
+    p.priority = priority
+    p.labels.update(labels or {})
+    p.annotations.update(annotations or {})
+    return p
 
 
 def procs(*rows: tuple[int, int, int, int]) -> list[Processor]:
