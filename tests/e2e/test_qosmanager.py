@@ -29,6 +29,7 @@ from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObjectsSource, StatesInformer
 from koord.testing.containerd import Containerd
+from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
 from koord.testing.workloads import burn_command, hold_command
 
@@ -121,20 +122,12 @@ def node_factory(containerd: Containerd, tmp_path: Path) -> Iterator[Callable[..
         node.cache.close()
 
 
-def run_pod(containerd: Containerd, kubelet: KubeletClient, kube: str, name: str, qos: str,
-            koord_qos: str, command: list[str]) -> tuple[str, str, str]:
-    """A pod under ``kube`` with one container running ``command``: (sandbox, container, uid)."""
-    uid = str(uuid.uuid4())
-    config = kubelet.sandbox_config(name, uid=uid, labels={QOS_LABEL: koord_qos}, qos=qos)
-    qos_dir = kube if qos == "guaranteed" else f"{kube}/{qos}"
-    config.linux.cgroup_parent = f"/{qos_dir}/pod{uid}"
-    containerd.track_pod_cgroup(config.linux.cgroup_parent)
-    sandbox = kubelet.runtime.RunPodSandbox(kubelet.pb.RunPodSandboxRequest(config=config), timeout=240).pod_sandbox_id
-    kubelet.sandbox_configs[sandbox] = config
-    kubelet.pods.append(sandbox)
-    cid = kubelet.create_container(sandbox, "main", containerd.image, command=command)
-    kubelet.start_container(cid)
-    return sandbox, cid, uid
+def run_pod(kubelet: KubeletClient, image: str, kube: str, name: str, qos: str, koord_qos: str,
+            command: list[str]) -> tuple[str, str]:
+    """A pod under ``kube`` with one container running ``command``: (sandbox, container)."""
+    sandbox = kubelet.run_pod(name, labels={QOS_LABEL: koord_qos}, qos=qos, kube_dir=kube)
+    cid = kubelet.run_container(sandbox, "main", image, command=command)
+    return sandbox, cid
 
 
 def remove_kube_dir(kube: str) -> None:
@@ -178,9 +171,9 @@ def test_cfs_quota_suppress_follows_the_formula_and_recovers(
                                                         cri_endpoint=containerd.endpoint))
     try:
         node.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=65)
-        _, ls_cid, _ = run_pod(containerd, kubelet, node.kube, "ls-burner", "burstable", "LS", burn_command(1))
-        run_pod(containerd, kubelet, node.kube, "be-burner", "besteffort", "BE",
-                                    burn_command(cpus))
+        _, ls_cid = run_pod(kubelet, containerd.image, node.kube, "ls-burner", "burstable", "LS",
+                            burn_command(1))
+        run_pod(kubelet, containerd.image, node.kube, "be-burner", "besteffort", "BE", burn_command(cpus))
         suppress = node.suppress()
 
         def at_formula() -> tuple[int, int] | None:
@@ -242,9 +235,9 @@ def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: Ku
                        cri_endpoint=containerd.endpoint)
     node = node_factory(memory="1Gi", config=config, proc_root=proc)
     try:
-        _, big, _ = run_pod(containerd, kubelet, node.kube, "be-big", "besteffort", "BE", hold_command(100))
-        _, small, _ = run_pod(containerd, kubelet, node.kube, "be-small", "besteffort", "BE", hold_command(40))
-        _, ls, _ = run_pod(containerd, kubelet, node.kube, "ls", "burstable", "LS", hold_command(150))
+        _, big = run_pod(kubelet, containerd.image, node.kube, "be-big", "besteffort", "BE", hold_command(100))
+        _, small = run_pod(kubelet, containerd.image, node.kube, "be-small", "besteffort", "BE", hold_command(40))
+        _, ls = run_pod(kubelet, containerd.image, node.kube, "ls", "burstable", "LS", hold_command(150))
 
         def measured() -> bool:
             pods = {p.name: p.uid for p in node.informer.get_all_pods()}
@@ -272,3 +265,37 @@ def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: Ku
         remove_kube_dir(node.kube)
 
 
+
+
+def test_koordlet_process_suppresses_and_restores(containerd: Containerd, kubelet: KubeletClient,
+                                                  tmp_path: Path) -> None:
+    """The wiring: ``koordlet`` itself (advisor, states informer, QoS manager from its flags)."""
+    kube = f"koordtest-{uuid.uuid4().hex[:8]}/kubepods"
+    cpus = os.cpu_count() or 1
+    node_file, slo_file = tmp_path / "node.json", tmp_path / "nodeslo.json"
+    write_json(node_file, {"metadata": {"name": "test-node"},
+                           "status": {"capacity": {"cpu": str(cpus), "memory": "8Gi"},
+                                      "allocatable": {"cpu": str(cpus), "memory": "8Gi"}}})
+
+    def slo(enable: bool) -> None:
+        write_json(slo_file, {"metadata": {"name": "test-node"}, "spec": {"resourceUsedThresholdWithBE": {
+            "enable": enable, "cpuSuppressPolicy": "cfsQuota", "cpuSuppressThresholdPercent": 65}}})
+
+    slo(True)
+    koordlet = KoordletProcess(tmp_path / "koordlet", [
+        "--node-slo-file", str(slo_file), "--node-file", str(node_file), "--cgroup-kube-dir", kube,
+        "--cgroup-driver", "cgroupfs", "--containerd-endpoint", containerd.endpoint,
+        "--kubelet-sync-interval", "1s", "--runtime-hooks-reconcile-interval", "0"]).start()
+    quota_file = CGROUP_ROOT / "cpu" / kube / "besteffort" / "cpu.cfs_quota_us"
+    try:
+        run_pod(kubelet, containerd.image, kube, "be-burner", "besteffort", "BE", burn_command(cpus))
+        # At most the formula with no LS pod and no system usage: capacity x 65%.
+        wait_for(lambda: quota_file.exists() and 0 < int(quota_file.read_text()) <= cpus * PERIOD * 65 // 100,
+                 "koordlet to suppress the besteffort quota", 30)
+        slo(False)
+        wait_for(lambda: int(quota_file.read_text()) == -1, "quota -1 after NodeSLO disabled it", 15)
+        assert "BECPUSuppress" in koordlet.logs(400)
+    finally:
+        koordlet.stop()
+        assert not kubelet.cleanup()
+        remove_kube_dir(kube)

@@ -27,12 +27,14 @@ QOS_CLASSES = ("besteffort", "burstable", "guaranteed")
 _CLEANUP_TIMEOUT = 30.0
 
 
-def pod_cgroup_parent(qos: str, uid: str) -> str:
-    """kubelet's cgroupfs-driver pod cgroup for a QoS class (koordlet parses this layout)."""
+def pod_cgroup_parent(qos: str, uid: str, kube_dir: str = "kubepods") -> str:
+    """kubelet's cgroupfs-driver pod cgroup for a QoS class (koordlet parses this layout);
+    ``kube_dir`` as kubelet's ``--cgroup-root`` would move it (tests use private ones)."""
+    kube = kube_dir.strip("/")
     if qos == "guaranteed":
-        return f"/kubepods/pod{uid}"
+        return f"/{kube}/pod{uid}"
     if qos in ("besteffort", "burstable"):
-        return f"/kubepods/{qos}/pod{uid}"
+        return f"/{kube}/{qos}/pod{uid}"
     raise ValueError(f"qos must be one of {QOS_CLASSES}, got {qos!r}")
 
 
@@ -146,6 +148,7 @@ class KubeletClient:
         annotations: Mapping[str, str] | None = None,
         qos: str = "besteffort",
         attempt: int = 0,
+        kube_dir: str = "kubepods",
     ) -> Any:
         """A PodSandboxConfig as kubelet 1.2x builds it for a host-network pod."""
         pb = self.pb
@@ -178,7 +181,7 @@ class KubeletClient:
             labels=all_labels,
             annotations=all_annotations,
             linux=pb.LinuxPodSandboxConfig(
-                cgroup_parent=pod_cgroup_parent(qos, uid),
+                cgroup_parent=pod_cgroup_parent(qos, uid, kube_dir),
                 security_context=pb.LinuxSandboxSecurityContext(namespace_options=namespaces),
             ),
         )
@@ -256,8 +259,9 @@ class KubeletClient:
         qos: str = "besteffort",
         runtime_handler: str = "",
         timeout: float | None = 240.0,
+        kube_dir: str = "kubepods",
     ) -> str:
-        config = self.sandbox_config(name, namespace, uid, labels, annotations, qos)
+        config = self.sandbox_config(name, namespace, uid, labels, annotations, qos, kube_dir=kube_dir)
         if self._on_pod_created is not None:
             # Registered before the call: a failed RunPodSandbox can still leave a cgroup dir.
             self._on_pod_created(config.linux.cgroup_parent)
