@@ -6,6 +6,7 @@ from the real cgroup files.  Run with ``scripts/demo.sh`` (as root).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from koord.testing.containerd import Containerd
+from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient, read_cgroup
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.workloads import burn_command
 
 QOS_LABEL = "koordinator.sh/qosClass"
 RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
@@ -50,6 +53,50 @@ def show(client: KubeletClient, sandbox: str, container: str, files: list[tuple[
     for subsystem, name in files:
         say(f"    {subsystem}/{parent.strip('/')}/{container[:12]}…/{name} = "
             f"{read_cgroup(subsystem, parent, container, name)}")
+
+
+def demo_be_suppress(work: Path, backend: Containerd) -> None:
+    """BE CPU suppress: a koordlet with NodeSLO ``cpuSuppressPolicy: cfsQuota`` at 65%, a BE
+    pod burning every CPU, then an LS pod burning one: the besteffort quota before and after.
+    Pods live under a private kube dir so the machine's own ``kubepods`` is never touched."""
+    cpus = os.cpu_count() or 1
+    kube = f"koord-demo-{uuid.uuid4().hex[:8]}/kubepods"
+    node_file, slo_file = work / "node.json", work / "nodeslo.json"
+    node_file.write_text(json.dumps({"metadata": {"name": "demo-node"}, "status": {
+        "capacity": {"cpu": str(cpus), "memory": "8Gi"}, "allocatable": {"cpu": str(cpus), "memory": "8Gi"}}}))
+    slo_file.write_text(json.dumps({"metadata": {"name": "demo-node"}, "spec": {"resourceUsedThresholdWithBE": {
+        "enable": True, "cpuSuppressPolicy": "cfsQuota", "cpuSuppressThresholdPercent": 65}}}))
+    koordlet = KoordletProcess(work / "koordlet-qos", [
+        "--node-slo-file", str(slo_file), "--node-file", str(node_file), "--cgroup-kube-dir", kube,
+        "--cgroup-driver", "cgroupfs", "--containerd-endpoint", backend.endpoint,
+        "--kubelet-sync-interval", "1s", "--runtime-hooks-reconcile-interval", "0"]).start()
+    quota = Path("/sys/fs/cgroup/cpu") / kube / "besteffort" / "cpu.cfs_quota_us"
+    client = KubeletClient(backend.endpoint, on_pod_created=backend.track_pod_cgroup)
+
+    def watch(seconds: float) -> None:
+        for _ in range(int(seconds)):
+            time.sleep(1)
+            text = quota.read_text().strip() if quota.exists() else "(no besteffort dir yet)"
+            say(f"    {quota} = {text}")
+        formulas = [line for line in koordlet.logs(200).splitlines() if "BECPUSuppress: suppress" in line]
+        if formulas:
+            say("    koordlet's last calculation: " + formulas[-1].split("BECPUSuppress: ", 1)[-1])
+
+    try:
+        say(f"BE CPU suppress: NodeSLO cfsQuota at 65% of {cpus} cpus; BE quota = (capacity x 65% "
+            "- LS pods' use - system use) x 100, at least 2000")
+        sandbox = client.run_pod("demo-be-burner", labels={QOS_LABEL: "BE"}, qos="besteffort", kube_dir=kube)
+        client.run_container(sandbox, "burn", backend.image, command=burn_command(cpus))
+        say(f"a BE pod burns {cpus} cpus; no LS pod yet:")
+        watch(6)
+        sandbox = client.run_pod("demo-ls-burner", labels={QOS_LABEL: "LS"}, qos="burstable", kube_dir=kube)
+        client.run_container(sandbox, "burn", backend.image, command=burn_command(1))
+        say("an LS pod starts burning 1 cpu: its use comes off the BE quota at once")
+        watch(6)
+    finally:
+        koordlet.stop()
+        client.cleanup()
+        client.close()
 
 
 def main() -> int:
@@ -94,6 +141,7 @@ def main() -> int:
         container = via_proxy.run_container(sandbox, "app", backend.image)
         show(via_proxy, sandbox, container, [("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"),
                                              ("memory", "memory.limit_in_bytes")])
+        demo_be_suppress(work, backend)
         say("cleaning up")
     say(f"done; logs are in {work}")
     return 0

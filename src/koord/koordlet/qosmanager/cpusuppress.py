@@ -173,14 +173,15 @@ class CPUSuppress(Strategy):
         if target is None:
             return
         try:
-            ex.update(Update(self.be_dir, "cpu_quota", target, owner=self.name), cacheable=False)
+            written = ex.update(Update(self.be_dir, "cpu_quota", target, owner=self.name), cacheable=False)
         except CgroupError as exc:
             log.error("%s: writing the besteffort quota %d failed: %s", self.name, target, exc)
             return
         m = self.ctx.metrics
         m.be_suppress_cores.labels(m.node, CFS_QUOTA_POLICY).set(target / 100000)
-        log.info("%s: besteffort cfs quota %d -> %d (%s)", self.name, current, target,
-                 suppress.explain())
+        if written:
+            log.info("%s: besteffort cfs quota %d -> %d (%s)", self.name, current, target,
+                     suppress.explain())
 
     def recover_quota(self) -> None:
         if self.status.get(CFS_QUOTA_POLICY) == RECOVERED or not self._be_dir_exists("cpu_quota"):
