@@ -31,6 +31,7 @@ from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObj
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command, hold_command
 
 pytestmark = pytest.mark.e2e
@@ -39,17 +40,6 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 QOS_LABEL = "koordinator.sh/qosClass"
 PERIOD = 100000
 MIB = 1 << 20
-
-
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> object:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def write_json(path: Path, obj: dict) -> None:

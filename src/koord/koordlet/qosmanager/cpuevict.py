@@ -36,7 +36,7 @@ from .evictcalc import (
     release_by_be_satisfaction,
     release_by_used_threshold,
 )
-from .framework import Context, Strategy, _log_once
+from .framework import Context, EvictStrategy, log_once
 from .nodeinfo import NodeInfoError, capacity_milli_cpu, node_quantity
 from .slo import EVICT_BY_ALLOCATABLE, ThresholdConfig
 
@@ -46,19 +46,12 @@ BE_REASON = "EvictPodByBECPUSatisfaction"
 NODE_REASON = "EvictPodByNodeCPUUsage"
 
 
-class CPUEvict(Strategy):
+class CPUEvict(EvictStrategy):
     name = "CPUEvict"
 
     def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, ctx.config.cpu_evict_interval, BE_CPU_EVICT)
-        self.cool_until = 0.0
-
-    def enabled(self) -> bool:
-        gates = self.ctx.config.gates
-        return (bool(gates.get(BE_CPU_EVICT)) or bool(gates.get(CPU_EVICT))) and self.interval > 0
-
-    def setup(self) -> None:
-        self.cool_until = self.ctx.clock() + self.ctx.config.cpu_evict_cool_time
+        super().__init__(ctx, ctx.config.cpu_evict_interval, (BE_CPU_EVICT, CPU_EVICT),
+                         ctx.config.cpu_evict_cool_time)
 
     def window(self, cfg: ThresholdConfig) -> float:
         return max(self.interval, cfg.cpu_evict_time_window_seconds or 0)
@@ -66,7 +59,7 @@ class CPUEvict(Strategy):
     def run_once(self) -> None:
         ctx = self.ctx
         now = ctx.clock()
-        if now < self.cool_until:
+        if self.cooling(now):
             return
         cfg = ctx.thresholds(self.name)
         if cfg is None or not cfg.enable:
@@ -78,11 +71,10 @@ class CPUEvict(Strategy):
             if ctx.config.gates.get(CPU_EVICT):
                 evicted += self.evict_by_node_usage(cfg, now)
         except NodeInfoError as exc:
-            _log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
+            log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
             return
-        _log_once(self.name + "/node", None)
-        if evicted:
-            self.cool_until = now + ctx.config.cpu_evict_cool_time
+        log_once(self.name + "/node", None)
+        self.evicted(now, evicted)
 
     def _be(self, allocation: str, start: float, now: float, agg: Aggregation) -> float | None:
         return self.ctx.metric_cache.aggregate(
@@ -92,11 +84,11 @@ class CPUEvict(Strategy):
         lower = cfg.cpu_evict_be_satisfaction_lower_percent
         upper = cfg.cpu_evict_be_satisfaction_upper_percent
         if lower is None or upper is None or not 0 < lower <= 60 or not 0 < upper < 100 or upper < lower:
-            _log_once(self.name + "/be-config", "BECPUEvict needs cpuEvictBESatisfactionLowerPercent "
+            log_once(self.name + "/be-config", "BECPUEvict needs cpuEvictBESatisfactionLowerPercent "
                       f"in (0, 60] and an upper percent in [lower, 100); got {lower}, {upper}",
                       logging.WARNING)
             return 0
-        _log_once(self.name + "/be-config", None)
+        log_once(self.name + "/be-config", None)
         ctx = self.ctx
         window = self.window(cfg)
         start = now - window

@@ -113,20 +113,20 @@ class Context:
         try:
             config = threshold_config(self.informer.get_node_slo())
         except SLOError as exc:
-            _log_once(strategy, f"NodeSLO rejected, nothing done until it is fixed: {exc}",
+            log_once(strategy, f"NodeSLO rejected, nothing done until it is fixed: {exc}",
                       logging.ERROR)
             return None
         if config is None:
-            _log_once(strategy, "no NodeSLO yet: nothing to do", logging.WARNING)
+            log_once(strategy, "no NodeSLO yet: nothing to do", logging.WARNING)
             return None
-        _log_once(strategy, None)
+        log_once(strategy, None)
         return config
 
 
 _last_logged: dict[str, str | None] = {}
 
 
-def _log_once(strategy: str, message: str | None, level: int = logging.INFO) -> None:
+def log_once(strategy: str, message: str | None, level: int = logging.INFO) -> None:
     """Every tick would repeat the same complaint; say it when it starts or changes."""
     if _last_logged.get(strategy) != message and message is not None:
         log.log(level, "%s: %s", strategy, message)
@@ -151,6 +151,30 @@ class Strategy:
 
     def run_once(self) -> None:
         raise NotImplementedError
+
+
+class EvictStrategy(Strategy):
+    """An eviction strategy: on when any of its gates is, and quiet for ``cool_time`` after
+    an eviction and after start (the evicted pods' usage takes that long to leave the node's)."""
+
+    def __init__(self, ctx: Context, interval: float, gates: tuple[str, ...], cool_time: float) -> None:
+        super().__init__(ctx, interval, gates[0])
+        self.gates = gates
+        self.cool_time = cool_time
+        self.cool_until = 0.0
+
+    def enabled(self) -> bool:
+        return any(self.ctx.config.gates.get(g) for g in self.gates) and self.interval > 0
+
+    def setup(self) -> None:
+        self.cool_until = self.ctx.clock() + self.cool_time
+
+    def cooling(self, now: float) -> bool:
+        return now < self.cool_until
+
+    def evicted(self, now: float, count: int) -> None:
+        if count:
+            self.cool_until = now + self.cool_time
 
 
 class QOSManager:

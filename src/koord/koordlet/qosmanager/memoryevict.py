@@ -16,7 +16,7 @@ import logging
 from ..features import BE_MEMORY_EVICT, MEMORY_EVICT
 from ..metriccache import NODE_MEMORY_USAGE, POD_MEMORY_USAGE, POD_UID
 from .evictcalc import be_memory_victims, labelled_victims, release_memory
-from .framework import Context, Strategy, _log_once
+from .framework import Context, EvictStrategy, log_once
 from .nodeinfo import NodeInfoError, capacity_memory
 
 log = logging.getLogger(__name__)
@@ -25,24 +25,17 @@ REASON = "EvictPodByNodeMemoryUsage"
 GI = 1 << 30
 
 
-class MemoryEvict(Strategy):
+class MemoryEvict(EvictStrategy):
     name = "MemoryEvict"
 
     def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, ctx.config.memory_evict_interval, BE_MEMORY_EVICT)
-        self.cool_until = 0.0
-
-    def enabled(self) -> bool:
-        gates = self.ctx.config.gates
-        return (bool(gates.get(BE_MEMORY_EVICT)) or bool(gates.get(MEMORY_EVICT))) and self.interval > 0
-
-    def setup(self) -> None:
-        self.cool_until = self.ctx.clock() + self.ctx.config.memory_evict_cool_time
+        super().__init__(ctx, ctx.config.memory_evict_interval, (BE_MEMORY_EVICT, MEMORY_EVICT),
+                         ctx.config.memory_evict_cool_time)
 
     def run_once(self) -> None:
         ctx = self.ctx
         now = ctx.clock()
-        if now < self.cool_until:
+        if self.cooling(now):
             return
         cfg = ctx.thresholds(self.name)
         if cfg is None or not cfg.enable:
@@ -54,9 +47,9 @@ class MemoryEvict(Strategy):
         try:
             capacity = capacity_memory(node)
         except NodeInfoError as exc:
-            _log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
+            log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
             return
-        _log_once(self.name + "/node", None)
+        log_once(self.name + "/node", None)
         threshold, lower = cfg.memory_evict_threshold_percent, cfg.memory_lower_percent
         release = release_memory(used, capacity, threshold, lower)
         if release <= 0:
@@ -77,5 +70,4 @@ class MemoryEvict(Strategy):
             victims, release, lambda p: pod_used.get(p.uid, 0.0), REASON,
             lambda p: (f"{feature}: node memory {percent}% >= {threshold}%, release "
                        f"{release} bytes; pod uses {int(pod_used.get(p.uid, 0))} bytes"))
-        if evicted:
-            self.cool_until = now + ctx.config.memory_evict_cool_time
+        self.evicted(now, evicted)
