@@ -36,7 +36,7 @@ from .evictcalc import (
     release_by_be_satisfaction,
     release_by_used_threshold,
 )
-from .framework import Context, EvictStrategy, log_once
+from .framework import Context, EvictStrategy
 from .nodeinfo import NodeInfoError, capacity_milli_cpu, node_quantity
 from .slo import EVICT_BY_ALLOCATABLE, ThresholdConfig
 
@@ -71,9 +71,9 @@ class CPUEvict(EvictStrategy):
             if ctx.config.gates.get(CPU_EVICT):
                 evicted += self.evict_by_node_usage(cfg, now)
         except NodeInfoError as exc:
-            log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
+            self.ctx.log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
             return
-        log_once(self.name + "/node", None)
+        self.ctx.log_once(self.name + "/node", None)
         self.evicted(now, evicted)
 
     def _be(self, allocation: str, start: float, now: float, agg: Aggregation) -> float | None:
@@ -84,11 +84,11 @@ class CPUEvict(EvictStrategy):
         lower = cfg.cpu_evict_be_satisfaction_lower_percent
         upper = cfg.cpu_evict_be_satisfaction_upper_percent
         if lower is None or upper is None or not 0 < lower <= 60 or not 0 < upper < 100 or upper < lower:
-            log_once(self.name + "/be-config", "BECPUEvict needs cpuEvictBESatisfactionLowerPercent "
+            self.ctx.log_once(self.name + "/be-config", "BECPUEvict needs cpuEvictBESatisfactionLowerPercent "
                       f"in (0, 60] and an upper percent in [lower, 100); got {lower}, {upper}",
                       logging.WARNING)
             return 0
-        log_once(self.name + "/be-config", None)
+        self.ctx.log_once(self.name + "/be-config", None)
         ctx = self.ctx
         window = self.window(cfg)
         start = now - window

@@ -34,7 +34,7 @@ from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import BatchResult, Update, quota_value
 from ..runtimehooks.protocol import KubeQoS
 from ..statesinformer import PodMeta
-from .framework import Context, Strategy, log_once
+from .framework import Context, Strategy
 from .nodeinfo import (
     NodeInfoError,
     Processor,
@@ -109,9 +109,9 @@ class CPUSuppress(Strategy):
                 self.adjust_by_cpuset(suppress)
                 self.recover_quota()
         except NodeInfoError as exc:
-            log_once(self.name + "/input", f"skipped, nothing written: {exc}", logging.ERROR)
+            self.ctx.log_once(self.name + "/input", f"skipped, nothing written: {exc}", logging.ERROR)
             return
-        log_once(self.name + "/input", None)
+        self.ctx.log_once(self.name + "/input", None)
 
     # ---- the formula ----------------------------------------------------------------------
 
@@ -120,13 +120,13 @@ class CPUSuppress(Strategy):
         node = ctx.informer.get_node()
         pods = ctx.informer.get_all_pods()
         if node is None or not pods:
-            log_once(self.name + "/data", "waiting for the Node object and a non-empty pod list")
+            self.ctx.log_once(self.name + "/data", "waiting for the Node object and a non-empty pod list")
             return None
         node_used = ctx.last(NODE_CPU_USAGE)
         if node_used is None:
-            log_once(self.name + "/data", "no recent node_cpu_usage sample: not suppressing")
+            self.ctx.log_once(self.name + "/data", "no recent node_cpu_usage sample: not suppressing")
             return None
-        log_once(self.name + "/data", None)
+        self.ctx.log_once(self.name + "/data", None)
         pod_used = {p.uid: v for p in pods
                     if (v := ctx.last(POD_CPU_USAGE, {POD_UID: p.uid})) is not None}
         node_slo = ctx.informer.get_node_slo()
@@ -152,9 +152,9 @@ class CPUSuppress(Strategy):
     def _be_dir_exists(self, resource: str) -> bool:
         """No besteffort cgroup yet (no BE pod ever ran): nothing to suppress or restore."""
         if self.ctx.executor.supports(self.be_dir, resource):
-            log_once(self.name + "/dir-" + resource, None)
+            self.ctx.log_once(self.name + "/dir-" + resource, None)
             return True
-        log_once(self.name + "/dir-" + resource, f"{self.be_dir} has no {resource} file yet: "
+        self.ctx.log_once(self.name + "/dir-" + resource, f"{self.be_dir} has no {resource} file yet: "
                   "waiting for kubelet to create it")
         return False
 
@@ -201,9 +201,9 @@ class CPUSuppress(Strategy):
         """Online processors, cpus BE may never get (reserved, exclusive system-QoS), pods."""
         info = self.ctx.metric_cache.get_kv(NODE_CPU_INFO)
         if info is None:
-            log_once(self.name + "/topology", "no node_cpu_info yet: cpusets untouched")
+            self.ctx.log_once(self.name + "/topology", "no node_cpu_info yet: cpusets untouched")
             return None
-        log_once(self.name + "/topology", None)
+        self.ctx.log_once(self.name + "/topology", None)
         node = self.ctx.informer.get_node() or {}
         excluded = reserved_cpus(node) | system_qos_exclusive_cpus(node)
         return processors(info), excluded, self.ctx.informer.get_all_pods()
@@ -235,10 +235,10 @@ class CPUSuppress(Strategy):
         target = cpuset_target(suppress.milli, procs, old, excluded, lse, lsr)
         self.status[CPUSET_POLICY] = USING
         if not target:
-            log_once(self.name + "/cpuset", "not enough cpus for BE: cpusets unchanged",
+            self.ctx.log_once(self.name + "/cpuset", "not enough cpus for BE: cpusets unchanged",
                       logging.WARNING)
             return
-        log_once(self.name + "/cpuset", None)
+        self.ctx.log_once(self.name + "/cpuset", None)
         cpus = format_cpuset(target)
         node = self.ctx.informer.get_node() or {}
         if kubelet_static_policy(node):
@@ -275,10 +275,10 @@ class CPUSuppress(Strategy):
                 lse |= pod_allocated_cpus(pod)
         pool = be_pool(procs, excluded, lse)
         if not pool:
-            log_once(self.name + "/pool", "BE pool is empty (all cpus reserved or LSE): "
+            self.ctx.log_once(self.name + "/pool", "BE pool is empty (all cpus reserved or LSE): "
                       "cpusets untouched", logging.WARNING)
             return
-        log_once(self.name + "/pool", None)
+        self.ctx.log_once(self.name + "/pool", None)
         result = self._write_levels(format_cpuset(pool), depth)
         for error in result.errors:
             log.error("%s: restoring BE cpusets: %s", self.name, error)

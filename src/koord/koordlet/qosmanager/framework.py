@@ -100,6 +100,14 @@ class Context:
     metrics: QOSMetrics
     evictor: Evictor
     clock: Callable[[], float] = time.time
+    _logged: dict[str, str | None] = field(default_factory=dict)
+
+    def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
+        """Every tick would repeat the same complaint: say it when it starts or changes;
+        ``None`` marks the condition over."""
+        if self._logged.get(key) != message and message is not None:
+            log.log(level, "%s: %s", key.split("/")[0], message)
+        self._logged[key] = message
 
     def last(self, kind: str, labels: Mapping[str, str] | None = None) -> float | None:
         """The newest sample within two collect intervals: older means the collector stalled."""
@@ -113,24 +121,14 @@ class Context:
         try:
             config = threshold_config(self.informer.get_node_slo())
         except SLOError as exc:
-            log_once(strategy, f"NodeSLO rejected, nothing done until it is fixed: {exc}",
+            self.log_once(strategy, f"NodeSLO rejected, nothing done until it is fixed: {exc}",
                       logging.ERROR)
             return None
         if config is None:
-            log_once(strategy, "no NodeSLO yet: nothing to do", logging.WARNING)
+            self.log_once(strategy, "no NodeSLO yet: nothing to do", logging.WARNING)
             return None
-        log_once(strategy, None)
+        self.log_once(strategy, None)
         return config
-
-
-_last_logged: dict[str, str | None] = {}
-
-
-def log_once(strategy: str, message: str | None, level: int = logging.INFO) -> None:
-    """Every tick would repeat the same complaint; say it when it starts or changes."""
-    if _last_logged.get(strategy) != message and message is not None:
-        log.log(level, "%s: %s", strategy, message)
-    _last_logged[strategy] = message
 
 
 class Strategy:

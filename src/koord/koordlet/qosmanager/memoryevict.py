@@ -16,7 +16,7 @@ import logging
 from ..features import BE_MEMORY_EVICT, MEMORY_EVICT
 from ..metriccache import NODE_MEMORY_USAGE, POD_MEMORY_USAGE, POD_UID
 from .evictcalc import be_memory_victims, labelled_victims, release_memory
-from .framework import Context, EvictStrategy, log_once
+from .framework import Context, EvictStrategy
 from .nodeinfo import NodeInfoError, capacity_memory
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,9 @@ class MemoryEvict(EvictStrategy):
         try:
             capacity = capacity_memory(node)
         except NodeInfoError as exc:
-            log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
+            self.ctx.log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
             return
-        log_once(self.name + "/node", None)
+        self.ctx.log_once(self.name + "/node", None)
         threshold, lower = cfg.memory_evict_threshold_percent, cfg.memory_lower_percent
         release = release_memory(used, capacity, threshold, lower)
         if release <= 0:
