@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -26,27 +25,28 @@ def _run(binary: Path, argv: list[str]) -> subprocess.Popen:
     return proc
 
 
-def _children_cpu_seconds(pid: int) -> float:
-    total = 0.0
+def _children_demand_seconds(pid: int) -> float:
+    """Seconds the burner's workers ran plus waited to run (/proc/<pid>/schedstat): what they
+    asked for, which on a busy shared machine is more than what they got."""
+    total = 0
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        on_cpu, waiting, _ = Path(f"/proc/{child}/schedstat").read_text().split()
+        total += int(on_cpu) + int(waiting)
+    return total / 1e9
 
 
-@pytest.mark.parametrize("cores", [0.5, 1])
-def test_burn_uses_the_cores_asked(pause_binary, cores):
+@pytest.mark.parametrize("cores", [0.5, 1, 2])
+def test_burn_asks_for_the_cores_given(pause_binary, cores):
     proc = _run(pause_binary, burn_command(cores))
     try:
-        before, t0 = _children_cpu_seconds(proc.pid), time.monotonic()
+        before, t0 = _children_demand_seconds(proc.pid), time.monotonic()
         time.sleep(2)
-        used = (_children_cpu_seconds(proc.pid) - before) / (time.monotonic() - t0)
+        demand = (_children_demand_seconds(proc.pid) - before) / (time.monotonic() - t0)
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=10)
     assert rc == 0
-    # Generous: the machine is shared, so a worker may be starved for a moment.
-    assert cores * 0.6 <= used <= cores * 1.1
+    assert demand == pytest.approx(cores, rel=0.15)
 
 
 def test_hold_touches_the_memory(pause_binary):

@@ -8,34 +8,22 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass
-class FakeContainer:
-    name: str
-    id: str
-    cgroup_dir: str
-    running: bool = True
-    requests: dict[str, int] = field(default_factory=dict)
-    limits: dict[str, int] = field(default_factory=dict)
+from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
 
-@dataclass
-class FakePod:
-    namespace: str
-    name: str
-    uid: str
-    cgroup_dir: str
-    kube_qos: str = "burstable"
-    koord_qos: str = ""
-    priority: int | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    sandbox_id: str = ""
-    running: bool = True
-    containers: list[FakeContainer] = field(default_factory=list)
+def container_meta(name: str, id: str, cgroup_dir: str, *, running: bool = True,
+                   requests: dict[str, int] | None = None) -> ContainerMeta:
+    return ContainerMeta(name=name, id=id, cgroup_dir=cgroup_dir, running=running, requests=dict(requests or {}))
+
+
+def pod_meta(namespace: str, name: str, uid: str, cgroup_dir: str, *, kube_qos: str = "burstable",
+             koord_qos: str = "", running: bool = True, containers: list[ContainerMeta] | None = None) -> PodMeta:
+    """A PodMeta with the fields tests rarely care about filled in."""
+    return PodMeta(namespace=namespace, name=name, uid=uid, labels={}, annotations={}, kube_qos=kube_qos,
+                   koord_qos=koord_qos, priority=None, cgroup_dir=cgroup_dir, sandbox_id=f"sandbox-{uid}",
+                   running=running, containers=list(containers or []))
 
 
 class FakeStatesInformer:

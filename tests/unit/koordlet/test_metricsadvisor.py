@@ -14,15 +14,7 @@ from koord.koordlet import metriccache as mc
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor, add_flags, from_args
 from koord.koordlet.metricsadvisor.framework import Collector
 from koord.testing.pods import FakeStatesInformer
-
-
-def wait_for(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
+from koord.testing.wait import wait_for
 
 
 class Flaky(Collector):
@@ -51,7 +43,7 @@ def test_collector_thread_survives_exceptions_and_logs_once(tmp_path, caplog):
     advisor.collectors = [flaky]
     advisor.start()
     try:
-        assert wait_for(lambda: flaky.calls >= 10)
+        wait_for(lambda: flaky.calls >= 10, "ten ticks of the flaky collector", 10)
     finally:
         advisor.stop()
     assert cache.aggregate(mc.NODE_CPU_USAGE, 0, time.time() + 1, mc.Aggregation.COUNT) >= 4
@@ -67,7 +59,7 @@ def test_real_machine_collects_node_usage(tmp_path):
                                                     "SystemResource", "BEResource", "PodThrottled"}
     advisor.start()
     try:
-        assert wait_for(lambda: cache.query(mc.SYS_CPU_USAGE, 0, time.time() + 1))
+        wait_for(lambda: cache.query(mc.SYS_CPU_USAGE, 0, time.time() + 1), "a system usage sample", 10)
     finally:
         advisor.stop()
     now = time.time()
@@ -92,7 +84,8 @@ def test_flags():
     cfg = from_args(parser.parse_args([]))
     assert (cfg.collect_res_used_interval, cfg.collect_sys_metric_outdated_interval,
             cfg.collect_node_cpu_info_interval, cfg.psi_collector_interval,
-            cfg.enable_pagecache_collector, cfg.psi_collector, str(cfg.sys_root)) == (1, 10, 60, 10, False, False, "/sys")
+            cfg.enable_pagecache_collector, cfg.psi_collector, str(cfg.sys_root)) == (
+        1, 10, 60, 10, False, False, "/sys")
     cfg = from_args(parser.parse_args(["--collect-res-used-interval", "2s", "--enable-pagecache-collector",
                                        "--sys-root-dir", "/host-sys", "--feature-gates", "PSICollector=true"]))
     assert (cfg.collect_res_used_interval, cfg.enable_pagecache_collector, str(cfg.sys_root), cfg.psi_collector) == (

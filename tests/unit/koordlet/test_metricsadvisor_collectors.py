@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from pathlib import Path
 
 import pytest
 
 from koord.koordlet import metriccache as mc
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metricsadvisor import AdvisorConfig
-from koord.koordlet.metricsadvisor.collectors import (BEResourceCollector, HostApplicationCollector,
-                                                      NodeInfoCollector, NodeResourceCollector, PSICollector,
-                                                      PodResourceCollector, PodThrottledCollector,
-                                                      SystemResourceCollector)
+from koord.koordlet.metricsadvisor.collectors import (
+    BEResourceCollector,
+    HostApplicationCollector,
+    NodeInfoCollector,
+    NodeResourceCollector,
+    PodResourceCollector,
+    PodThrottledCollector,
+    PSICollector,
+    SystemResourceCollector,
+)
 from koord.koordlet.metricsadvisor.framework import Env, Point, Problems, Rates
+from koord.koordlet.statesinformer.meta import PodMeta
 from koord.testing.cgroupfs import memory_stat_text, write_usage
-from koord.testing.pods import FakeContainer, FakePod, FakeStatesInformer
+from koord.testing.pods import FakeStatesInformer, container_meta, pod_meta
 
 MiB = 1024 * 1024
 HZ = os.sysconf("SC_CLK_TCK")
@@ -181,21 +188,28 @@ def test_be_usage_as_upstream(make_env, version):
 
 
 def test_be_request_sums_batch_cpu_of_be_pods(make_env):
-    be = FakePod("ns", "be", "u1", "kubepods/besteffort/podu1", kube_qos="besteffort", koord_qos="BE",
-                 containers=[FakeContainer("a", "c1", "x", requests={"kubernetes.io/batch-cpu": 500}),
-                             FakeContainer("b", "c2", "y", requests={"kubernetes.io/batch-cpu": 1500})])
-    ls = FakePod("ns", "ls", "u2", "kubepods/podu2", koord_qos="LS",
-                 containers=[FakeContainer("a", "c3", "z", requests={"kubernetes.io/batch-cpu": 999})])
-    env = make_env(pods=[be, ls])
+    be = pod_meta("ns", "be", "u1", "kubepods/besteffort/podu1", kube_qos="besteffort", koord_qos="BE",
+                 containers=[container_meta("a", "c1", "x", requests={"kubernetes.io/batch-cpu": 500}),
+                             container_meta("b", "c2", "y", requests={"kubernetes.io/batch-cpu": 1500})])
+    ls = pod_meta("ns", "ls", "u2", "kubepods/podu2", koord_qos="LS",
+                 containers=[container_meta("a", "c3", "z", requests={"kubernetes.io/batch-cpu": 999})])
+    from_cri = pod_meta("ns", "be2", "u3", "kubepods/besteffort/podu3", kube_qos="besteffort", koord_qos="BE",
+                        containers=[container_meta("main", "c4", "w")])
+    from_cri.annotations["node.koordinator.sh/extended-resource-spec"] = json.dumps(
+        {"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "250"}}}})
+    broken = pod_meta("ns", "be3", "u4", "kubepods/besteffort/podu4", kube_qos="besteffort", koord_qos="BE",
+                      containers=[container_meta("main", "c5", "v")])
+    broken.annotations["node.koordinator.sh/extended-resource-spec"] = "{not json"
+    env = make_env(pods=[be, ls, from_cri, broken])
     write_be(env, 1, "0-1", -1)
-    assert be_value(BEResourceCollector(env).collect(1.0), mc.BE_ALLOCATION_REQUEST) == [2000]
+    assert be_value(BEResourceCollector(env).collect(1.0), mc.BE_ALLOCATION_REQUEST) == [2250]
 
 
 # ---- pods --------------------------------------------------------------------------------
 
-def pod_with_container(uid="u1") -> FakePod:
-    return FakePod("default", f"pod-{uid}", uid, f"kubepods/burstable/pod{uid}",
-                   containers=[FakeContainer("main", f"cid-{uid}", f"kubepods/burstable/pod{uid}/cid-{uid}")])
+def pod_with_container(uid="u1") -> PodMeta:
+    return pod_meta("default", f"pod-{uid}", uid, f"kubepods/burstable/pod{uid}",
+                   containers=[container_meta("main", f"cid-{uid}", f"kubepods/burstable/pod{uid}/cid-{uid}")])
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -220,6 +234,27 @@ def test_pod_resource_as_upstream(make_env, version):
     assert got[mc.CONTAINER_MEMORY_USAGE][0].value == 100 * MiB
     assert mc.POD_MEMORY_USAGE_WITH_PAGE_CACHE not in got
     assert env.shared.pods["PodResource"] == Point(pytest.approx(1.0), 100 * MiB, 51.0)
+
+
+def test_pod_counter_going_backwards_logged_once_no_sample(make_env, caplog):
+    pod = pod_with_container()
+    env = make_env(pods=[pod])
+    c = PodResourceCollector(env)
+
+    def write(ns):
+        for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+            write_usage(env.config.cgroup_root, rel, 1, cpu_ns=ns, memory_stat=memory_stat_text(1, MiB))
+
+    for t, ns in enumerate((5 * 10**9, 10**9, 5 * 10**8, 10**9)):
+        write(ns)
+        got = by_kind(c.collect(float(t)))
+        if t in (1, 2):
+            assert mc.POD_CPU_USAGE not in got and mc.CONTAINER_CPU_USAGE not in got
+    assert got[mc.POD_CPU_USAGE][0].value == pytest.approx(0.5)  # counting anew from 5e8
+    lines = [r.getMessage() for r in caplog.records if "went backwards" in r.getMessage()]
+    assert len(lines) == 2  # pod and container, once each over two backward steps
+    assert lines[0].startswith("pod default/pod-u1: CPU time went backwards")
+    assert lines[1].startswith("pod default/pod-u1 container main: CPU time went backwards")
 
 
 def test_pod_resource_page_cache_when_enabled(make_env):
@@ -254,10 +289,12 @@ def test_hostile_pod_files_logged_once_per_cause(make_env, caplog):
     uids = {s.labels.get(mc.POD_UID) for s in got if s.kind == mc.POD_MEMORY_USAGE}
     assert uids == {"good"}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1  # the garbage pod-level file; its container is not reached
-    assert "pod default/pod-bad" in warnings[0] and "cpuacct.usage" in warnings[0]
+    assert len(warnings) == 2  # one per cause over five ticks: the pod's file, its container's
+    assert "pod default/pod-bad:" in warnings[0] and "cpuacct.usage" in warnings[0]
+    assert "pod default/pod-bad container main:" in warnings[1] and "memory.stat" in warnings[1]
     missing = [r for r in caplog.records if "pod-gone" in r.getMessage()]
-    assert len(missing) == 1 and missing[0].levelno == logging.DEBUG  # a stopping pod is normal
+    # A stopping pod is normal: debug level, once for the pod and once for its container.
+    assert len(missing) == 2 and {r.levelno for r in missing} == {logging.DEBUG}
 
 
 def test_container_garbage_logged_with_container_name(make_env, caplog):
@@ -273,7 +310,7 @@ def test_container_garbage_logged_with_container_name(make_env, caplog):
 
 
 def test_pod_cgroup_escaping_the_root_is_refused(make_env, caplog):
-    pod = FakePod("ns", "evil", "u9", "../../etc")
+    pod = pod_meta("ns", "evil", "u9", "../../etc")
     env = make_env(pods=[pod])
     assert PodResourceCollector(env).collect(1.0) == []
     assert "leaves the cgroup root" in caplog.text
@@ -307,11 +344,12 @@ def test_pod_throttled_ratio(make_env, version):
 
 def test_psi_gate_off_by_default_and_samples_when_on(make_env):
     assert not PSICollector(make_env()).enabled()
-    pod = FakePod("ns", "p", "u1", "kubepods/podu1")
+    pod = pod_meta("ns", "p", "u1", "kubepods/podu1")
     env = make_env(2, pods=[pod], psi_collector=True)
     d = env.config.cgroup_root / pod.cgroup_dir
     d.mkdir(parents=True)
-    (d / "cpu.pressure").write_text("some avg10=1.50 avg60=0 avg300=0 total=1\nfull avg10=0.5 avg60=0 avg300=0 total=1\n")
+    (d / "cpu.pressure").write_text("some avg10=1.50 avg60=0 avg300=0 total=1\n"
+                                    "full avg10=0.5 avg60=0 avg300=0 total=1\n")
     (d / "memory.pressure").write_text("some avg10=2.00 avg60=0 avg300=0 total=1\n")
     (d / "io.pressure").write_text("some avg10=0.00 avg60=0 avg300=0 total=1\n")
     got = {(s.labels[mc.PSI_RESOURCE], s.labels[mc.PSI_DEGREE]): s.value for s in PSICollector(env).collect(1.0)}
@@ -426,3 +464,16 @@ def test_rates_prime_backwards_and_ttl():
     assert r.rate("a", 150, 3) == 100
     assert r.rate("a", 300, 30) is None  # too old to difference
     assert r.rate("a", 300, 30) is None  # dt == 0
+
+
+@pytest.mark.parametrize("driver, kube_dir, qos, want", [
+    ("cgroupfs", "kubepods/", "besteffort", "kubepods/besteffort"),
+    ("cgroupfs", "kubepods/", "guaranteed", "kubepods"),
+    ("cgroupfs", "test/kubepods", "burstable", "test/kubepods/burstable"),
+    ("systemd", "kubepods/", "besteffort", "kubepods.slice/kubepods-besteffort.slice"),
+    ("systemd", "kubepods.slice", "guaranteed", "kubepods.slice"),
+])
+def test_kube_qos_dirs_follow_the_pod_layout(make_env, driver, kube_dir, qos, want):
+    env = make_env(cgroup_kube_dir=kube_dir)
+    env.config.cgroup_driver = driver
+    assert env.kube_qos_dir(qos) == want

@@ -49,7 +49,7 @@ def test_proc_stat_roundtrip(rows):
     text = "\n".join(["cpu  " + " ".join(map(str, rows[0]))]
                      + [f"cpu{i} " + " ".join(map(str, r)) for i, r in enumerate(rows[1:])])
     stat = p.parse_proc_stat(text)
-    for name, r in zip(["cpu"] + [f"cpu{i}" for i in range(len(rows) - 1)], rows):
+    for name, r in zip(["cpu"] + [f"cpu{i}" for i in range(len(rows) - 1)], rows, strict=True):
         assert stat[name].busy == r[0] + r[1] + r[2] + r[5] + r[6]
 
 

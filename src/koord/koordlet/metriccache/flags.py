@@ -14,7 +14,8 @@ from .storage import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_SECONDS, MIN_MAX_BYTES
 DEFAULT_TSDB_PATH = "/var/lib/koordlet/metric-data"
 
 
-def _duration(text: str) -> float:
+def positive_duration(text: str) -> float:
+    """argparse type: a Go duration ("12h", "1s") that must be > 0."""
     try:
         seconds = parse_duration(text)
     except ValueError as exc:
@@ -38,7 +39,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("metric cache")
     group.add_argument("--tsdb-path", type=Path, default=Path(DEFAULT_TSDB_PATH),
                        help="directory of the metric cache (default %(default)s)")
-    group.add_argument("--tsdb-retention-duration", type=_duration, default=DEFAULT_RETENTION_SECONDS,
+    group.add_argument("--tsdb-retention-duration", type=positive_duration, default=DEFAULT_RETENTION_SECONDS,
                        metavar="DURATION", help="how long samples are kept (default 12h)")
     group.add_argument("--tsdb-max-bytes", type=_max_bytes, default=DEFAULT_MAX_BYTES,
                        metavar="BYTES", help="size bound of the metric cache (default 100 MiB)")

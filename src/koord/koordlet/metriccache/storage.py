@@ -20,6 +20,7 @@ stops growing at the bound.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -31,7 +32,7 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ def encode_chunk(ts: Iterable[int], values: Iterable[float]) -> bytes:
     """Points sorted by time, one per ms, as a compressed blob (ms deltas + float64 values)."""
     times = array("q", ts)
     vals = array("d", values)
-    deltas = array("q", (b - a for a, b in zip(times, times[1:])))
+    deltas = array("q", (b - a for a, b in zip(times, times[1:], strict=False)))
     return zlib.compress(_CHUNK_HEADER.pack(times[0], len(times)) + deltas.tobytes() + vals.tobytes(), 1)
 
 
@@ -143,6 +144,19 @@ _Key = tuple[str, tuple[tuple[str, str], ...]]
 
 def _key(kind: str, labels: Mapping[str, str]) -> _Key:
     return kind, tuple(sorted(labels.items()))
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN ... COMMIT, rolled back when the body raises (the error goes on)."""
+    db.execute("BEGIN")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
 
 
 def _labels_json(labels: Mapping[str, str]) -> str:
@@ -344,14 +358,11 @@ class MetricCache:
         with self._lock:
             db = self._conn()
             try:
-                db.execute("BEGIN")
-                rows = [(self._series_id(db, key, s.labels), _ms(s.timestamp), float(s.value))
-                        for key, s in zip(keys, batch)]
-                db.executemany("INSERT INTO head VALUES (?, ?, ?)", rows)
-                db.execute("COMMIT")
+                with _transaction(db):
+                    rows = [(self._series_id(db, key, s.labels), _ms(s.timestamp), float(s.value))
+                            for key, s in zip(keys, batch, strict=True)]
+                    db.executemany("INSERT INTO head VALUES (?, ?, ?)", rows)
             except sqlite3.Error as exc:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
                 self._load_series()  # forget series ids the rollback undid
                 raise MetricCacheError(f"metric cache: append of {len(batch)} samples failed: {exc}") from None
             for sid, ts, value in rows:
@@ -374,16 +385,13 @@ class MetricCache:
         for series in self._by_id.values():
             if not series.ts:
                 continue
-            points = dict(sorted(zip(series.ts, series.values)))  # sorted, one per ms, newest wins
+            points = dict(sorted(zip(series.ts, series.values, strict=True)))  # sorted, one per ms, newest wins
             rows.append((series.id, max(points), min(points), encode_chunk(points, points.values())))
         try:
-            db.execute("BEGIN")
-            db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)", rows)
-            db.execute("DELETE FROM head")
-            db.execute("COMMIT")
+            with _transaction(db):
+                db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)", rows)
+                db.execute("DELETE FROM head")
         except sqlite3.Error as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
             return
         for series in self._by_id.values():
@@ -451,16 +459,13 @@ class MetricCache:
         """Drops chunks that end before the cutoff, head samples older than it, and series
         left without samples."""
         try:
-            db.execute("BEGIN")
-            db.execute("DELETE FROM chunks WHERE max_ts < ?", (cutoff_ms,))
-            db.execute("DELETE FROM head WHERE ts < ?", (cutoff_ms,))
-            db.execute("DELETE FROM series WHERE NOT EXISTS "
-                       "(SELECT 1 FROM chunks WHERE series_id = series.id) AND NOT EXISTS "
-                       "(SELECT 1 FROM head WHERE series_id = series.id)")
-            db.execute("COMMIT")
+            with _transaction(db):
+                db.execute("DELETE FROM chunks WHERE max_ts < ?", (cutoff_ms,))
+                db.execute("DELETE FROM head WHERE ts < ?", (cutoff_ms,))
+                db.execute("DELETE FROM series WHERE NOT EXISTS "
+                           "(SELECT 1 FROM chunks WHERE series_id = series.id) AND NOT EXISTS "
+                           "(SELECT 1 FROM head WHERE series_id = series.id)")
         except sqlite3.Error as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
             log.error("metric cache: dropping old samples failed: %s", exc)
             return
         alive = {sid for (sid,) in db.execute("SELECT id FROM series")}
@@ -469,7 +474,7 @@ class MetricCache:
                 del self._series[key], self._by_id[series.id]
                 self._by_kind[key[0]].remove(series)
             elif series.ts and min(series.ts) < cutoff_ms:
-                kept = [(t, v) for t, v in zip(series.ts, series.values) if t >= cutoff_ms]
+                kept = [(t, v) for t, v in zip(series.ts, series.values, strict=True) if t >= cutoff_ms]
                 series.ts = array("q", (t for t, _ in kept))
                 series.values = array("d", (v for _, v in kept))
 
@@ -496,14 +501,14 @@ class MetricCache:
                     f"SELECT series_id, data FROM chunks WHERE series_id IN ({marks}) "
                     "AND max_ts >= ? AND min_ts <= ?", (*chunk, lo, hi)).fetchall()
             for s in matching:
-                points += [(t, s.id, v) for t, v in zip(s.ts, s.values) if lo <= t <= hi]
+                points += [(t, s.id, v) for t, v in zip(s.ts, s.values, strict=True) if lo <= t <= hi]
         for sid, blob in blobs:
             try:
                 times, vals = decode_chunk(blob)
             except ValueError as exc:
                 log.error("metric cache: %s series %d: %s; skipped", kind, sid, exc)
                 continue
-            points += [(t, sid, v) for t, v in zip(times, vals) if lo <= t <= hi]
+            points += [(t, sid, v) for t, v in zip(times, vals, strict=True) if lo <= t <= hi]
         points.sort()
         return [(t / 1000, v) for t, _, v in points]
 

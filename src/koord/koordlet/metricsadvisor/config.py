@@ -6,7 +6,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from koord.hookapi import parse_duration
+from ..metriccache.flags import positive_duration
+from ..statesinformer.meta import DEFAULT_KUBE_DIR
 
 # Gates of the advisor's optional collectors, all off by default as upstream.
 FEATURE_GATES = {"PSICollector": False}
@@ -17,7 +18,7 @@ class AdvisorConfig:
     cgroup_root: Path = Path("/sys/fs/cgroup")
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
-    cgroup_kube_dir: str = "kubepods"
+    cgroup_kube_dir: str = DEFAULT_KUBE_DIR
     cgroup_driver: str | None = None  # None: detected per hierarchy
     collect_res_used_interval: float = 1.0
     collect_sys_metric_outdated_interval: float = 10.0
@@ -25,16 +26,6 @@ class AdvisorConfig:
     psi_collector_interval: float = 10.0
     enable_pagecache_collector: bool = False
     psi_collector: bool = False
-
-
-def _duration(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: want a positive duration such as 1s")
-    return seconds
 
 
 def _bool(text: str) -> bool:
@@ -50,12 +41,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     """The advisor's flags. ``--sys-root-dir`` is added only when the parser lacks it; the
     cgroup and proc roots, the cgroup driver and kube dir are read from the koordlet's own."""
     group = parser.add_argument_group("metrics advisor")
-    group.add_argument("--collect-res-used-interval", type=_duration, default=1.0, metavar="DURATION",
+    group.add_argument("--collect-res-used-interval", type=positive_duration, default=1.0, metavar="DURATION",
                        help="node/pod/system/BE usage collect interval; below 1s disables the advisor")
-    group.add_argument("--collect-sys-metric-outdated-interval", type=_duration, default=10.0,
+    group.add_argument("--collect-sys-metric-outdated-interval", type=positive_duration, default=10.0,
                        metavar="DURATION", help="node and pod totals older than this give no system usage")
-    group.add_argument("--collect-node-cpu-info-interval", type=_duration, default=60.0, metavar="DURATION")
-    group.add_argument("--psi-collector-interval", type=_duration, default=10.0, metavar="DURATION")
+    group.add_argument("--collect-node-cpu-info-interval", type=positive_duration, default=60.0, metavar="DURATION")
+    group.add_argument("--psi-collector-interval", type=positive_duration, default=10.0, metavar="DURATION")
     group.add_argument("--enable-pagecache-collector", type=_bool, default=False, nargs="?", const=True,
                        metavar="BOOL", help="also store memory usage with page cache")
     if "--sys-root-dir" not in parser._option_string_actions:  # noqa: SLF001 - shared flag
@@ -69,7 +60,7 @@ def from_args(args: argparse.Namespace) -> AdvisorConfig:
         cgroup_root=Path(getattr(args, "cgroup_root_dir", "/sys/fs/cgroup")),
         proc_root=Path(getattr(args, "proc_root_dir", "/proc")),
         sys_root=Path(getattr(args, "sys_root_dir", "/sys")),
-        cgroup_kube_dir=str(getattr(args, "cgroup_kube_dir", "kubepods")).strip("/") or "kubepods",
+        cgroup_kube_dir=getattr(args, "cgroup_kube_dir", DEFAULT_KUBE_DIR) or DEFAULT_KUBE_DIR,
         cgroup_driver=None if driver in (None, "auto") else driver,
         collect_res_used_interval=args.collect_res_used_interval,
         collect_sys_metric_outdated_interval=args.collect_sys_metric_outdated_interval,

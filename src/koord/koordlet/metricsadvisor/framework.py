@@ -4,44 +4,28 @@ and pod totals (for the system collector), counters for rates, and log-once prob
 from __future__ import annotations
 
 import logging
+import posixpath
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..metriccache import MetricCache, Sample
 from ..runtimehooks.executor import CgroupError, CgroupExecutor
+from ..runtimehooks.protocol import KubeQoS
+from ..statesinformer.meta import CGROUPFS, SYSTEMD, ContainerMeta, PodMeta, pod_cgroup_dir
 from .config import AdvisorConfig
 from .parsers import SMALL_FILE_BYTES, FileProblem, parse
 
-log = logging.getLogger("koordlet.metricsadvisor")
-
-
-class ContainerLike(Protocol):
-    name: str
-    id: str
-    cgroup_dir: str
-    running: bool
-
-
-class PodLike(Protocol):
-    """What collectors use of the states informer's PodMeta."""
-    namespace: str
-    name: str
-    uid: str
-    kube_qos: str
-    koord_qos: str
-    cgroup_dir: str
-    running: bool
-    containers: Sequence[Any]
+T = TypeVar("T")
 
 
 class PodSource(Protocol):
     """The part of the states informer the advisor needs."""
 
-    def get_all_pods(self) -> list[Any]: ...
+    def get_all_pods(self) -> list[PodMeta]: ...
 
     def get_node_slo(self) -> Any: ...
 
@@ -78,33 +62,45 @@ class Problems:
 
 class Rates:
     """Per-second rates of monotonically increasing counters. The first value of a key only
-    primes it; a counter that went backwards (a restarted cgroup) re-primes; entries not
-    updated for ``ttl`` seconds are forgotten, so a pod that comes back starts fresh."""
+    primes it; a counter that went backwards (a recreated cgroup, a wrapped counter) gives no
+    sample, is logged once per key, and primes again; entries not updated for ``ttl`` seconds
+    are forgotten, so a pod that comes back starts fresh."""
 
-    def __init__(self, ttl: float) -> None:
-        self._prev: dict[Hashable, tuple[float, float]] = {}
+    def __init__(self, ttl: float, problems: Problems | None = None) -> None:
+        self._prev: dict[Hashable, tuple[Any, float]] = {}
         self._ttl = ttl
+        self._problems = problems
         self._last_prune = 0.0
 
-    def rate(self, key: Hashable, value: float, now: float) -> float | None:
+    def _backwards(self, key: Hashable, what: str, old: object, new: object) -> None:
+        if self._problems is not None:
+            self._problems.report(("backwards", key), "%s went backwards (%s -> %s); no sample, counting anew",
+                                  what or key, old, new)
+
+    def rate(self, key: Hashable, value: float, now: float, what: str = "") -> float | None:
+        """(value - previous) / (now - previous time); None on the first value of a key."""
         prev = self._prev.get(key)
         self._prev[key] = (value, now)
         if prev is None or now - prev[1] > self._ttl:
             return None
         dv, dt = value - prev[0], now - prev[1]
-        if dv < 0 or dt <= 0:
+        if dv < 0:
+            self._backwards(key, what, prev[0], value)
+            return None
+        if dt <= 0:
             return None
         return dv / dt
 
-    def delta(self, key: Hashable, values: tuple[float, ...], now: float) -> tuple[float, ...] | None:
-        """Differences of several counters read together (e.g. throttled and periods)."""
+    def delta(self, key: Hashable, values: tuple[float, ...], now: float,
+              what: str = "") -> tuple[float, ...] | None:
+        """Differences of several counters read together (e.g. periods and throttled)."""
         prev = self._prev.get(key)
-        self._prev[key] = (values, now)  # type: ignore[assignment]
+        self._prev[key] = (values, now)
         if prev is None or now - prev[1] > self._ttl:
             return None
-        old: tuple[float, ...] = prev[0]  # type: ignore[assignment]
-        diff = tuple(a - b for a, b in zip(values, old))
+        diff = tuple(a - b for a, b in zip(values, prev[0], strict=True))
         if any(d < 0 for d in diff):
+            self._backwards(key, what, prev[0], values)
             return None
         return diff
 
@@ -147,6 +143,9 @@ class SharedState:
             return self.node, dict(self.pods), self.host_apps
 
 
+_MAX_CACHED_PATHS = 100_000
+
+
 class Env:
     """Everything a collector needs, built once by the advisor."""
 
@@ -158,6 +157,9 @@ class Env:
         self.clock = clock
         self.cgroups = CgroupExecutor(config.cgroup_root, driver=config.cgroup_driver)
         self.shared = SharedState()
+        self._paths: dict[tuple[str, str], Path] = {}
+        self._pods_lock = threading.Lock()
+        self._pods_cache: tuple[float, list[PodMeta]] | None = None
 
     @property
     def proc(self) -> Path:
@@ -168,23 +170,36 @@ class Env:
         return self.config.sys_root
 
     def cgroup_file(self, cgroup_dir: str, resource: str) -> Path:
-        try:
-            return self.cgroups.path(cgroup_dir, resource)
-        except CgroupError as exc:
-            raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
+        key = (cgroup_dir, resource)
+        path = self._paths.get(key)
+        if path is None:
+            try:
+                path = self.cgroups.path(cgroup_dir, resource)
+            except CgroupError as exc:
+                raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
+            if len(self._paths) > _MAX_CACHED_PATHS:  # pods come and go: start over now and then
+                self._paths.clear()
+            self._paths[key] = path
+        return path
 
-    def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], Any]) -> Any:
+    def all_pods(self) -> list[PodMeta]:
+        """The informer's pods, one copy shared by the collectors that tick together (they
+        only read it): the informer deep-copies on every call."""
+        with self._pods_lock:
+            now = time.monotonic()
+            if self._pods_cache is None or now - self._pods_cache[0] > self.config.collect_res_used_interval / 2:
+                self._pods_cache = (now, self.pods.get_all_pods())
+            return self._pods_cache[1]
+
+    def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], T]) -> T:
         return parse(self.cgroup_file(cgroup_dir, resource), parser, SMALL_FILE_BYTES)
 
     def kube_qos_dir(self, qos: str) -> str:
-        """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir`` (either driver)."""
-        kube = self.config.cgroup_kube_dir.strip("/")
-        systemd = kube.endswith(".slice")
-        if qos == "guaranteed":
-            return kube
-        if systemd:
-            return f"{kube}/{kube.removesuffix('.slice')}-{qos}.slice"
-        return f"{kube}/{qos}"
+        """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir``: the parent of any
+        pod dir of that class, as the states informer lays pods out (either driver)."""
+        driver = self.config.cgroup_driver or (
+            SYSTEMD if self.cgroups.kube_qos_dir(KubeQoS.GUARANTEED).endswith(".slice") else CGROUPFS)
+        return posixpath.dirname(pod_cgroup_dir(self.config.cgroup_kube_dir, qos, "x", driver))
 
 
 class Collector:
@@ -207,10 +222,24 @@ class Collector:
     def collect(self, now: float) -> Iterable[Sample]:
         raise NotImplementedError
 
-    def pod_problem(self, pod: PodLike, container: str | None, exc: FileProblem) -> None:
+    def pod_cgroups(self) -> Iterator[tuple[PodMeta, ContainerMeta | None]]:
+        """(pod, None) for every running pod with a cgroup dir, then (pod, container) for
+        each of its running containers with an id and a cgroup dir."""
+        for pod in self.env.all_pods():
+            if not pod.running or not pod.cgroup_dir:
+                continue
+            yield pod, None
+            for container in pod.containers:
+                if container.running and container.id and container.cgroup_dir:
+                    yield pod, container
+
+    @staticmethod
+    def who(pod: PodMeta, container: ContainerMeta | None) -> str:
+        return f"pod {pod.namespace}/{pod.name}" + (f" container {container.name}" if container else "")
+
+    def pod_problem(self, pod: PodMeta, container: ContainerMeta | None, exc: FileProblem) -> None:
         """One log line per pod (and container), file and reason; a vanished cgroup is normal
         while a pod stops, so it is logged at debug level."""
-        who = f"pod {pod.namespace}/{pod.name}" + (f" container {container}" if container else "")
         level = logging.DEBUG if exc.missing else logging.WARNING
-        self.problems.report((pod.uid, container, str(exc.path), exc.reason),
-                             "%s: %s: %s; no sample", who, exc.path, exc.reason, level=level)
+        self.problems.report((pod.uid, container and container.id, str(exc.path), exc.reason),
+                             "%s: %s: %s; no sample", self.who(pod, container), exc.path, exc.reason, level=level)

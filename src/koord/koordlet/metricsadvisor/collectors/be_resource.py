@@ -1,7 +1,8 @@
 """Best-effort CPU in milli-cores: what BE pods use, request and may really get.
 
 - usage: delta of the besteffort QoS cgroup's CPU time / wall delta;
-- request: the sum of ``kubernetes.io/batch-cpu`` requests of Koordinator-BE pods;
+- request: the sum of ``kubernetes.io/batch-cpu`` requests of Koordinator-BE pods (the
+  containers' requests, or the pod's extended-resource-spec annotation when pods come from CRI);
 - real-limit: min(|BE cpuset| x 1000, quota x 1000 / period when quota != -1), where the BE
   cpuset is the smallest one among the besteffort dir and every dir below it (a container
   may be pinned narrower than its parents).
@@ -14,10 +15,12 @@ from pathlib import Path
 
 from ...metriccache import Sample
 from ...metriccache import kinds as k
+from ...runtimehooks.hooks import HookError
+from ...runtimehooks.plugins.batchresource import BATCH_CPU, parse_extended_resource_spec
+from ...statesinformer.meta import PodMeta
 from ..framework import Collector, Env, Rates
 from ..parsers import FileProblem, cgroup_cpu_ns, parse, parse_cpu_list, parse_cpu_quota, read_bounded
 
-BATCH_CPU = "kubernetes.io/batch-cpu"
 _MAX_WALK_DIRS = 10_000
 
 
@@ -40,7 +43,7 @@ class BEResourceCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
     @property
     def be_dir(self) -> str:
@@ -86,7 +89,7 @@ class BEResourceCollector(Collector):
         except FileProblem as exc:
             self.problems.report(("usage", exc.reason), "BE usage: %s; no sample", exc)
         else:
-            rate = self.rates.rate("be", ns, now)
+            rate = self.rates.rate("be", ns, now, f"CPU time of {self.be_dir}")
             if rate is not None:
                 samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_USAGE), now, rate / 1e6))
         try:
@@ -97,7 +100,24 @@ class BEResourceCollector(Collector):
             if limit is not None:
                 samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REAL_LIMIT), now, limit))
         if self.env.pods.has_synced():
-            request = sum(int(c.requests.get(BATCH_CPU, 0)) for pod in self.env.pods.get_all_pods()
-                          if pod.running and pod.koord_qos == "BE" for c in pod.containers)
+            request = sum(self._batch_cpu_request(pod) for pod in self.env.all_pods()
+                          if pod.running and pod.koord_qos == "BE")
             samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REQUEST), now, request))
         return samples
+
+    def _batch_cpu_request(self, pod: PodMeta) -> int:
+        """A BE pod's batch-cpu requests: from the container's requests when the pod source
+        knows them (kubelet), else from the extended-resource-spec annotation (CRI)."""
+        try:
+            spec = parse_extended_resource_spec(pod.annotations)
+        except HookError as exc:
+            self.problems.report(("spec", pod.uid), "pod %s/%s: %s; its batch-cpu request counts as 0",
+                                 pod.namespace, pod.name, exc)
+            spec = {}
+        total = 0
+        for c in pod.containers:
+            if BATCH_CPU in c.requests:
+                total += int(c.requests[BATCH_CPU])
+            elif c.name in spec:
+                total += spec[c.name].cpu_request_milli or 0
+        return total

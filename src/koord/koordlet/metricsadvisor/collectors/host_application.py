@@ -14,7 +14,7 @@ from typing import Any
 from ...metriccache import Sample
 from ...metriccache import kinds as k
 from ..framework import Collector, Env, Point, Rates
-from ..parsers import FileProblem, cgroup_cpu_ns, cgroup_memory_bytes, parse_flat_keyed
+from ..parsers import FileProblem, cgroup_cpu_ns, parse_memory_stat
 
 _BASES = {"CgroupRoot": None, "Kubepods": "guaranteed", "KubepodsBurstable": "burstable",
           "KubepodsBesteffort": "besteffort"}
@@ -25,7 +25,7 @@ class HostApplicationCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
     def app_dir(self, app: Mapping[str, Any]) -> str:
         """The app's cgroup dir; ValueError when the NodeSLO entry is malformed."""
@@ -80,11 +80,8 @@ class HostApplicationCollector(Collector):
             labels = {k.HOST_APP_NAME: name}
             try:
                 ns = self.env.read_cgroup(cgroup_dir, "cpuacct_usage", lambda t: cgroup_cpu_ns(t, version))
-                stat = self.env.read_cgroup(cgroup_dir, "memory_stat", parse_flat_keyed)
-                try:
-                    memory, with_cache = cgroup_memory_bytes(stat, version)
-                except ValueError as exc:
-                    raise FileProblem(self.env.cgroup_file(cgroup_dir, "memory_stat"), str(exc)) from None
+                memory, with_cache = self.env.read_cgroup(cgroup_dir, "memory_stat",
+                                                          lambda t: parse_memory_stat(t, version))
             except FileProblem as exc:
                 self.problems.report(("app", name, exc.reason), "host application %s: %s; no sample", name, exc,
                                      level=logging.INFO if exc.missing else logging.WARNING)
@@ -92,7 +89,7 @@ class HostApplicationCollector(Collector):
             samples += [Sample(k.HOST_APPLICATION_MEMORY_USAGE, labels, now, memory),
                         Sample(k.HOST_APPLICATION_MEMORY_USAGE_WITH_PAGE_CACHE, labels, now, with_cache)]
             total_mem += memory
-            rate = self.rates.rate(name, ns, now)
+            rate = self.rates.rate(name, ns, now, f"host application {name}: CPU time")
             if rate is not None:
                 samples.append(Sample(k.HOST_APPLICATION_CPU_USAGE, labels, now, rate / 1e9))
                 total_cpu += rate / 1e9

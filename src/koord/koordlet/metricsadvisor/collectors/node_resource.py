@@ -11,11 +11,19 @@ from __future__ import annotations
 import os
 import re
 
-from ...metriccache import kinds as k
 from ...metriccache import Sample
+from ...metriccache import kinds as k
 from ..framework import Collector, Env, Point, Rates
-from ..parsers import (PROC_FILE_BYTES, FileProblem, node_memory_bytes, numa_memory_bytes, parse,
-                       parse_cpu_list, parse_meminfo, parse_proc_stat)
+from ..parsers import (
+    PROC_FILE_BYTES,
+    FileProblem,
+    node_memory_bytes,
+    numa_memory_bytes,
+    parse,
+    parse_cpu_list,
+    parse_meminfo,
+    parse_proc_stat,
+)
 
 _NODE_DIR = re.compile(r"^node(\d+)$")
 
@@ -26,7 +34,7 @@ class NodeResourceCollector(Collector):
     def __init__(self, env: Env) -> None:
         super().__init__(env)
         self.ticks_per_second = os.sysconf("SC_CLK_TCK")
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
     def _numa_cpus(self) -> dict[str, list[int]]:
         base = self.env.sys / "devices/system/node"
@@ -54,7 +62,7 @@ class NodeResourceCollector(Collector):
             raise FileProblem(self.env.proc / "meminfo", str(exc)) from None
         samples += [Sample(k.NODE_MEMORY_USAGE, {}, now, memory),
                     Sample(k.NODE_MEMORY_USAGE_WITH_PAGE_CACHE, {}, now, with_cache)]
-        ticks = self.rates.rate("cpu", stat["cpu"].busy, now)
+        ticks = self.rates.rate("cpu", stat["cpu"].busy, now, "/proc/stat cpu busy ticks")
         if ticks is not None:
             cores = ticks / self.ticks_per_second
             samples.append(Sample(k.NODE_CPU_USAGE, {}, now, cores))
@@ -62,7 +70,7 @@ class NodeResourceCollector(Collector):
         for node_id, cpus in self._numa_cpus().items():
             labels = {k.NUMA_NODE_ID: node_id}
             busy = sum(stat[f"cpu{c}"].busy for c in cpus if f"cpu{c}" in stat)
-            numa_ticks = self.rates.rate(("numa", node_id), busy, now)
+            numa_ticks = self.rates.rate(("numa", node_id), busy, now, f"/proc/stat busy ticks of NUMA node {node_id}")
             if numa_ticks is not None:
                 samples.append(Sample(k.NODE_NUMA_CPU_USAGE, labels, now, numa_ticks / self.ticks_per_second))
             path = self.env.sys / "devices/system/node" / f"node{node_id}" / "meminfo"

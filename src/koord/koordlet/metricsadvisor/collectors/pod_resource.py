@@ -8,10 +8,15 @@ with page cache. The pods' totals go to the shared state for the system collecto
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from ...metriccache import Sample
 from ...metriccache import kinds as k
 from ..framework import Collector, Env, Point, Rates
-from ..parsers import FileProblem, cgroup_cpu_ns, cgroup_memory_bytes, parse_flat_keyed
+from ..parsers import FileProblem, cgroup_cpu_ns, parse_memory_stat
+
+_POD_KINDS = (k.POD_CPU_USAGE, k.POD_MEMORY_USAGE, k.POD_MEMORY_USAGE_WITH_PAGE_CACHE)
+_CONTAINER_KINDS = (k.CONTAINER_CPU_USAGE, k.CONTAINER_MEMORY_USAGE, k.CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE)
 
 
 class PodResourceCollector(Collector):
@@ -19,18 +24,14 @@ class PodResourceCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
-    def _usage(self, cgroup_dir: str, key: str, now: float) -> tuple[float | None, int, int]:
+    def _usage(self, cgroup_dir: str, key: Hashable, now: float, who: str) -> tuple[float | None, int, int]:
         """(cores or None on the priming tick, memory bytes, with page cache) of one cgroup."""
         version = self.env.cgroups.version
         ns = self.env.read_cgroup(cgroup_dir, "cpuacct_usage", lambda t: cgroup_cpu_ns(t, version))
-        stat = self.env.read_cgroup(cgroup_dir, "memory_stat", parse_flat_keyed)
-        try:
-            memory, with_cache = cgroup_memory_bytes(stat, version)
-        except ValueError as exc:
-            raise FileProblem(self.env.cgroup_file(cgroup_dir, "memory_stat"), str(exc)) from None
-        rate = self.rates.rate(key, ns, now)
+        memory, with_cache = self.env.read_cgroup(cgroup_dir, "memory_stat", lambda t: parse_memory_stat(t, version))
+        rate = self.rates.rate(key, ns, now, f"{who}: CPU time")
         return (None if rate is None else rate / 1e9), memory, with_cache
 
     def collect(self, now: float) -> list[Sample]:
@@ -39,36 +40,27 @@ class PodResourceCollector(Collector):
         cache_too = self.env.config.enable_pagecache_collector
         samples: list[Sample] = []
         total_cpu = total_mem = 0.0
-        for pod in self.env.pods.get_all_pods():
-            if not pod.running or not pod.cgroup_dir:
-                continue
-            labels = {k.POD_UID: pod.uid}
+        for pod, container in self.pod_cgroups():
+            if container is None:
+                kinds, labels = _POD_KINDS, {k.POD_UID: pod.uid}
+                cgroup_dir, key = pod.cgroup_dir, ("pod", pod.uid)
+            else:
+                kinds, labels = _CONTAINER_KINDS, {k.CONTAINER_ID: container.id}
+                cgroup_dir, key = container.cgroup_dir, ("container", container.id)
             try:
-                cores, memory, with_cache = self._usage(pod.cgroup_dir, ("pod", pod.uid), now)
+                cores, memory, with_cache = self._usage(cgroup_dir, key, now, self.who(pod, container))
             except FileProblem as exc:
-                self.pod_problem(pod, None, exc)
+                self.pod_problem(pod, container, exc)
                 continue
-            samples.append(Sample(k.POD_MEMORY_USAGE, labels, now, memory))
+            cpu_kind, memory_kind, cache_kind = kinds
+            samples.append(Sample(memory_kind, labels, now, memory))
             if cache_too:
-                samples.append(Sample(k.POD_MEMORY_USAGE_WITH_PAGE_CACHE, labels, now, with_cache))
-            total_mem += memory
+                samples.append(Sample(cache_kind, labels, now, with_cache))
             if cores is not None:
-                samples.append(Sample(k.POD_CPU_USAGE, labels, now, cores))
-                total_cpu += cores
-            for container in pod.containers:
-                if not container.running or not container.id or not container.cgroup_dir:
-                    continue
-                clabels = {k.CONTAINER_ID: container.id}
-                try:
-                    ccores, cmem, cwith_cache = self._usage(container.cgroup_dir, ("container", container.id), now)
-                except FileProblem as exc:
-                    self.pod_problem(pod, container.name, exc)
-                    continue
-                samples.append(Sample(k.CONTAINER_MEMORY_USAGE, clabels, now, cmem))
-                if cache_too:
-                    samples.append(Sample(k.CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE, clabels, now, cwith_cache))
-                if ccores is not None:
-                    samples.append(Sample(k.CONTAINER_CPU_USAGE, clabels, now, ccores))
+                samples.append(Sample(cpu_kind, labels, now, cores))
+            if container is None:
+                total_mem += memory
+                total_cpu += cores or 0.0
         self.rates.prune(now)
         self.env.shared.set_pods(self.name, Point(total_cpu, total_mem, now))
         return samples

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...metriccache import Sample
 from ...metriccache import kinds as k
 from ..framework import Collector, Env, Rates
-from ..parsers import FileProblem, parse_flat_keyed, throttle_counters
+from ..parsers import FileProblem, parse_throttle
 
 
 class PodThrottledCollector(Collector):
@@ -14,15 +14,11 @@ class PodThrottledCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
-    def _ratio(self, cgroup_dir: str, key: tuple[str, str], now: float) -> float | None:
-        stat = self.env.read_cgroup(cgroup_dir, "cpu_stat", parse_flat_keyed)
-        try:
-            periods, throttled = throttle_counters(stat)
-        except ValueError as exc:
-            raise FileProblem(self.env.cgroup_file(cgroup_dir, "cpu_stat"), str(exc)) from None
-        diff = self.rates.delta(key, (periods, throttled), now)
+    def _ratio(self, cgroup_dir: str, key: tuple[str, str], now: float, who: str) -> float | None:
+        periods, throttled = self.env.read_cgroup(cgroup_dir, "cpu_stat", parse_throttle)
+        diff = self.rates.delta(key, (periods, throttled), now, f"{who}: cpu.stat periods/throttled")
         if diff is None:
             return None
         return diff[1] / diff[0] if diff[0] > 0 else 0.0
@@ -31,25 +27,19 @@ class PodThrottledCollector(Collector):
         if not self.env.pods.has_synced():
             return []
         samples: list[Sample] = []
-        for pod in self.env.pods.get_all_pods():
-            if not pod.running or not pod.cgroup_dir:
-                continue
+        for pod, container in self.pod_cgroups():
+            if container is None:
+                kind, labels, key = k.POD_CPU_THROTTLED, {k.POD_UID: pod.uid}, ("pod", pod.uid)
+            else:
+                kind, labels = k.CONTAINER_CPU_THROTTLED, {k.CONTAINER_ID: container.id}
+                key = ("container", container.id)
             try:
-                ratio = self._ratio(pod.cgroup_dir, ("pod", pod.uid), now)
+                ratio = self._ratio(container.cgroup_dir if container else pod.cgroup_dir, key, now,
+                                    self.who(pod, container))
             except FileProblem as exc:
-                self.pod_problem(pod, None, exc)
+                self.pod_problem(pod, container, exc)
                 continue
             if ratio is not None:
-                samples.append(Sample(k.POD_CPU_THROTTLED, {k.POD_UID: pod.uid}, now, ratio))
-            for c in pod.containers:
-                if not c.running or not c.id or not c.cgroup_dir:
-                    continue
-                try:
-                    cratio = self._ratio(c.cgroup_dir, ("container", c.id), now)
-                except FileProblem as exc:
-                    self.pod_problem(pod, c.name, exc)
-                    continue
-                if cratio is not None:
-                    samples.append(Sample(k.CONTAINER_CPU_THROTTLED, {k.CONTAINER_ID: c.id}, now, cratio))
+                samples.append(Sample(kind, labels, now, ratio))
         self.rates.prune(now)
         return samples

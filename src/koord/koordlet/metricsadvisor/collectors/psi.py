@@ -35,18 +35,13 @@ class PSICollector(Collector):
         if not self.env.pods.has_synced():
             return []
         samples: list[Sample] = []
-        for pod in self.env.pods.get_all_pods():
-            if not pod.running or not pod.cgroup_dir:
-                continue
+        for pod, container in self.pod_cgroups():
             try:
-                samples += self._samples(k.POD_PSI, {k.POD_UID: pod.uid}, pod.cgroup_dir, now)
+                if container is None:
+                    samples += self._samples(k.POD_PSI, {k.POD_UID: pod.uid}, pod.cgroup_dir, now)
+                else:
+                    samples += self._samples(k.CONTAINER_PSI, {k.CONTAINER_ID: container.id},
+                                             container.cgroup_dir, now)
             except FileProblem as exc:
-                self.pod_problem(pod, None, exc)
-                continue
-            for c in pod.containers:
-                if c.running and c.id and c.cgroup_dir:
-                    try:
-                        samples += self._samples(k.CONTAINER_PSI, {k.CONTAINER_ID: c.id}, c.cgroup_dir, now)
-                    except FileProblem as exc:
-                        self.pod_problem(pod, c.name, exc)
+                self.pod_problem(pod, container, exc)
         return samples
