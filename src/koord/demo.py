@@ -13,9 +13,13 @@ import tempfile
 import time
 import uuid
 from contextlib import ExitStack
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from koord.hookapi import parse_quantity
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient, read_cgroup
@@ -36,7 +40,7 @@ def start_koordlet(work: Path, hook_dir: Path, backend: Containerd) -> subproces
     proc = subprocess.Popen(
         [sys.executable, "-m", "koord.koordlet", "--runtime-hooks-addr", str(work / "koordlet.sock"),
          "--runtime-hooks-config-path", str(hook_dir), "--containerd-endpoint", backend.endpoint,
-         "--runtime-hooks-reconcile-interval", "0"], stdout=log, stderr=log)
+         "--runtime-hooks-reconcile-interval", "0", *node_agent_args(work)], stdout=log, stderr=log)
     registration = hook_dir / "koordlet.json"
     deadline = time.monotonic() + 20
     while not registration.exists():
@@ -46,6 +50,41 @@ def start_koordlet(work: Path, hook_dir: Path, backend: Containerd) -> subproces
         time.sleep(0.05)
     say(f"koordlet registered itself: {json.dumps(json.loads(registration.read_text()))}")
     return proc
+
+
+NODE_METRIC_REPORT_SECONDS = 2
+
+
+def node_agent_args(work: Path) -> list[str]:
+    """koordlet as node agent in the demo: its own metric cache, a NodeMetric file whose
+    status it rewrites every 2 s, no Prometheus port."""
+    (work / "nodemetric.yaml").write_text(
+        "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeMetric\nmetadata: {name: demo-node}\n"
+        f"spec:\n  metricCollectPolicy: {{reportIntervalSeconds: {NODE_METRIC_REPORT_SECONDS}, "
+        "aggregateDurationSeconds: 10, nodeAggregatePolicy: {durations: [20s]}}\n")
+    return ["--tsdb-path", str(work / "metric-data"), "--addr", "",
+            "--node-metric-file", str(work / "nodemetric.yaml"), "--kubelet-sync-interval", "1s"]
+
+
+def show_node_metric(work: Path, client: KubeletClient, backend: Containerd) -> None:
+    """Starts a pod burning half a CPU and shows the NodeMetric koordlet reports for the demo's pods."""
+    say("a BE pod burning half a CPU, then the NodeMetric koordlet writes from real cgroup usage:")
+    sandbox = client.run_pod("demo-burner", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"}, qos="besteffort")
+    client.run_container(sandbox, "burn", backend.image, command=burn_command(0.5))
+    path = work / "nodemetric.yaml"
+    deadline = time.monotonic() + 60
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = (yaml.safe_load(path.read_text()) or {}).get("status") or {}
+        burner = [m for m in status.get("podsMetric", []) if m["name"] == "demo-burner"]
+        if burner and parse_quantity(burner[0]["podUsage"]["resources"]["cpu"]) > Fraction(3, 10):
+            break
+        time.sleep(NODE_METRIC_REPORT_SECONDS / 2)
+    say(f"    {path} status.updateTime = {status.get('updateTime')}")
+    say(f"    nodeUsage = {json.dumps(status.get('nodeMetric', {}).get('nodeUsage'))}")
+    for m in status.get("podsMetric", []):
+        say(f"    podsMetric {m['namespace']}/{m['name']}: {json.dumps(m['podUsage']['resources'])}, "
+            f"qos {m.get('qos')}, priority {m.get('priority')}")
 
 
 def show(client: KubeletClient, sandbox: str, container: str, files: list[tuple[str, str]]) -> None:
@@ -141,6 +180,7 @@ def main() -> int:
         container = via_proxy.run_container(sandbox, "app", backend.image)
         show(via_proxy, sandbox, container, [("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"),
                                              ("memory", "memory.limit_in_bytes")])
+        show_node_metric(work, via_proxy, backend)
         demo_be_suppress(work, backend)
         say("cleaning up")
     say(f"done; logs are in {work}")

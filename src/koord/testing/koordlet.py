@@ -6,11 +6,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import BinaryIO
+
+from koord.testing.processes import stop_process
+from koord.testing.sockets import make_short_socket_dir
 
 
 class KoordletProcess:
@@ -19,7 +21,7 @@ class KoordletProcess:
 
     def __init__(self, workdir: Path, args: Sequence[str]) -> None:
         self.workdir = workdir
-        self.sockdir = Path(tempfile.mkdtemp(prefix="kl-e2e-", dir="/tmp"))
+        self.sockdir = make_short_socket_dir("kl-e2e-")
         self.socket = self.sockdir / "koordlet.sock"
         self.config_dir = workdir / "hookserver.d"
         self.log_path = workdir / "koordlet.log"
@@ -27,7 +29,7 @@ class KoordletProcess:
                         "--runtime-hooks-addr", str(self.socket),
                         "--runtime-hooks-config-path", str(self.config_dir),
                         "--tsdb-path", str(workdir / "tsdb"), "--addr", "", *args]
-        self._log: IO[bytes] | None = None
+        self._log: BinaryIO | None = None
         self._proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> KoordletProcess:
@@ -49,23 +51,16 @@ class KoordletProcess:
     def kill(self) -> None:
         """SIGKILL, as a crash or an OOM kill: nothing is cleaned up."""
         assert self._proc is not None
-        self._proc.send_signal(signal.SIGKILL)
-        self._proc.wait()
+        stop_process(self._proc, sig=signal.SIGKILL)
         self._close_log()
 
     def stop(self) -> int | None:
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        rc = stop_process(self._proc)
         self._close_log()
         shutil.rmtree(self.sockdir, ignore_errors=True)
-        return self._proc.returncode
+        return rc
 
     def _close_log(self) -> None:
         if self._log is not None:

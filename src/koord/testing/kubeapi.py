@@ -33,6 +33,7 @@ class FakeKubeAPI:
         self._version = 100
         self.objects: dict[str, dict[str, dict]] = {p: {} for p in _PATHS}
         self._watchers: list[tuple[str, queue.Queue]] = []
+        self._history: list[tuple[int, str, dict]] = []  # (resourceVersion, path, event)
         self.status_updates: list[dict] = []
         self.conflicts_to_inject = 0
         self.closing = threading.Event()
@@ -96,6 +97,7 @@ class FakeKubeAPI:
             self._publish(path, "DELETED", obj)
 
     def _publish(self, path: str, event: str, obj: dict) -> None:
+        self._history.append((self._version, path, {"type": event, "object": copy.deepcopy(obj)}))
         for wpath, q in self._watchers:
             if wpath == path:
                 q.put({"type": event, "object": copy.deepcopy(obj)})
@@ -140,7 +142,8 @@ class FakeKubeAPI:
                 return self._status(h, 404, "NotFound", f"{name} not found")
             return self._send(h, 200, obj)
         if query.get("watch") in ("true", "1"):
-            return self._watch(h, base, wanted, float(query.get("timeoutSeconds", "60")))
+            return self._watch(h, base, wanted, float(query.get("timeoutSeconds", "60")),
+                               int(query.get("resourceVersion") or 0))
         with self._lock:
             items = [copy.deepcopy(o) for n, o in self.objects[base].items()
                      if wanted is None or n == wanted]
@@ -150,9 +153,13 @@ class FakeKubeAPI:
                             "metadata": {"resourceVersion": version}, "items": items})
 
     def _watch(self, h: BaseHTTPRequestHandler, base: str, wanted: str | None,
-               timeout: float) -> None:
+               timeout: float, since: int) -> None:
+        """Events after ``since`` first (what happened between the list and the watch), then live."""
         q: queue.Queue = queue.Queue()
         with self._lock:
+            for version, path, event in self._history:
+                if path == base and version > since:
+                    q.put(copy.deepcopy(event))
             self._watchers.append((base, q))
         try:
             h.send_response(200)

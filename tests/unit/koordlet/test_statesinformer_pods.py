@@ -1,5 +1,6 @@
 """States informer pods from CRI, the pod model's cgroup layout, and the facade."""
 
+import grpc
 import pytest
 from cri_api.v1 import api_pb2 as cri
 from hypothesis import given
@@ -93,30 +94,27 @@ def test_cri_pods_status_asked_once_per_id_and_vanished_pods_dropped(fake_cri):
     source = CriPodsSource(fake_cri.endpoint, kube_dir="kubepods/")
     try:
         assert [p.name for p in source.list_pods()] == ["p1"]
-        fake_cri.containers["c1"]["state"] = cri.CONTAINER_EXITED
-        fake_cri.pods["s1"]["annotations"] = {"changed": "only a new status call sees this"}
+        fake_cri.containers["c1"].state = cri.CONTAINER_EXITED
         [p1] = source.list_pods()
-        assert p1.annotations == {} and not p1.containers[0].running
+        assert not p1.containers[0].running
+        assert len(fake_cri.requests("PodSandboxStatus")) == 1
+        assert len(fake_cri.requests("ContainerStatus")) == 1
         del fake_cri.pods["s1"], fake_cri.containers["c1"]
         assert source.list_pods() == []
     finally:
         source.close()
 
 
-def test_pod_vanishing_between_list_and_status_is_skipped(fake_cri):
+def test_pod_vanishing_between_list_and_status_is_skipped_until_it_answers(fake_cri):
     fake_cri.add_pod("s1", "p1", {}, "/kubepods/burstable/poduid-s1")
-    fake_cri.add_pod("s2", "gone", {}, "/kubepods/burstable/poduid-s2")
-
-    class Vanishing(dict):
-        """Listed, but its status call fails as for a sandbox removed in between."""
-        def __getitem__(self, key):
-            if key == "annotations":
-                raise KeyError("sandbox gone")
-            return super().__getitem__(key)
-    fake_cri.pods["s2"] = Vanishing(fake_cri.pods["s2"])
+    fake_cri.add_container("c1", "s1", "main")
+    fake_cri.fail["PodSandboxStatus"] = (grpc.StatusCode.NOT_FOUND, "sandbox s1 not found")
     source = CriPodsSource(fake_cri.endpoint, kube_dir="kubepods/")
     try:
-        assert [p.name for p in source.list_pods()] == ["p1"]
+        assert source.list_pods() == []  # listed, then gone: neither the pod nor its container
+        del fake_cri.fail["PodSandboxStatus"]
+        [pod] = source.list_pods()
+        assert [c.id for c in pod.containers] == ["c1"]
     finally:
         source.close()
 

@@ -7,46 +7,25 @@ import logging
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..metriccache import MetricCache, Sample
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor
 from ..runtimehooks.protocol import KubeQoS
-from ..statesinformer.meta import CGROUPFS, SYSTEMD, pod_cgroup_dir
+from ..statesinformer.meta import CGROUPFS, SYSTEMD, ContainerMeta, PodMeta, pod_cgroup_dir
 from .config import AdvisorConfig
 from .parsers import SMALL_FILE_BYTES, FileProblem, parse
 
-log = logging.getLogger("koordlet.metricsadvisor")
-
-
-class ContainerLike(Protocol):
-    name: str
-    id: str
-    cgroup_dir: str
-    running: bool
-    requests: dict[str, int]
-
-
-class PodLike(Protocol):
-    """What collectors use of the states informer's PodMeta."""
-    namespace: str
-    name: str
-    uid: str
-    kube_qos: str
-    koord_qos: str
-    annotations: dict[str, str]
-    cgroup_dir: str
-    running: bool
-    containers: Sequence[Any]
+T = TypeVar("T")
 
 
 class PodSource(Protocol):
     """The part of the states informer the advisor needs."""
 
-    def get_all_pods(self) -> list[Any]: ...
+    def get_all_pods(self) -> list[PodMeta]: ...
 
     def get_node_slo(self) -> Any: ...
 
@@ -180,7 +159,7 @@ class Env:
         self.shared = SharedState()
         self._paths: dict[tuple[str, str], Path] = {}
         self._pods_lock = threading.Lock()
-        self._pods_cache: tuple[float, list[Any]] | None = None
+        self._pods_cache: tuple[float, list[PodMeta]] | None = None
 
     @property
     def proc(self) -> Path:
@@ -203,7 +182,7 @@ class Env:
             self._paths[key] = path
         return path
 
-    def all_pods(self) -> list[Any]:
+    def all_pods(self) -> list[PodMeta]:
         """The informer's pods, one copy shared by the collectors that tick together (they
         only read it): the informer deep-copies on every call."""
         with self._pods_lock:
@@ -212,7 +191,7 @@ class Env:
                 self._pods_cache = (now, self.pods.get_all_pods())
             return self._pods_cache[1]
 
-    def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], Any]) -> Any:
+    def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], T]) -> T:
         return parse(self.cgroup_file(cgroup_dir, resource), parser, SMALL_FILE_BYTES)
 
     def kube_qos_dir(self, qos: str) -> str:
@@ -243,7 +222,7 @@ class Collector:
     def collect(self, now: float) -> Iterable[Sample]:
         raise NotImplementedError
 
-    def pod_cgroups(self) -> Iterator[tuple[Any, Any | None]]:
+    def pod_cgroups(self) -> Iterator[tuple[PodMeta, ContainerMeta | None]]:
         """(pod, None) for every running pod with a cgroup dir, then (pod, container) for
         each of its running containers with an id and a cgroup dir."""
         for pod in self.env.all_pods():
@@ -255,10 +234,10 @@ class Collector:
                     yield pod, container
 
     @staticmethod
-    def who(pod: PodLike, container: ContainerLike | None) -> str:
+    def who(pod: PodMeta, container: ContainerMeta | None) -> str:
         return f"pod {pod.namespace}/{pod.name}" + (f" container {container.name}" if container else "")
 
-    def pod_problem(self, pod: PodLike, container: ContainerLike | None, exc: FileProblem) -> None:
+    def pod_problem(self, pod: PodMeta, container: ContainerMeta | None, exc: FileProblem) -> None:
         """One log line per pod (and container), file and reason; a vanished cgroup is normal
         while a pod stops, so it is logged at debug level."""
         level = logging.DEBUG if exc.missing else logging.WARNING

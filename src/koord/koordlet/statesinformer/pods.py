@@ -3,7 +3,8 @@
 Each sync lists sandboxes and containers (cheap), and asks verbose status only for ids it
 has not seen (labels, annotations, cgroup parent and resources never change for an id),
 so a node with a hundred pods costs two list calls per sync. The conversion from verbose
-status reuses the runtime-hooks reconciler's, so both see the same pod.
+status is the project's one (``koord.hookapi.fromcri``), so the proxy, the reconciler and the
+informer see the same pod.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 
-from ..runtimehooks.protocol import PodRequest
-from ..runtimehooks.reconciler import container_request_from_status, pod_request_from_status
+from koord.hookapi import PodHookRequest, fromcri
+
 from .meta import (
     ContainerMeta,
     PodMeta,
@@ -47,7 +48,7 @@ class CriPodsSource:
         self.driver = driver
         self._channel = grpc.insecure_channel("unix:" + self.endpoint)
         self._cri = cri_grpc.RuntimeServiceStub(self._channel)
-        self._pods: dict[str, tuple[PodRequest, PodMeta]] = {}
+        self._pods: dict[str, tuple[PodHookRequest, PodMeta]] = {}
         self._containers: dict[str, ContainerMeta] = {}
 
     def describe(self) -> str:
@@ -65,7 +66,7 @@ class CriPodsSource:
         except grpc.RpcError as exc:
             raise PodsUnavailable(f"CRI {self.endpoint}: {exc.code().name}: {exc.details()}") from None
         pods: dict[str, PodMeta] = {}
-        seen_pods: dict[str, tuple[PodRequest, PodMeta]] = {}
+        seen_pods: dict[str, tuple[PodHookRequest, PodMeta]] = {}
         for sandbox in sandboxes:
             entry = self._pods.get(sandbox.id) or self._describe_pod(sandbox)
             if entry is None:
@@ -89,44 +90,48 @@ class CriPodsSource:
             pod.containers.sort(key=lambda c: (c.name, c.id))
         return sorted(pods.values(), key=lambda p: (p.namespace, p.name, p.uid))
 
-    def _describe_pod(self, sandbox: cri.PodSandbox) -> tuple[PodRequest, PodMeta] | None:
+    def _describe_pod(self, sandbox: cri.PodSandbox) -> tuple[PodHookRequest, PodMeta] | None:
         who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"
         try:
             status = self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
                 pod_sandbox_id=sandbox.id, verbose=True), timeout=CRI_TIMEOUT)
-            request = pod_request_from_status(status)
+            request = fromcri.pod_record_from_status(status, sandbox.id)
+            if not request.cgroup_parent:
+                raise ValueError("no cgroup parent in the verbose status (is the runtime "
+                                 "containerd with the CRI plugin?)")
             kube_qos = kube_qos_of_cgroup_parent(request.cgroup_parent)
             driver = self.driver or driver_of_cgroup_parent(request.cgroup_parent)
+            uid = request.pod_meta.uid
             meta = PodMeta(
-                namespace=request.meta.namespace, name=request.meta.name, uid=request.meta.uid,
+                namespace=request.pod_meta.namespace, name=request.pod_meta.name, uid=uid,
                 labels=dict(request.labels), annotations=dict(request.annotations),
-                kube_qos=kube_qos, koord_qos=koord_qos_of(request.labels), priority=None,
-                cgroup_dir=pod_cgroup_dir(self.kube_dir, kube_qos, request.meta.uid, driver),
+                kube_qos=kube_qos, koord_qos=koord_qos_of(dict(request.labels)), priority=None,
+                cgroup_dir=pod_cgroup_dir(self.kube_dir, kube_qos, uid, driver),
                 sandbox_id=sandbox.id, running=sandbox.state == cri.SANDBOX_READY)
         except grpc.RpcError as exc:  # vanished between list and status: next sync decides
             log.debug("states informer: %s: status: %s", who, exc.code().name)
             return None
-        except ValueError as exc:
+        except (ValueError, fromcri.StatusError) as exc:
             log.warning("states informer: %s (sandbox %s): skipped: %s", who, sandbox.id, exc)
             return None
         return request, meta
 
-    def _describe_container(self, request: PodRequest, pod: PodMeta,
+    def _describe_container(self, request: PodHookRequest, pod: PodMeta,
                             container: cri.Container) -> ContainerMeta | None:
         who = f"pod {pod.key} container {container.metadata.name}"
         try:
             status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
                 container_id=container.id, verbose=True), timeout=CRI_TIMEOUT)
-            creq = container_request_from_status(request, container, status)
+            _, record = fromcri.container_record_from_status(status, container.id)
             driver = self.driver or driver_of_cgroup_parent(request.cgroup_parent)
-            res = creq.resources
+            res = record.container_resources
             requests = {"cpu": milli_cpu_of_shares(res.cpu_shares)}
             limits: dict[str, int] = {}
             cpu_limit = milli_cpu_of_quota(res.cpu_quota, res.cpu_period)
             if cpu_limit is not None:
                 limits["cpu"] = cpu_limit
-            if res.memory_limit and res.memory_limit > 0:
-                limits["memory"] = res.memory_limit
+            if res.memory_limit_in_bytes > 0:
+                limits["memory"] = res.memory_limit_in_bytes
             return ContainerMeta(
                 name=container.metadata.name, id=container.id,
                 cgroup_dir=container_cgroup_dir(pod.cgroup_dir, container.id, driver),
@@ -135,6 +140,6 @@ class CriPodsSource:
         except grpc.RpcError as exc:
             log.debug("states informer: %s: status: %s", who, exc.code().name)
             return None
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, fromcri.StatusError) as exc:
             log.warning("states informer: %s (%s): skipped: %s", who, container.id, exc)
             return None

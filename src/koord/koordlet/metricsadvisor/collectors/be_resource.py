@@ -17,7 +17,8 @@ from ...metriccache import Sample
 from ...metriccache import kinds as k
 from ...runtimehooks.hooks import HookError
 from ...runtimehooks.plugins.batchresource import BATCH_CPU, parse_extended_resource_spec
-from ..framework import Collector, Env, PodLike, Rates
+from ...statesinformer.meta import PodMeta
+from ..framework import Collector, Env, Rates
 from ..parsers import FileProblem, cgroup_cpu_ns, parse, parse_cpu_list, parse_cpu_quota, read_bounded
 
 _MAX_WALK_DIRS = 10_000
@@ -104,7 +105,7 @@ class BEResourceCollector(Collector):
             samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REQUEST), now, request))
         return samples
 
-    def _batch_cpu_request(self, pod: PodLike) -> int:
+    def _batch_cpu_request(self, pod: PodMeta) -> int:
         """A BE pod's batch-cpu requests: from the container's requests when the pod source
         knows them (kubelet), else from the extended-resource-spec annotation (CRI)."""
         try:
