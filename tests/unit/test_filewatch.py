@@ -125,3 +125,19 @@ def test_stop_returns_promptly(tmp_path: Path) -> None:
     started = time.monotonic()
     watcher.stop()
     assert time.monotonic() - started < 2.0
+
+
+def test_without_inotify_the_periodic_check_is_all_there_is(tmp_path: Path, monkeypatch, caplog) -> None:
+    def no_inotify(*args, **kwargs):
+        raise OSError("OS file watch limit reached")
+
+    monkeypatch.setattr("koord.filewatch.awatch", no_inotify)
+    rec = Recorder()
+    watcher = DirWatcher([tmp_path], rec.event, name="test-watch", on_poll=rec.poll, poll_interval=0.05)
+    watcher.start()
+    try:
+        wait_for(lambda: rec.polls >= 5, "five periodic checks")
+    finally:
+        watcher.stop()
+    warnings = [r for r in caplog.records if r.name == "koord.filewatch" and "watch limit" in r.getMessage()]
+    assert len(warnings) == 1, "the problem is logged once, not on every retry"
