@@ -3,7 +3,7 @@
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2
-from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
