@@ -211,3 +211,28 @@ def test_real_kernel_einval_is_backed_off() -> None:
     finally:
         (REAL_ROOT / "cpu" / child).rmdir()
         (REAL_ROOT / "cpu" / parent).rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REAL_ROOT / "cpuset" / "cpuset.cpus").is_file()
+                    or (os.cpu_count() or 1) < 2, reason="needs root, a cgroup v1 cpuset hierarchy, 2 cpus")
+def test_real_kernel_leveled_cpuset_move() -> None:
+    """Moving a parent/child pair from cpu 0 to cpu 1: written top-down exactly, the kernel
+    refuses the parent with EBUSY (its child still uses cpu 0); leveled, both end on cpu 1."""
+    parent = f"koord-test-{uuid.uuid4().hex[:8]}"
+    child = f"{parent}/child"
+    base = REAL_ROOT / "cpuset"
+    (base / child).mkdir(parents=True)
+    try:
+        for d in (parent, child):
+            (base / d / "cpuset.mems").write_text((base / "cpuset.mems").read_text())
+            (base / d / "cpuset.cpus").write_text("0")
+        ex = ResourceExecutor(REAL_ROOT)
+        with pytest.raises(CgroupError) as refused:
+            ex.update(Update(parent, "cpuset_cpus", "1"), cacheable=False)
+        assert refused.value.errno == errno.EBUSY
+        result = ex.leveled_update([[Update(parent, "cpuset_cpus", "1")], [Update(child, "cpuset_cpus", "1")]])
+        assert result.errors == []
+        assert [(base / d / "cpuset.cpus").read_text().strip() for d in (parent, child)] == ["1", "1"]
+    finally:
+        (base / child).rmdir()
+        (base / parent).rmdir()
