@@ -162,3 +162,34 @@ def test_processors_offline_dropped_and_bad_rejected() -> None:
                          ({"processors": [{"cpu": 0, "core": "a"}]}, "core='a'")]:
         with pytest.raises(NodeInfoError, match=message):
             processors(bad)
+
+
+_KEYS = st.sampled_from(["cpu", "core", "socket", "node", "online"])
+_ENTRY = st.one_of(st.none(), st.integers(), st.dictionaries(
+    _KEYS, st.one_of(st.integers(-5, 10**6), st.booleans(), st.text(max_size=3), st.none())))
+
+
+@given(st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(_ENTRY, max_size=8),
+                 st.fixed_dictionaries({"processors": st.lists(
+                     st.dictionaries(_KEYS, st.integers(-2, 5000)), max_size=8)})))
+def test_processors_never_crash(info: object) -> None:
+    try:
+        got = processors(info if not isinstance(info, list) else {"processors": info})
+    except NodeInfoError:
+        return
+    assert len({p.cpu for p in got}) == len(got)
+    assert all(0 <= p.cpu < 4096 for p in got)
+
+
+@given(st.dictionaries(st.sampled_from([RES, SYS, "kubelet.koordinator.sh/cpu-manager-policy"]),
+                       st.one_of(st.text(max_size=40), st.sampled_from([
+                           '{"reservedCPUs": "0-3"}', '{"resources": {"cpu": "2"}}', '{"cpuset": "1"}',
+                           '{"resources": {"cpu": "x"}}', '{"resources": []}', '{"policy": "static"}']))))
+def test_node_readers_never_crash(annotations: dict[str, str]) -> None:
+    n = node()
+    n["metadata"]["annotations"] = annotations
+    for reader in (reserved_milli_cpu, reserved_cpus, system_qos_exclusive_cpus):
+        try:
+            reader(n)
+        except NodeInfoError:
+            pass

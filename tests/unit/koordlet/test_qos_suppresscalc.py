@@ -160,3 +160,17 @@ def test_cfs_quota_target_properties(suppress: int, cap: int, current: int) -> N
         assert got >= 2000
         if current != -1 and got > current:
             assert got - current <= cap * 100000 * 0.1
+
+
+@given(capacity=st.integers(1, 10**6), reserved=st.integers(0, 10**6), node_used=st.floats(0, 1e4),
+       ls=st.floats(0, 1e4), be=st.floats(0, 1e4), threshold=st.integers(0, 100),
+       minimum=st.one_of(st.none(), st.integers(0, 100)))
+def test_calculate_suppress_properties(capacity: int, reserved: int, node_used: float, ls: float, be: float,
+                                       threshold: int, minimum: int | None) -> None:
+    s = calculate_suppress(capacity_milli=capacity, reserved_milli=reserved, node_used=node_used,
+                           pod_used={"ls": ls, "be": be}, pods=[LS, BE], host_apps=[], host_app_used={},
+                           threshold_percent=threshold, min_percent=minimum)
+    assert s.milli <= capacity * threshold // 100 or (minimum is not None and s.milli == capacity * minimum // 100)
+    if minimum is not None:
+        assert s.milli >= capacity * minimum // 100
+    assert s.system >= reserved / 1000
