@@ -339,9 +339,10 @@ class Koordlet:
     def _start_qos_manager(self) -> qosmanager.QOSManager:
         if self.metric_cache is None:
             raise RuntimeError("no metric cache")
+        api = self.informer.objects.api if isinstance(self.informer.objects, KubeObjectsSource) else None
         manager = qosmanager.QOSManager(
             qosmanager.QOSConfig.from_args(self.args, node_name=node_name()), self.informer,
-            self.metric_cache, self.executor, registry=self.metrics.registry)
+            self.metric_cache, self.executor, registry=self.metrics.registry, api_client=api)
         manager.start()
         return manager
 

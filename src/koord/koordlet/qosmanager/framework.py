@@ -178,13 +178,14 @@ class EvictStrategy(Strategy):
 class QOSManager:
     """``QOSManager(config, states_informer, metric_cache, executor).start()/stop()``.
 
-    ``config`` is the parsed flags (``add_flags``) or a QOSConfig.
+    ``config`` is the parsed flags (``add_flags``) or a QOSConfig; ``api_client`` (a
+    ``kubernetes.client.ApiClient``) makes evictions go through the Eviction API.
     """
 
     def __init__(self, config: argparse.Namespace | QOSConfig, states_informer: StatesInformer,
                  metric_cache: MetricCache, executor: ResourceExecutor, *,
                  registry: CollectorRegistry | None = None, evictor: Evictor | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 api_client: object = None, clock: Callable[[], float] = time.time) -> None:
         from .cpuevict import CPUEvict
         from .cpusuppress import CPUSuppress
         from .memoryevict import MemoryEvict
@@ -192,7 +193,7 @@ class QOSManager:
         cfg = config if isinstance(config, QOSConfig) else QOSConfig.from_args(config)
         metrics = QOSMetrics(cfg.node_name, registry)
         if evictor is None:
-            evictor = Evictor(cfg.cri_endpoint, only_by_api=cfg.only_evict_by_api)
+            evictor = Evictor(cfg.cri_endpoint, only_by_api=cfg.only_evict_by_api, api_client=api_client)
         if isinstance(evictor, Evictor) and evictor.metrics is None:
             evictor.metrics = metrics
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
