@@ -440,3 +440,23 @@ def test_failed_eviction_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFi
     errors = [r for r in caplog.records if "p100-20g" in r.getMessage() or "default/p100-20g" in r.getMessage()]
     assert len(errors) == 1 and "stopping containers failed" in errors[0].getMessage()
     evictor.close()
+
+
+def test_cpusets_restored_once_then_left_to_the_hooks(tmp_path: Path) -> None:
+    rig = suppress_rig(tmp_path)
+    s = rig.strategy("BECPUSuppress")
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    s.run_once()
+    ctr = BE_POD.containers[0].cgroup_dir
+    assert rig.file(ctr, "cpuset", "cpuset.cpus") == "0-1"
+    rig.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=70)
+    s.run_once()  # the policy switch restores the BE pool
+    assert rig.file(ctr, "cpuset", "cpuset.cpus") == "0-15"
+    rig.write(ctr, "cpuset", "cpuset.cpus", "3")  # a runtime hook's BE shared pool
+    s.run_once()
+    assert rig.file(ctr, "cpuset", "cpuset.cpus") == "3"
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    s.run_once()
+    rig.slo(enable=False)
+    s.run_once()  # disabling restores once more
+    assert rig.file(ctr, "cpuset", "cpuset.cpus") == "0-15"

@@ -242,7 +242,7 @@ class CPUSuppress(Strategy):
         cpus = format_cpuset(target)
         node = self.ctx.informer.get_node() or {}
         if kubelet_static_policy(node):
-            self.recover_cpuset(POD_DEPTH)
+            self._write_pool(POD_DEPTH)
             levels = self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", CONTAINER_DEPTH)
             containers = levels[CONTAINER_DEPTH] if len(levels) > CONTAINER_DEPTH else []
             result = self.ctx.executor.update_batch(
@@ -263,11 +263,20 @@ class CPUSuppress(Strategy):
             [[Update(d, "cpuset_cpus", cpus, owner=self.name) for d in level] for level in levels])
 
     def recover_cpuset(self, depth: int) -> None:
-        """BE dirs (down to ``depth``) back to the BE pool: all cpus but reserved,
-        exclusive system-QoS and LSE ones."""
+        """BE dirs (down to ``depth``) back to the BE pool once after the cpuset policy stops
+        (or at start): afterwards the runtime hooks own new BE pods' cpusets, and rewriting
+        them every tick would fight their values."""
+        if self.status.get(CPUSET_POLICY) == RECOVERED:
+            return
+        if self._write_pool(depth):
+            self.status[CPUSET_POLICY] = RECOVERED
+
+    def _write_pool(self, depth: int) -> bool:
+        """The BE pool (all cpus but reserved, exclusive system-QoS and LSE ones) written to
+        the BE dirs down to ``depth``; True when every dir holds it."""
         topo = self._topology()
         if topo is None or not self._be_dir_exists("cpuset_cpus"):
-            return
+            return False
         procs, excluded, pods = topo
         lse: set[int] = set()
         for pod in pods:
@@ -276,12 +285,12 @@ class CPUSuppress(Strategy):
         pool = be_pool(procs, excluded, lse)
         if not pool:
             self.ctx.log_once(self.name + "/pool", "BE pool is empty (all cpus reserved or LSE): "
-                      "cpusets untouched", logging.WARNING)
-            return
+                              "cpusets untouched", logging.WARNING)
+            return False
         self.ctx.log_once(self.name + "/pool", None)
         result = self._write_levels(format_cpuset(pool), depth)
         for error in result.errors:
             log.error("%s: restoring BE cpusets: %s", self.name, error)
         if result.written:
             log.info("%s: BE cpusets restored to the BE pool %s", self.name, format_cpuset(pool))
-        self.status[CPUSET_POLICY] = RECOVERED
+        return not result.errors
