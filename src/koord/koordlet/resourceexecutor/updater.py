@@ -122,10 +122,8 @@ class ResourceExecutor(CgroupExecutor):
         with self._lock:
             now = self._clock()
             self._prune(now)
-            if cacheable:
-                hit = self._cache.get((path, u.resource))
-                if hit is not None and hit[0] == canonical and now - hit[1] < self.force_update_seconds:
-                    return False
+            if cacheable and self._fresh(path, u.resource, canonical, now):
+                return False
             try:
                 written = self.write(u.cgroup_dir, u.resource, u.value)
             except CgroupError as exc:
@@ -135,6 +133,21 @@ class ResourceExecutor(CgroupExecutor):
             if written:
                 log.info("resource executor: wrote %s", u)
             return written
+
+    def _fresh(self, path: Path, resource: str, canonical: str, now: float) -> bool:
+        """The cache says this value was written (or found) less than force_update_seconds ago."""
+        hit = self._cache.get((path, resource))
+        return hit is not None and hit[0] == canonical and now - hit[1] < self.force_update_seconds
+
+    def cached(self, u: Update) -> bool:
+        """``update(u)`` would be skipped now: the steady state of a periodic writer."""
+        try:
+            path = self.path(u.cgroup_dir, u.resource)
+            canonical = self._validate(path, u.resource, u.value)
+        except CgroupError:
+            return False
+        with self._lock:
+            return self._fresh(path, u.resource, canonical, self._clock())
 
     # ---- tree -----------------------------------------------------------------------------
 
@@ -182,6 +195,8 @@ class ResourceExecutor(CgroupExecutor):
         whose merge write fails still gets its exact pass, which reports the real error.
         """
         result = BatchResult()
+        # Dirs already at their value (cached) take no part: nothing to widen or narrow.
+        levels = [[u for u in level if not self.cached(u)] for level in levels]
         for level in levels:
             for u in level:
                 try:
