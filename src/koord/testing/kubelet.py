@@ -26,12 +26,14 @@ QOS_CLASSES = ("besteffort", "burstable", "guaranteed")
 _CLEANUP_TIMEOUT = 30.0
 
 
-def pod_cgroup_parent(qos: str, uid: str) -> str:
-    """kubelet's cgroupfs-driver pod cgroup for a QoS class (koordlet parses this layout)."""
+def pod_cgroup_parent(qos: str, uid: str, kube_dir: str = "kubepods") -> str:
+    """kubelet's cgroupfs-driver pod cgroup for a QoS class (koordlet parses this layout);
+    ``kube_dir`` is koordlet's ``--cgroup-kube-dir``, for tests that keep their pods apart."""
+    base = kube_dir.strip("/")
     if qos == "guaranteed":
-        return f"/kubepods/pod{uid}"
+        return f"/{base}/pod{uid}"
     if qos in ("besteffort", "burstable"):
-        return f"/kubepods/{qos}/pod{uid}"
+        return f"/{base}/{qos}/pod{uid}"
     raise ValueError(f"qos must be one of {QOS_CLASSES}, got {qos!r}")
 
 
@@ -121,6 +123,8 @@ class KubeletClient:
         self._on_pod_created = on_pod_created
         self._log_root = Path(log_root) if log_root else None
         self.cgroup_root = Path(cgroup_root)
+        self.kube_dir = "kubepods"
+        """Where this client's pods' cgroups go (as kubelet's, unless a test moves them)."""
         self.sandbox_configs: dict[str, Any] = {}
         self.pods: list[str] = []
         self.containers: list[str] = []
@@ -177,7 +181,7 @@ class KubeletClient:
             labels=all_labels,
             annotations=all_annotations,
             linux=pb.LinuxPodSandboxConfig(
-                cgroup_parent=pod_cgroup_parent(qos, uid),
+                cgroup_parent=pod_cgroup_parent(qos, uid, self.kube_dir),
                 security_context=pb.LinuxSandboxSecurityContext(namespace_options=namespaces),
             ),
         )
