@@ -7,7 +7,7 @@ from kubernetes.utils import parse_quantity
 
 from koord.koordlet import metriccache as mc
 from koord.koordlet.metriccache import Aggregation, MetricCache, Sample
-from koord.koordlet.statesinformer import ContainerMeta, PodMeta
+from koord.koordlet.statesinformer import ContainerMeta
 from koord.koordlet.statesinformer.nodemetric import (
     build_status,
     cpu_quantity,
@@ -17,6 +17,7 @@ from koord.koordlet.statesinformer.nodemetric import (
     qos_with_default,
 )
 from koord.koordlet.statesinformer.specs import node_metric_collect_policy
+from koord.testing.pods import pod_meta
 
 NOW = 1_800_000_000.0
 DEFAULT_POLICY = node_metric_collect_policy(None)
@@ -39,10 +40,10 @@ class ByAggregation:
 
 
 def pod(name, uid, koord_qos="", kube_qos="besteffort", priority=None, containers=()):
-    return PodMeta(namespace="default", name=name, uid=uid, labels={}, annotations={},
-                   kube_qos=kube_qos, koord_qos=koord_qos, priority=priority,
-                   cgroup_dir=f"kubepods/{kube_qos}/pod{uid}", sandbox_id="s-" + uid,
-                   running=True, containers=list(containers))
+    meta = pod_meta("default", name, uid, f"kubepods/{kube_qos}/pod{uid}", kube_qos=kube_qos,
+                    koord_qos=koord_qos, containers=list(containers))
+    meta.priority = priority
+    return meta
 
 
 def test_collect_node_aggregate_metric_mocked_1_to_5():
