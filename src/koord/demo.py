@@ -21,6 +21,7 @@ import yaml
 from koord.hookapi import parse_quantity
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient, read_cgroup
+from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
 from koord.testing.workloads import burn_command
 
@@ -101,7 +102,7 @@ def main() -> int:
         stack.callback(backend.stop)
         koordlet = start_koordlet(work, hook_dir, backend)
         stack.callback(koordlet.wait, 15)
-        stack.callback(koordlet.terminate)
+        stack.callback(stop_process, koordlet)
         proxy = RuntimeProxy(work / "proxy", backend.endpoint, hook_config_dir=hook_dir).start()
         stack.callback(proxy.stop)
         say(f"koord-runtime-proxy serves CRI on {proxy.endpoint}, forwarding to {backend.endpoint}")
