@@ -25,7 +25,8 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 from cri_api.v1alpha2 import api_pb2 as cri_v1alpha2
 from google.protobuf.message import DecodeError, Message
 
-from koord.hookapi import HookPoint
+from koord.hookapi import HookPoint, PodHookRequest, fromcri
+from koord.hookapi.fromcri import StatusError
 
 from . import convert
 from . import store as store_mod
@@ -253,12 +254,12 @@ class CRIServer(grpc.GenericRpcHandler):
 
         return grpc.unary_unary_rpc_method_handler(handler)
 
-    def _hooked(self, pod: convert.PodHookRequest | None) -> TypeGuard[convert.PodHookRequest]:
+    def _hooked(self, pod: PodHookRequest | None) -> TypeGuard[PodHookRequest]:
         """A known pod without the skip label: the only kind plugins hear about."""
         return pod is not None and pod.labels.get(self.skip_key) != self.skip_val
 
     async def run_pod_sandbox(self, req: cri.RunPodSandboxRequest, call: Call) -> bytes:
-        pod = convert.pod_hook_request(req)
+        pod = fromcri.pod_hook_request(req)
         changed = False
         if self._hooked(pod):
             changed = await self.dispatcher.run_pre(HookPoint.PRE_RUN_POD_SANDBOX, pod, _pod_target(pod))
@@ -270,15 +271,15 @@ class CRIServer(grpc.GenericRpcHandler):
 
     async def create_container(self, req: cri.CreateContainerRequest, call: Call) -> bytes:
         pod = await self._pod(req.pod_sandbox_id, req.sandbox_config)
-        container = convert.container_record(req.config)
+        container = fromcri.container_record(req.config)
         changed = False
         if self._hooked(pod):
-            request = convert.container_hook_request(pod, container)
+            request = fromcri.container_hook_request(pod, container)
             target = _pod_target(pod, req.config.metadata.name)
             changed = await self.dispatcher.run_pre(HookPoint.PRE_CREATE_CONTAINER, request, target)
             if changed:
                 convert.apply_to_create_container(req, request)
-                container = convert.container_record(req.config)
+                container = fromcri.container_record(req.config)
         raw = await call.forward(req if changed else None)
         container_id = cri.CreateContainerResponse.FromString(raw).container_id
         container.container_meta.id = container_id
@@ -294,7 +295,7 @@ class CRIServer(grpc.GenericRpcHandler):
         record, pod = found
         if not self._hooked(pod):
             return await call.forward()
-        request = convert.container_hook_request(pod, record.info)
+        request = fromcri.container_hook_request(pod, record.info)
         target = _pod_target(pod, record.info.container_meta.name)
         if await self.dispatcher.run_pre(HookPoint.PRE_START_CONTAINER, request, target):
             if request.container_resources != record.info.container_resources:
@@ -302,7 +303,7 @@ class CRIServer(grpc.GenericRpcHandler):
                 await self.backend.runtime.UpdateContainerResources(
                     cri.UpdateContainerResourcesRequest(
                         container_id=req.container_id,
-                        linux=convert.to_cri_resources(request.container_resources)),
+                        linux=fromcri.to_cri_resources(request.container_resources)),
                     timeout=call.timeout, metadata=call.metadata)
                 record.info.container_resources.CopyFrom(request.container_resources)
         raw = await call.forward()
@@ -315,8 +316,8 @@ class CRIServer(grpc.GenericRpcHandler):
             found = await self._container(req.container_id)
             record, pod = found if found is not None else (None, None)
             if record is not None and self._hooked(pod):
-                request = convert.container_hook_request(pod, record.info)
-                request.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+                request = fromcri.container_hook_request(pod, record.info)
+                request.container_resources.CopyFrom(fromcri.to_hook_resources(req.linux))
                 request.container_annotations.update(req.annotations)
                 target = _pod_target(pod, record.info.container_meta.name)
                 changed = await self.dispatcher.run_pre(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, request, target)
@@ -325,7 +326,7 @@ class CRIServer(grpc.GenericRpcHandler):
         raw = await call.forward(req if changed else None)
         stored = self.store.get_container(req.container_id)
         if stored is not None:
-            stored.info.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+            stored.info.container_resources.CopyFrom(fromcri.to_hook_resources(req.linux))
         return raw
 
     async def stop_container(self, req: cri.StopContainerRequest, call: Call) -> bytes:
@@ -336,7 +337,7 @@ class CRIServer(grpc.GenericRpcHandler):
         record, pod = found if found is not None else (None, None)
         if record is not None and self._hooked(pod):
             await self.dispatcher.run_post(HookPoint.POST_STOP_CONTAINER,
-                                           convert.container_hook_request(pod, record.info),
+                                           fromcri.container_hook_request(pod, record.info),
                                            _pod_target(pod, record.info.container_meta.name))
         return raw
 
@@ -362,28 +363,28 @@ class CRIServer(grpc.GenericRpcHandler):
     # ------------------------------------------------------------ store look-ups
 
     async def _pod(self, sandbox_id: str,
-                   fallback: cri.PodSandboxConfig | None = None) -> convert.PodHookRequest | None:
+                   fallback: cri.PodSandboxConfig | None = None) -> PodHookRequest | None:
         """From the store, else from the backend (and kept), else from kubelet's copy of the config."""
         pod = self.store.get_pod(sandbox_id)
         if pod is not None:
             return pod
         try:
             pod = await store_mod.fetch_pod(self.backend.runtime, sandbox_id)
-        except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
+        except (StatusError, grpc.aio.AioRpcError) as exc:
             if fallback is not None and fallback.ByteSize():
-                return convert.pod_record_from_config(fallback)
+                return fromcri.pod_record_from_config(fallback)
             log.warning("no info for sandbox %s, hooks skipped: %s", sandbox_id, store_mod.describe_error(exc))
             return None
         self.store.put_pod(sandbox_id, pod)
         return pod
 
-    async def _container(self, container_id: str) -> tuple[ContainerRecord, convert.PodHookRequest | None] | None:
+    async def _container(self, container_id: str) -> tuple[ContainerRecord, PodHookRequest | None] | None:
         """The container's record and its pod's info, each from the store or else from the backend."""
         record = self.store.get_container(container_id)
         if record is None:
             try:
                 record = await store_mod.fetch_container(self.backend.runtime, container_id)
-            except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
+            except (StatusError, grpc.aio.AioRpcError) as exc:
                 log.warning("no info for container %s, hooks skipped: %s",
                             container_id, store_mod.describe_error(exc))
                 return None
@@ -391,6 +392,6 @@ class CRIServer(grpc.GenericRpcHandler):
         return record, await self._pod(record.sandbox_id)
 
 
-def _pod_target(pod: convert.PodHookRequest, container: str = "") -> Target:
+def _pod_target(pod: PodHookRequest, container: str = "") -> Target:
     return Target(f"{pod.pod_meta.namespace}/{pod.pod_meta.name}", container)
 

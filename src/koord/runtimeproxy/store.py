@@ -6,25 +6,23 @@ every later hook request.  Records are hook-protocol messages, so building a hoo
 request from them is a copy.
 
 The store is rebuilt from the backend before the proxy serves (``rebuild``), and a
-record it lacks is fetched on demand (``fetch_pod`` / ``fetch_container``): containerd's
-verbose status ``info`` holds the original config.  All access happens on the proxy's
+record it lacks is fetched on demand (``fetch_pod`` / ``fetch_container``) from the
+backend's verbose status, by the builder koordlet's reconciler uses too.  All access happens on the proxy's
 event loop, so no lock is needed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
-from google.protobuf import json_format
 
-from . import convert
-from .convert import ContainerHookRequest, PodHookRequest
+from koord.hookapi import ContainerHookRequest, PodHookRequest, fromcri
+from koord.hookapi.fromcri import StatusError
 
 log = logging.getLogger(__name__)
 
@@ -66,61 +64,18 @@ class Store:
         return len(self._pods), len(self._containers)
 
 
-class RecoveryError(Exception):
-    """The backend's answer cannot be turned into a store record."""
-
-
-def _verbose_info(info: dict[str, str], what: str) -> dict:
-    raw = info.get("info")
-    if not raw:
-        raise RecoveryError(f"{what}: the backend returned no verbose info")
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise RecoveryError(f"{what}: verbose info is not JSON: {exc}") from None
-
-
-def _config_from_info(info: dict, message: type, what: str):
-    config = info.get("config")
-    if not isinstance(config, dict):
-        raise RecoveryError(f"{what}: verbose info has no config")
-    try:
-        return json_format.ParseDict(config, message(), ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        raise RecoveryError(f"{what}: config in verbose info does not parse: {exc}") from None
-
-
 async def fetch_pod(runtime: cri_grpc.RuntimeServiceStub, sandbox_id: str,
                     timeout: float = 10.0) -> PodHookRequest:
-    what = f"sandbox {sandbox_id}"
     resp = await runtime.PodSandboxStatus(
         cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True), timeout=timeout)
-    info = _verbose_info(dict(resp.info), what)
-    config = _config_from_info(info, cri.PodSandboxConfig, what)
-    return convert.pod_record_from_config(config, info.get("runtimeHandler", ""))
+    return fromcri.pod_record_from_status(resp, sandbox_id)
 
 
 async def fetch_container(runtime: cri_grpc.RuntimeServiceStub, container_id: str,
                           timeout: float = 10.0) -> ContainerRecord:
-    what = f"container {container_id}"
     resp = await runtime.ContainerStatus(
         cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=timeout)
-    info = _verbose_info(dict(resp.info), what)
-    config = _config_from_info(info, cri.ContainerConfig, what)
-    record = convert.container_record(config, container_id)
-    current = resp.status.resources.linux if resp.status.HasField("resources") else None
-    if current is not None and current.ByteSize():
-        # Updates since creation live in the status, not in the creation config.
-        record.container_resources.CopyFrom(convert.to_hook_resources(current))
-        swap = record.container_resources.memory_swap_limit_in_bytes
-        if (not config.linux.resources.memory_swap_limit_in_bytes
-                and swap == record.container_resources.memory_limit_in_bytes):
-            # containerd reports "no swap" as swap == memory limit; kubelet sent none, and
-            # replaying it after a plugin raises the memory limit makes runc fail.
-            record.container_resources.memory_swap_limit_in_bytes = 0
-    sandbox_id = info.get("sandboxID", "")
-    if not sandbox_id:
-        raise RecoveryError(f"{what}: verbose info names no sandboxID")
+    sandbox_id, record = fromcri.container_record_from_status(resp, container_id)
     return ContainerRecord(sandbox_id=sandbox_id, info=record)
 
 
@@ -139,14 +94,14 @@ async def rebuild(store: Store, runtime: cri_grpc.RuntimeServiceStub, parallel: 
         async with limit:
             try:
                 store.put_pod(sandbox_id, await fetch_pod(runtime, sandbox_id))
-            except (RecoveryError, grpc.aio.AioRpcError) as exc:
+            except (StatusError, grpc.aio.AioRpcError) as exc:
                 log.warning("store rebuild: skipping %s", describe_error(exc, f"sandbox {sandbox_id}"))
 
     async def load_container(container_id: str) -> None:
         async with limit:
             try:
                 store.put_container(container_id, await fetch_container(runtime, container_id))
-            except (RecoveryError, grpc.aio.AioRpcError) as exc:
+            except (StatusError, grpc.aio.AioRpcError) as exc:
                 log.warning("store rebuild: skipping %s", describe_error(exc, f"container {container_id}"))
 
     await asyncio.gather(*(load_pod(p.id) for p in pods), *(load_container(c.id) for c in containers))

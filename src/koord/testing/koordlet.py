@@ -6,11 +6,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
+
+from .processes import stop_process
+from .sockets import make_short_socket_dir
 
 
 class KoordletProcess:
@@ -19,7 +21,7 @@ class KoordletProcess:
 
     def __init__(self, workdir: Path, args: Sequence[str]) -> None:
         self.workdir = workdir
-        self.sockdir = Path(tempfile.mkdtemp(prefix="kl-e2e-", dir="/tmp"))
+        self.sockdir = make_short_socket_dir("kl-e2e-")
         self.socket = self.sockdir / "koordlet.sock"
         self.config_dir = workdir / "hookserver.d"
         self.log_path = workdir / "koordlet.log"
@@ -56,13 +58,7 @@ class KoordletProcess:
     def stop(self) -> int | None:
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc)
         self._close_log()
         shutil.rmtree(self.sockdir, ignore_errors=True)
         return self._proc.returncode

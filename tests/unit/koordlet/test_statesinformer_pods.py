@@ -93,8 +93,8 @@ def test_cri_pods_status_asked_once_per_id_and_vanished_pods_dropped(fake_cri):
     source = CriPodsSource(fake_cri.endpoint, kube_dir="kubepods/")
     try:
         assert [p.name for p in source.list_pods()] == ["p1"]
-        fake_cri.containers["c1"]["state"] = cri.CONTAINER_EXITED
-        fake_cri.pods["s1"]["annotations"] = {"changed": "only a new status call sees this"}
+        fake_cri.containers["c1"].state = cri.CONTAINER_EXITED
+        fake_cri.pods["s1"].config.annotations["changed"] = "only a new status call sees this"
         [p1] = source.list_pods()
         assert p1.annotations == {} and not p1.containers[0].running
         del fake_cri.pods["s1"], fake_cri.containers["c1"]
@@ -108,12 +108,12 @@ def test_pod_vanishing_between_list_and_status_is_skipped(fake_cri):
     fake_cri.add_pod("s2", "gone", {}, "/kubepods/burstable/poduid-s2")
 
     class Vanishing(dict):
-        """Listed, but its status call fails as for a sandbox removed in between."""
+        """s2 is listed, but its status call fails (NOT_FOUND) as for a sandbox removed in between."""
         def __getitem__(self, key):
-            if key == "annotations":
-                raise KeyError("sandbox gone")
+            if key == "s2":
+                raise KeyError(key)
             return super().__getitem__(key)
-    fake_cri.pods["s2"] = Vanishing(fake_cri.pods["s2"])
+    fake_cri.pods = Vanishing(fake_cri.pods)
     source = CriPodsSource(fake_cri.endpoint, kube_dir="kubepods/")
     try:
         assert [p.name for p in source.list_pods()] == ["p1"]

@@ -15,8 +15,9 @@ import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 
-from ..runtimehooks.protocol import PodRequest
-from ..runtimehooks.reconciler import container_request_from_status, pod_request_from_status
+from koord.hookapi import fromcri
+
+from ..runtimehooks.protocol import PodRequest, Resources
 from .meta import (
     ContainerMeta,
     PodMeta,
@@ -94,7 +95,9 @@ class CriPodsSource:
         try:
             status = self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
                 pod_sandbox_id=sandbox.id, verbose=True), timeout=CRI_TIMEOUT)
-            request = pod_request_from_status(status)
+            request = PodRequest.from_proto(fromcri.pod_record_from_status(status, sandbox.id))
+            if not request.cgroup_parent:
+                raise ValueError("no cgroup parent in its config")
             kube_qos = kube_qos_of_cgroup_parent(request.cgroup_parent)
             driver = self.driver or driver_of_cgroup_parent(request.cgroup_parent)
             meta = PodMeta(
@@ -106,7 +109,7 @@ class CriPodsSource:
         except grpc.RpcError as exc:  # vanished between list and status: next sync decides
             log.debug("states informer: %s: status: %s", who, exc.code().name)
             return None
-        except ValueError as exc:
+        except (ValueError, fromcri.StatusError) as exc:
             log.warning("states informer: %s (sandbox %s): skipped: %s", who, sandbox.id, exc)
             return None
         return request, meta
@@ -117,9 +120,9 @@ class CriPodsSource:
         try:
             status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
                 container_id=container.id, verbose=True), timeout=CRI_TIMEOUT)
-            creq = container_request_from_status(request, container, status)
+            _, record = fromcri.container_record_from_status(status, container.id)
             driver = self.driver or driver_of_cgroup_parent(request.cgroup_parent)
-            res = creq.resources
+            res = Resources.from_proto(record.container_resources)
             requests = {"cpu": milli_cpu_of_shares(res.cpu_shares)}
             limits: dict[str, int] = {}
             cpu_limit = milli_cpu_of_quota(res.cpu_quota, res.cpu_period)
@@ -135,6 +138,6 @@ class CriPodsSource:
         except grpc.RpcError as exc:
             log.debug("states informer: %s: status: %s", who, exc.code().name)
             return None
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, fromcri.StatusError) as exc:
             log.warning("states informer: %s (%s): skipped: %s", who, container.id, exc)
             return None
