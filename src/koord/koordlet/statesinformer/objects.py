@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
+
+from koord.filewatch import DirWatcher
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,9 @@ Sink = Callable[[str, "dict | None"], None]
 
 SETTLE_SECONDS = 0.1
 """Editors and ``kubectl cp`` write a file in several steps; wait for the burst to end."""
+
+POLL_SECONDS = 1.0
+"""Re-read anyway this often: catches a directory that appears late or is replaced."""
 
 MAX_OBJECT_FILE_BYTES = 4 * 1024 * 1024
 """A Node with every annotation fits in far less; larger is a wrong file, not an object."""
@@ -110,10 +113,7 @@ class FileObjectsSource:
         self._files = {kind: _WatchedFile(Path(path), KIND_NAMES[kind])
                        for kind, path in files.items()}
         self._sink: Sink | None = None
-        self._observer: Any = None
-        self._dirty = threading.Event()
-        self._stopping = threading.Event()
-        self._worker: threading.Thread | None = None
+        self._watcher: DirWatcher | None = None
 
     def describe(self) -> str:
         return "files " + ", ".join(f"{f.kind}={f.path}" for f in self._files.values())
@@ -135,51 +135,23 @@ class FileObjectsSource:
     def start(self, sink: Sink) -> None:
         self.bind(sink)
         self.reload()
-        handler = _DirtyHandler(self._dirty)
-        observer = Observer()
-        for d in {f.path.parent.resolve() for f in self._files.values()}:
-            if not d.is_dir():
-                log.error("states informer: directory %s does not exist; its files are "
-                          "not watched", d)
-                continue
-            observer.schedule(handler, os.fspath(d), recursive=False)
-        observer.daemon = True
-        observer.start()
-        self._observer = observer
-        self._worker = threading.Thread(target=self._run, name="objects-files", daemon=True)
-        self._worker.start()
+        dirs = {f.path.parent.resolve() for f in self._files.values()}
+        for d in sorted(d for d in dirs if not d.is_dir()):
+            log.error("states informer: directory %s does not exist; its files are read once it does", d)
+        self._watcher = DirWatcher(dirs, self._reload_logged, name="states-informer",
+                                   debounce=SETTLE_SECONDS, poll_interval=POLL_SECONDS)
+        self._watcher.start()
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._dirty.wait()
-            if self._stopping.is_set():
-                return
-            self._stopping.wait(SETTLE_SECONDS)
-            self._dirty.clear()
-            try:
-                self.reload()
-            except Exception:  # a consumer's bug must not end the watch
-                log.exception("states informer: reloading %s failed", self.describe())
+    def _reload_logged(self) -> None:
+        try:
+            self.reload()
+        except Exception:  # a consumer's bug must not end the watch
+            log.exception("states informer: reloading %s failed", self.describe())
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._dirty.set()
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join()
-            self._observer = None
-        if self._worker is not None:
-            self._worker.join()
-            self._worker = None
-
-
-class _DirtyHandler(FileSystemEventHandler):
-    def __init__(self, dirty: threading.Event) -> None:
-        self._dirty = dirty
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type not in ("opened", "closed_no_write"):
-            self._dirty.set()
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
 
 
 WATCH_SECONDS = 300
