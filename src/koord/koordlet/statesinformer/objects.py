@@ -113,6 +113,7 @@ class FileObjectsSource:
         self._files = {kind: _WatchedFile(Path(path), KIND_NAMES[kind])
                        for kind, path in files.items()}
         self._sink: Sink | None = None
+        self._answered: set[str] = set()
         self._watcher: DirWatcher | None = None
 
     def describe(self) -> str:
@@ -122,11 +123,18 @@ class FileObjectsSource:
         return set(self._files)
 
     def reload(self) -> None:
-        """Reads every file now; used at start and after each burst of events."""
+        """Reads every file now; used at start and after each burst of events.
+
+        A file missing or bad at the first read is delivered once as None ("no object"),
+        so the informer counts as synced without it; later it only ever keeps the last
+        good object.
+        """
         for kind, f in self._files.items():
             obj = f.load()
-            if obj is not None and self._sink is not None:
-                self._sink(kind, obj)
+            if self._sink is None or (obj is None and kind in self._answered):
+                continue
+            self._answered.add(kind)
+            self._sink(kind, obj)
 
     def bind(self, sink: Sink) -> None:
         """Where ``reload`` delivers objects (``start`` binds too)."""
