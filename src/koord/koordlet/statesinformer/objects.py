@@ -45,6 +45,30 @@ SLO_GROUP, SLO_VERSION = "slo.koordinator.sh", "v1alpha1"
 NODESLO_PLURAL, NODEMETRIC_PLURAL = "nodeslos", "nodemetrics"
 
 
+MAX_OBJECT_DEPTH = 64
+"""Kubernetes objects nest a dozen levels; deeper is an attack on the parser's recursion."""
+
+
+class _ObjectLoader(yaml.SafeLoader):
+    """YAML without aliases (a few "billion laughs" lines expand exponentially when the
+    object is compared or written back) and with bounded nesting."""
+
+    def __init__(self, stream: bytes) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("aliases (*name) are not allowed in an object file")
+        self._depth += 1
+        try:
+            if self._depth > MAX_OBJECT_DEPTH:
+                raise yaml.YAMLError(f"nested deeper than {MAX_OBJECT_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def load_object_file(path: Path, kind: str) -> dict:
     """One object from a YAML/JSON file; ValueError naming the file and what is wrong."""
     try:
@@ -59,8 +83,8 @@ def parse_object(raw: bytes, path: Path | str, kind: str) -> dict:
     if len(raw) > MAX_OBJECT_FILE_BYTES:
         raise ValueError(f"{kind} file {path}: larger than {MAX_OBJECT_FILE_BYTES} bytes")
     try:
-        obj = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
+        obj = yaml.load(raw, Loader=_ObjectLoader)  # noqa: S506 - a SafeLoader subclass
+    except (yaml.YAMLError, RecursionError) as exc:
         raise ValueError(f"{kind} file {path}: invalid YAML/JSON: {' '.join(str(exc).split())}") from None
     if not isinstance(obj, dict):
         got = type(obj).__name__ if obj is not None else "an empty file"
