@@ -236,8 +236,10 @@ class KubeObjectsSource:
         return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
 
     def _emit(self, kind: str, obj: dict | None) -> None:
-        assert self._sink is not None
-        self._sink(kind, obj)
+        """Delivers unless stopping: a watch thread still blocked in a read at stop() must not
+        call back into modules that already stopped."""
+        if self._sink is not None and not self._stopping.is_set():
+            self._sink(kind, obj)
 
     def _run(self, kind: str) -> None:
         from kubernetes import watch
