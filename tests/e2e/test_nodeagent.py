@@ -8,6 +8,7 @@ import re
 import socket
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,8 +75,31 @@ def accurate(status: dict) -> dict | None:
     return None
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
 @pytest.fixture
-def pods(containerd: Containerd, kubelet: KubeletClient):
+def kube_dir(containerd: Containerd):
+    """A private pod cgroup root (``--cgroup-kube-dir``), apart from any kubelet's and other
+    tests'. On cgroup v1 it gets the largest cpu.shares, so the burner gets its core from the
+    CFS even when the machine is busy with processes of the root cgroup."""
+    name = f"kl-e2e-{uuid.uuid4().hex[:8]}"
+    cpu = CGROUP_ROOT / "cpu" / name
+    if (CGROUP_ROOT / "cpu").is_dir():
+        cpu.mkdir()
+        (cpu / "cpu.shares").write_text("262144")
+    yield f"{name}/kubepods"
+    for hierarchy in (p for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink()):
+        top = hierarchy / name
+        for d in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+            d.rmdir()  # pods are gone by now (the kubelet fixture removed them first)
+        if top.is_dir():
+            top.rmdir()
+
+
+@pytest.fixture
+def pods(containerd: Containerd, kube_dir: str, kubelet: KubeletClient):
+    kubelet.kube_dir = kube_dir
     # The burner asks for a full CPU (1024 shares) so it gets one on a busy machine too.
     burner = kubelet.run_pod("burner", labels={"koordinator.sh/qosClass": "LS"}, qos="burstable")
     kubelet.run_container(burner, "burn", containerd.image, command=burn_command(1),
@@ -88,7 +112,7 @@ def pods(containerd: Containerd, kubelet: KubeletClient):
 
 
 def test_node_metric_and_prometheus_report_real_usage_and_survive_kill_9(
-        containerd: Containerd, pods: dict[str, str], tmp_path: Path):
+        containerd: Containerd, kube_dir: str, pods: dict[str, str], tmp_path: Path):
     node_metric = tmp_path / "nodemetric.yaml"
     node_metric.write_text(
         "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeMetric\nmetadata: {name: e2e-node}\n"
@@ -99,6 +123,7 @@ def test_node_metric_and_prometheus_report_real_usage_and_survive_kill_9(
     workdir = tmp_path / "koordlet"
     koordlet = KoordletProcess(workdir, [
         "--containerd-endpoint", containerd.endpoint, "--node-metric-file", str(node_metric),
+        "--cgroup-kube-dir", kube_dir,
         "--addr", f"127.0.0.1:{port}", "--kubelet-sync-interval", "500ms",
         "--collect-res-used-interval", "1s", "--runtime-hooks-reconcile-interval", "0"]).start()
     try:

@@ -49,7 +49,7 @@ def test_daemonset_args_parse_and_point_at_mounted_host_paths(node_parser):
     args = node_parser.parse_args(container["args"])
     mounts = {m["mountPath"].rstrip("/") for m in container["volumeMounts"]}
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
-    for path in (args.cgroup_root_dir, args.sys_fs_root_dir, Path(args.runtime_hooks_addr).parent,
+    for path in (args.cgroup_root_dir, args.sys_fs_root_dir, args.sys_root_dir, Path(args.runtime_hooks_addr).parent,
                  args.runtime_hooks_config_path, args.tsdb_path,
                  Path(args.containerd_endpoint.removeprefix("unix://")).parent):
         assert str(path).rstrip("/") in mounts, f"{path} is not mounted from the host"

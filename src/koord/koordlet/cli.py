@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--node-metric-file", type=Path, default=None, metavar="FILE",
       help="NodeMetric object (YAML or JSON): its spec is read, its status rewritten each "
       "report interval (without an API server)")
+    a("--enable-node-metric-report", type=flag_bool, default=True, nargs="?", const=True,
+      metavar="BOOL", help="write the NodeMetric status (default: true)")
     a("--kubeconfig", type=Path, default=None, metavar="FILE",
       help="kubeconfig for the API server (default: in-cluster config when "
       "KUBERNETES_SERVICE_HOST is set)")
@@ -329,6 +331,9 @@ class Koordlet:
 
     def _status_writer(self) -> StatusWriter | None:
         a = self.args
+        if not a.enable_node_metric_report:
+            log.info("NodeMetric reporting disabled (--enable-node-metric-report=false)")
+            return None
         if a.node_metric_file is not None:
             return FileStatusWriter(a.node_metric_file)
         if isinstance(self.informer.objects, KubeObjectsSource):

@@ -28,12 +28,12 @@ _CLEANUP_TIMEOUT = 30.0
 
 def pod_cgroup_parent(qos: str, uid: str, kube_dir: str = "kubepods") -> str:
     """kubelet's cgroupfs-driver pod cgroup for a QoS class (koordlet parses this layout);
-    ``kube_dir`` as kubelet's ``--cgroup-root`` would move it (tests use private ones)."""
-    kube = kube_dir.strip("/")
+    ``kube_dir`` is koordlet's ``--cgroup-kube-dir``, for tests that keep their pods apart."""
+    base = kube_dir.strip("/")
     if qos == "guaranteed":
-        return f"/{kube}/pod{uid}"
+        return f"/{base}/pod{uid}"
     if qos in ("besteffort", "burstable"):
-        return f"/{kube}/{qos}/pod{uid}"
+        return f"/{base}/{qos}/pod{uid}"
     raise ValueError(f"qos must be one of {QOS_CLASSES}, got {qos!r}")
 
 
@@ -123,6 +123,8 @@ class KubeletClient:
         self._on_pod_created = on_pod_created
         self._log_root = Path(log_root) if log_root else None
         self.cgroup_root = Path(cgroup_root)
+        self.kube_dir = "kubepods"
+        """Where this client's pods' cgroups go (as kubelet's, unless a test moves them)."""
         self.sandbox_configs: dict[str, Any] = {}
         self.pods: list[str] = []
         self.containers: list[str] = []
@@ -147,7 +149,7 @@ class KubeletClient:
         annotations: Mapping[str, str] | None = None,
         qos: str = "besteffort",
         attempt: int = 0,
-        kube_dir: str = "kubepods",
+        kube_dir: str | None = None,
     ) -> Any:
         """A PodSandboxConfig as kubelet 1.2x builds it for a host-network pod."""
         pb = self.pb
@@ -180,7 +182,7 @@ class KubeletClient:
             labels=all_labels,
             annotations=all_annotations,
             linux=pb.LinuxPodSandboxConfig(
-                cgroup_parent=pod_cgroup_parent(qos, uid, kube_dir),
+                cgroup_parent=pod_cgroup_parent(qos, uid, kube_dir or self.kube_dir),
                 security_context=pb.LinuxSandboxSecurityContext(namespace_options=namespaces),
             ),
         )
@@ -258,7 +260,7 @@ class KubeletClient:
         qos: str = "besteffort",
         runtime_handler: str = "",
         timeout: float | None = 240.0,
-        kube_dir: str = "kubepods",
+        kube_dir: str | None = None,
     ) -> str:
         config = self.sandbox_config(name, namespace, uid, labels, annotations, qos, kube_dir=kube_dir)
         if self._on_pod_created is not None:

@@ -113,3 +113,15 @@ def test_node_metric_file_reported_without_node_slo(tmp_path, short_dir):
             assert r.status == 200
     finally:
         k.stop()
+
+
+def test_node_metric_report_can_be_disabled(tmp_path, short_dir):
+    nm = tmp_path / "nm.json"
+    nm.write_text(json.dumps({"metadata": {"name": "n1"}}))
+    k = koordlet(tmp_path, short_dir, "--tsdb-path", str(tmp_path / "tsdb"), "--addr", "",
+                 "--node-metric-file", str(nm), "--enable-node-metric-report=false")
+    k.start()
+    try:
+        assert k.reporter is None and k.metric_cache is not None
+    finally:
+        k.stop()

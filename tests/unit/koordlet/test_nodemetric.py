@@ -7,7 +7,7 @@ from kubernetes.utils import parse_quantity
 
 from koord.koordlet import metriccache as mc
 from koord.koordlet.metriccache import Aggregation, MetricCache, Sample
-from koord.koordlet.statesinformer import ContainerMeta, PodMeta
+from koord.koordlet.statesinformer import ContainerMeta
 from koord.koordlet.statesinformer.nodemetric import (
     build_status,
     cpu_quantity,
@@ -17,6 +17,7 @@ from koord.koordlet.statesinformer.nodemetric import (
     qos_with_default,
 )
 from koord.koordlet.statesinformer.specs import node_metric_collect_policy
+from koord.testing.pods import pod_meta
 
 NOW = 1_800_000_000.0
 DEFAULT_POLICY = node_metric_collect_policy(None)
@@ -37,12 +38,15 @@ class ByAggregation:
     def time_range(self, kind, start, end, labels=None):
         return self.span
 
+    def get_kv(self, key):
+        return None
+
 
 def pod(name, uid, koord_qos="", kube_qos="besteffort", priority=None, containers=()):
-    return PodMeta(namespace="default", name=name, uid=uid, labels={}, annotations={},
-                   kube_qos=kube_qos, koord_qos=koord_qos, priority=priority,
-                   cgroup_dir=f"kubepods/{kube_qos}/pod{uid}", sandbox_id="s-" + uid,
-                   running=True, containers=list(containers))
+    meta = pod_meta("default", name, uid, f"kubepods/{kube_qos}/pod{uid}", kube_qos=kube_qos,
+                    koord_qos=koord_qos, containers=list(containers))
+    meta.priority = priority
+    return meta
 
 
 def test_collect_node_aggregate_metric_mocked_1_to_5():
@@ -164,3 +168,19 @@ def test_quantities_parse_back_to_their_value(n):
     """Kubernetes' own parser reads what we write: the API server and kubectl agree."""
     assert parse_quantity(cpu_quantity(n)) * 1000 == n
     assert parse_quantity(memory_quantity(n)) == n
+
+
+def test_numa_usages_sorted_by_id_and_only_with_samples():
+    cache = MetricCache(None)
+    t = NOW - 5
+    cache.set_kv(mc.NODE_NUMA_INFO, {"nodes": [{"id": 1}, {"id": 0}, {"id": 2}, {"id": "x"}]})
+    for numa, cores in (("1", 0.5), ("0", 1.5)):
+        cache.append([Sample(mc.NODE_NUMA_CPU_USAGE, {mc.NUMA_NODE_ID: numa}, t, cores),
+                      Sample(mc.NODE_NUMA_MEMORY_USAGE, {mc.NUMA_NODE_ID: numa}, t, 2**30)])
+    status = build_status(cache, [], DEFAULT_POLICY, now=NOW)
+    assert status["nodeMetric"]["numaUsages"] == [
+        {"numaNodeID": 0, "nodeUsage": {"resources": {"cpu": "1500m", "memory": "1Gi"}}, "systemUsage": {}},
+        {"numaNodeID": 1, "nodeUsage": {"resources": {"cpu": "500m", "memory": "1Gi"}}, "systemUsage": {}}]
+    cache.set_kv(mc.NODE_NUMA_INFO, "garbage")
+    assert "numaUsages" not in build_status(cache, [], DEFAULT_POLICY, now=NOW)["nodeMetric"]
+    cache.close()

@@ -7,6 +7,8 @@ import time
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from koord.koordlet.metriccache import NODE_CPU_USAGE, NODE_MEMORY_USAGE, MetricCache, Sample
 from koord.koordlet.metrics import KoordletMetrics
@@ -103,3 +105,28 @@ def test_reporter_loop_writes_within_one_interval_and_prometheus_matches(tmp_pat
                  {"node": "node1", "resource": "cpu", "unit": "core"}) == 1.25
     assert value("koordlet_node_metric_node_usage",
                  {"node": "node1", "resource": "memory", "unit": "byte"}) == 300 * 2**20
+
+
+@pytest.mark.parametrize("content,reason", [
+    (b"a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b, *b, *b]\n",
+     "aliases"),
+    (b"spec: " + b"[" * 100 + b"]" * 100 + b"\n", "deeper"),
+    (b'{"spec": ' + b"[" * 100000 + b"]" * 100000 + b"}", "deeper"),
+])
+def test_hostile_yaml_is_rejected_naming_why(tmp_path, caplog, content, reason):
+    from koord.koordlet.statesinformer.objects import parse_object
+    with pytest.raises(ValueError, match=reason):
+        parse_object(content, tmp_path / "nm.yaml", "NodeMetric")
+    f = tmp_path / "nm.yaml"
+    f.write_bytes(content)
+    assert not FileStatusWriter(f).write(NODE_METRIC, STATUS)
+    assert f.read_bytes() == content
+
+
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_parse_object_returns_a_mapping_or_a_value_error(raw):
+    from koord.koordlet.statesinformer.objects import parse_object
+    try:
+        assert isinstance(parse_object(raw, "f", "Node"), dict)
+    except ValueError as exc:
+        assert "Node file f" in str(exc)

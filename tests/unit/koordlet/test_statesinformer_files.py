@@ -139,3 +139,16 @@ def test_missing_file_is_picked_up_when_it_appears(tmp_path, informer_for, caplo
     f.write_text(SLO_YAML)
     slo, _ = changes.get(timeout=WAIT)
     assert slo["kind"] == "NodeSLO"
+
+
+def test_informer_synced_without_files_then_picks_them_up(tmp_path):
+    """A missing NodeSLO file must not keep /readyz down: no file is an answer (no object)."""
+    informer, changes = make_informer(node_slo_file=tmp_path / "slo.yaml", node_file=tmp_path / "n.json")
+    informer.reload()
+    assert informer.has_synced() and informer.get_node_slo() is None and changes.empty()
+    (tmp_path / "slo.yaml").write_text(SLO_YAML)
+    informer.reload()
+    assert informer.get_node_slo_object()["kind"] == "NodeSLO"
+    (tmp_path / "slo.yaml").unlink()
+    informer.reload()
+    assert informer.get_node_slo_object()["kind"] == "NodeSLO"  # last good object kept

@@ -13,6 +13,7 @@ from koord.koordlet.statesinformer.meta import (
     milli_cpu_of_shares,
     pod_cgroup_dir,
 )
+from koord.testing.pods import pod_meta
 
 
 @pytest.mark.parametrize("kube_dir,qos,driver,want", [
@@ -156,10 +157,8 @@ class ListSource:
 
 
 def _pod(name):
-    from koord.koordlet.statesinformer import PodMeta
-    return PodMeta(namespace="ns", name=name, uid="u-" + name, labels={}, annotations={},
-                   kube_qos="besteffort", koord_qos="BE", priority=None,
-                   cgroup_dir="kubepods/besteffort/podu-" + name, sandbox_id="s", running=True)
+    return pod_meta("ns", name, "u-" + name, "kubepods/besteffort/podu-" + name, kube_qos="besteffort",
+                    koord_qos="BE")
 
 
 def test_informer_pods_callbacks_copies_and_last_good_list():

@@ -3,7 +3,8 @@
 ``build_status`` is a pure function of the metric cache, the pods, the collect policy and
 the NodeSLO at one instant, so every rule below is tested as a table:
 
-- ``nodeMetric.nodeUsage`` / ``systemUsage``: averages over the aggregate duration;
+- ``nodeMetric.nodeUsage`` / ``systemUsage``: averages over the aggregate duration, and
+  per NUMA node (``numaUsages``, sorted by id) where the advisor knows the NUMA nodes;
 - ``aggregatedNodeUsages`` / ``aggregatedSystemUsages``: per window, avg and p50..p99,
   each map empty while the samples span less than half the window (cold start);
 - ``podsMetric``: the average of each pod with samples, with its priority class and QoS,
@@ -36,12 +37,18 @@ from ..metriccache import (
     NODE_CPU_USAGE,
     NODE_MEMORY_USAGE,
     NODE_MEMORY_USAGE_WITH_PAGE_CACHE,
+    NODE_NUMA_CPU_USAGE,
+    NODE_NUMA_INFO,
+    NODE_NUMA_MEMORY_USAGE,
+    NUMA_NODE_ID,
     POD_CPU_USAGE,
     POD_MEMORY_USAGE,
     POD_MEMORY_USAGE_WITH_PAGE_CACHE,
     POD_UID,
     SYS_CPU_USAGE,
     SYS_MEMORY_USAGE,
+    SYS_NUMA_CPU_USAGE,
+    SYS_NUMA_MEMORY_USAGE,
     Aggregation,
 )
 from .meta import PodMeta
@@ -63,6 +70,8 @@ class MetricQuerier(Protocol):
 
     def time_range(self, kind: str, start: float, end: float,
                    labels: dict[str, str] | None = None) -> float: ...
+
+    def get_kv(self, key: str) -> Any | None: ...
 
 
 # ---- quantities ------------------------------------------------------------------------
@@ -163,6 +172,8 @@ class Report:
     pods: list[tuple[PodMeta, Usage]] = field(default_factory=list)
     containers: list[tuple[PodMeta, str, str, Usage]] = field(default_factory=list)
     host_apps: list[tuple[dict[str, Any], Usage]] = field(default_factory=list)
+    numa: list[tuple[int, Usage, Usage | None]] = field(default_factory=list)
+    """(NUMA node id, node usage, system usage)."""
 
 
 def windows(cache: MetricQuerier, cpu_kind: str, memory_kind: str, end: float,
@@ -212,7 +223,23 @@ def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any
         if found is not None:
             report.host_apps.append((app, found))
     report.host_apps.sort(key=lambda a: a[0]["name"])
+    for numa_id in numa_node_ids(cache):
+        labels = {NUMA_NODE_ID: str(numa_id)}
+        node = usage(cache, NODE_NUMA_CPU_USAGE, NODE_NUMA_MEMORY_USAGE, start, end, Aggregation.AVG, labels)
+        if node is not None:
+            system = usage(cache, SYS_NUMA_CPU_USAGE, SYS_NUMA_MEMORY_USAGE, start, end, Aggregation.AVG, labels)
+            report.numa.append((numa_id, node, system))
     return report
+
+
+def numa_node_ids(cache: MetricQuerier) -> list[int]:
+    """NUMA node ids from the node info the advisor stores; [] when unknown or malformed."""
+    info = cache.get_kv(NODE_NUMA_INFO)
+    nodes = info.get("nodes") if isinstance(info, dict) else None
+    if not isinstance(nodes, list):
+        return []
+    return sorted({n["id"] for n in nodes
+                   if isinstance(n, dict) and isinstance(n.get("id"), int) and not isinstance(n["id"], bool)})
 
 
 def _map(found: Usage | None) -> dict[str, Any]:
@@ -249,6 +276,10 @@ def status_of(report: Report) -> dict[str, Any]:
                        "aggregatedSystemUsages": _windows_json(report.system_windows)},
         "podsMetric": pods_metric,
     }
+    if report.numa:
+        status["nodeMetric"]["numaUsages"] = [
+            {"numaNodeID": numa_id, "nodeUsage": resource_map(*node), "systemUsage": _map(system)}
+            for numa_id, node, system in report.numa]
     if report.host_apps:
         status["hostApplicationMetric"] = [
             {"name": app["name"], "usage": resource_map(*found),

@@ -45,6 +45,30 @@ SLO_GROUP, SLO_VERSION = "slo.koordinator.sh", "v1alpha1"
 NODESLO_PLURAL, NODEMETRIC_PLURAL = "nodeslos", "nodemetrics"
 
 
+MAX_OBJECT_DEPTH = 64
+"""Kubernetes objects nest a dozen levels; deeper is an attack on the parser's recursion."""
+
+
+class _ObjectLoader(yaml.SafeLoader):
+    """YAML without aliases (a few "billion laughs" lines expand exponentially when the
+    object is compared or written back) and with bounded nesting."""
+
+    def __init__(self, stream: bytes) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("aliases (*name) are not allowed in an object file")
+        self._depth += 1
+        try:
+            if self._depth > MAX_OBJECT_DEPTH:
+                raise yaml.YAMLError(f"nested deeper than {MAX_OBJECT_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def load_object_file(path: Path, kind: str) -> dict:
     """One object from a YAML/JSON file; ValueError naming the file and what is wrong."""
     try:
@@ -59,8 +83,8 @@ def parse_object(raw: bytes, path: Path | str, kind: str) -> dict:
     if len(raw) > MAX_OBJECT_FILE_BYTES:
         raise ValueError(f"{kind} file {path}: larger than {MAX_OBJECT_FILE_BYTES} bytes")
     try:
-        obj = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
+        obj = yaml.load(raw, Loader=_ObjectLoader)  # noqa: S506 - a SafeLoader subclass
+    except (yaml.YAMLError, RecursionError) as exc:
         raise ValueError(f"{kind} file {path}: invalid YAML/JSON: {' '.join(str(exc).split())}") from None
     if not isinstance(obj, dict):
         got = type(obj).__name__ if obj is not None else "an empty file"
@@ -113,6 +137,7 @@ class FileObjectsSource:
         self._files = {kind: _WatchedFile(Path(path), KIND_NAMES[kind])
                        for kind, path in files.items()}
         self._sink: Sink | None = None
+        self._answered: set[str] = set()
         self._watcher: DirWatcher | None = None
 
     def describe(self) -> str:
@@ -122,11 +147,18 @@ class FileObjectsSource:
         return set(self._files)
 
     def reload(self) -> None:
-        """Reads every file now; used at start and after each burst of events."""
+        """Reads every file now; used at start and after each burst of events.
+
+        A file missing or bad at the first read is delivered once as None ("no object"),
+        so the informer counts as synced without it; later it only ever keeps the last
+        good object.
+        """
         for kind, f in self._files.items():
             obj = f.load()
-            if obj is not None and self._sink is not None:
-                self._sink(kind, obj)
+            if self._sink is None or (obj is None and kind in self._answered):
+                continue
+            self._answered.add(kind)
+            self._sink(kind, obj)
 
     def bind(self, sink: Sink) -> None:
         """Where ``reload`` delivers objects (``start`` binds too)."""
@@ -204,8 +236,10 @@ class KubeObjectsSource:
         return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
 
     def _emit(self, kind: str, obj: dict | None) -> None:
-        assert self._sink is not None
-        self._sink(kind, obj)
+        """Delivers unless stopping: a watch thread still blocked in a read at stop() must not
+        call back into modules that already stopped."""
+        if self._sink is not None and not self._stopping.is_set():
+            self._sink(kind, obj)
 
     def _run(self, kind: str) -> None:
         from kubernetes import watch
