@@ -125,3 +125,36 @@ def test_node_metric_report_can_be_disabled(tmp_path, short_dir):
         assert k.reporter is None and k.metric_cache is not None
     finally:
         k.stop()
+
+
+def test_in_a_cluster_objects_come_from_the_api_server_and_status_goes_back(tmp_path, short_dir,
+                                                                             monkeypatch):
+    from koord.testing.kubeapi import NODEMETRICS, NODES, NODESLOS, FakeKubeAPI
+
+    monkeypatch.setenv("NODE_NAME", "node1")
+    cache = MetricCache(tmp_path / "tsdb")
+    now = time.time()
+    cache.append([Sample(NODE_CPU_USAGE, {}, now - 2, 0.25), Sample(NODE_MEMORY_USAGE, {}, now - 2, 2**20)])
+    cache.close()
+    with FakeKubeAPI() as api:
+        api.put(NODES, {"metadata": {"name": "node1"}, "status": {"capacity": {"cpu": "2"}}})
+        api.put(NODESLOS, {"metadata": {"name": "node1"},
+                           "spec": {"resourceQOSStrategy": {"beClass": {"cpuQOS": {"enable": True}}}}})
+        api.put(NODEMETRICS, {"metadata": {"name": "node1"},
+                              "spec": {"metricCollectPolicy": {"reportIntervalSeconds": 1}}})
+        k = koordlet(tmp_path, short_dir, "--tsdb-path", str(tmp_path / "tsdb"), "--addr", "",
+                     "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+                     "--collect-res-used-interval", "100ms")
+        k.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not api.status_updates and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert k.informer.get_node()["status"]["capacity"]["cpu"] == "2"
+            assert k.informer.get_node_slo()["spec"]["resourceUsedThresholdWithBE"]["enable"] is False
+        finally:
+            k.stop()
+        assert api.status_updates, "koordlet never updated the NodeMetric status"
+        assert api.status_updates[0]["nodeMetric"]["nodeUsage"] == {
+            "resources": {"cpu": "250m", "memory": "1Mi"}}
+        assert api.objects[NODEMETRICS]["node1"]["spec"] == {"metricCollectPolicy": {"reportIntervalSeconds": 1}}

@@ -130,3 +130,24 @@ def test_parse_object_returns_a_mapping_or_a_value_error(raw):
         assert isinstance(parse_object(raw, "f", "Node"), dict)
     except ValueError as exc:
         assert "Node file f" in str(exc)
+
+
+def test_node_metric_seen_after_start_shortens_the_wait(tmp_path):
+    """Before the NodeMetric is known the default interval is 60 s; seeing one with 1 s must
+    not leave the reporter asleep for the rest of the minute."""
+    f = tmp_path / "nm.json"
+    f.write_text(json.dumps(NODE_METRIC))
+    informer = StatesInformer()
+    cache = MetricCache(None)
+    reporter = NodeMetricReporter(informer, cache, FileStatusWriter(f))
+    reporter.start()
+    try:
+        time.sleep(0.2)
+        informer.set_object("node_metric", NODE_METRIC)
+        deadline = time.monotonic() + 5
+        while "status" not in json.loads(f.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "status" in json.loads(f.read_text())
+    finally:
+        reporter.stop()
+        cache.close()

@@ -24,7 +24,14 @@ import yaml
 from ..metrics import KoordletMetrics
 from .informer import StatesInformer
 from .nodemetric import MetricQuerier, collect, status_of
-from .objects import MAX_OBJECT_FILE_BYTES, NODEMETRIC_PLURAL, SLO_GROUP, SLO_VERSION, parse_object
+from .objects import (
+    MAX_OBJECT_FILE_BYTES,
+    NODE_METRIC,
+    NODEMETRIC_PLURAL,
+    SLO_GROUP,
+    SLO_VERSION,
+    parse_object,
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +184,11 @@ class KubeStatusWriter:
 
 
 class NodeMetricReporter:
-    """The loop: sleep one report interval, report, repeat (the interval may change)."""
+    """The loop: one report interval after the last report (or the start), report, repeat.
+
+    The interval is re-read whenever the NodeMetric changes, so a koordlet that started
+    before its NodeMetric was seen does not sit out a default 60 s interval.
+    """
 
     def __init__(self, informer: StatesInformer, cache: MetricQuerier, writer: StatusWriter,
                  metrics: KoordletMetrics | None = None) -> None:
@@ -186,8 +197,11 @@ class NodeMetricReporter:
         self.writer = writer
         self.metrics = metrics
         self._stopping = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._waiting_logged = False
+        # A NodeMetric seen (or changed) after start may shorten the interval being waited.
+        informer.register_callback(NODE_METRIC, self._wake.set)
 
     def report_once(self, now: float | None = None) -> dict[str, Any] | None:
         """Builds and writes one status; None when there is no NodeMetric object yet."""
@@ -219,7 +233,15 @@ class NodeMetricReporter:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stopping.wait(self.informer.get_node_metric_spec()["reportIntervalSeconds"]):
+        last = time.monotonic()
+        while not self._stopping.is_set():
+            interval = self.informer.get_node_metric_spec()["reportIntervalSeconds"]
+            remaining = last + interval - time.monotonic()
+            if remaining > 0:
+                self._wake.wait(remaining)
+                self._wake.clear()
+                continue
+            last = time.monotonic()
             try:
                 self.report_once()
             except Exception:  # a bad sample or object must not end reporting
@@ -229,6 +251,7 @@ class NodeMetricReporter:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
