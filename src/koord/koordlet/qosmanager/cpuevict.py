@@ -56,14 +56,8 @@ class CPUEvict(EvictStrategy):
     def window(self, cfg: ThresholdConfig) -> float:
         return max(self.interval, cfg.cpu_evict_time_window_seconds or 0)
 
-    def run_once(self) -> None:
+    def evict(self, cfg: ThresholdConfig, now: float) -> int:
         ctx = self.ctx
-        now = ctx.clock()
-        if self.cooling(now):
-            return
-        cfg = ctx.thresholds(self.name)
-        if cfg is None or not cfg.enable:
-            return
         evicted = 0
         try:
             if ctx.config.gates.get(BE_CPU_EVICT):
@@ -72,9 +66,9 @@ class CPUEvict(EvictStrategy):
                 evicted += self.evict_by_node_usage(cfg, now)
         except NodeInfoError as exc:
             self.ctx.log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
-            return
+            return evicted
         self.ctx.log_once(self.name + "/node", None)
-        self.evicted(now, evicted)
+        return evicted
 
     def _be(self, allocation: str, start: float, now: float, agg: Aggregation) -> float | None:
         return self.ctx.metric_cache.aggregate(

@@ -167,12 +167,19 @@ class EvictStrategy(Strategy):
     def setup(self) -> None:
         self.cool_until = self.ctx.clock() + self.cool_time
 
-    def cooling(self, now: float) -> bool:
-        return now < self.cool_until
-
-    def evicted(self, now: float, count: int) -> None:
-        if count:
+    def run_once(self) -> None:
+        now = self.ctx.clock()
+        if now < self.cool_until:
+            return
+        cfg = self.ctx.thresholds(self.name)
+        if cfg is None or not cfg.enable:
+            return
+        if self.evict(cfg, now):
             self.cool_until = now + self.cool_time
+
+    def evict(self, cfg: ThresholdConfig, now: float) -> int:
+        """One check with valid, enabled thresholds; returns how many pods were evicted."""
+        raise NotImplementedError
 
 
 class QOSManager:

@@ -18,6 +18,7 @@ from ..metriccache import NODE_MEMORY_USAGE, POD_MEMORY_USAGE, POD_UID
 from .evictcalc import be_memory_victims, labelled_victims, release_memory
 from .framework import Context, EvictStrategy
 from .nodeinfo import NodeInfoError, capacity_memory
+from .slo import ThresholdConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +33,22 @@ class MemoryEvict(EvictStrategy):
         super().__init__(ctx, ctx.config.memory_evict_interval, (BE_MEMORY_EVICT, MEMORY_EVICT),
                          ctx.config.memory_evict_cool_time)
 
-    def run_once(self) -> None:
+    def evict(self, cfg: ThresholdConfig, now: float) -> int:
         ctx = self.ctx
-        now = ctx.clock()
-        if self.cooling(now):
-            return
-        cfg = ctx.thresholds(self.name)
-        if cfg is None or not cfg.enable:
-            return
         node = ctx.informer.get_node()
         used = ctx.last(NODE_MEMORY_USAGE)
         if node is None or used is None:
-            return
+            return 0
         try:
             capacity = capacity_memory(node)
         except NodeInfoError as exc:
             self.ctx.log_once(self.name + "/node", f"skipped: {exc}", logging.ERROR)
-            return
+            return 0
         self.ctx.log_once(self.name + "/node", None)
         threshold, lower = cfg.memory_evict_threshold_percent, cfg.memory_lower_percent
         release = release_memory(used, capacity, threshold, lower)
         if release <= 0:
-            return
+            return 0
         pods = ctx.informer.get_all_pods()
         pod_used = {p.uid: v for p in pods
                     if (v := ctx.last(POD_MEMORY_USAGE, {POD_UID: p.uid})) is not None}
@@ -66,8 +61,7 @@ class MemoryEvict(EvictStrategy):
         log.warning("%s: node memory %.2f GiB of %.2f GiB (%d%%) >= threshold %d%%: releasing "
                     "%.2f GiB down to %d%% from %d candidate pod(s)", feature, used / GI,
                     capacity / GI, percent, threshold, release / GI, lower, len(victims))
-        evicted = ctx.evictor.evict_until(
+        return ctx.evictor.evict_until(
             victims, release, lambda p: pod_used.get(p.uid, 0.0), REASON,
             lambda p: (f"{feature}: node memory {percent}% >= {threshold}%, release "
                        f"{release} bytes; pod uses {int(pod_used.get(p.uid, 0))} bytes"))
-        self.evicted(now, evicted)
