@@ -10,12 +10,14 @@ their errors are logged and counted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 
@@ -108,7 +110,10 @@ class RuntimeDispatcher:
         start = time.perf_counter()
         outcome = "ok"
         try:
-            answer = await self._ask(plugin, hook_point, request)
+            raw = await self._ask(plugin, hook_point, request)
+            response_type = (hook.PodSandboxHookResponse if hook_point in _POD_HOOKS
+                             else hook.ContainerResourceHookResponse)
+            answer = _decode(response_type, raw)
             problems = (convert.validate_pod_response(answer) if hook_point in _POD_HOOKS
                         else convert.validate_container_response(answer))
             if problems:
@@ -117,6 +122,10 @@ class RuntimeDispatcher:
         except _PluginError as exc:
             outcome = exc.outcome
             raise
+        except asyncio.CancelledError:
+            # The CRI caller gave up (its deadline passed): the plugin's answer never counted.
+            outcome = "cancelled"
+            raise
         finally:
             elapsed = time.perf_counter() - start
             self._metrics.observe_hook(plugin.name, hook_point.value, outcome, elapsed)
@@ -124,8 +133,8 @@ class RuntimeDispatcher:
             log.log(level, "%s plugin %s for %s: %s in %.1f ms (policy %s)", hook_point,
                     plugin.name, target, outcome, elapsed * 1000, plugin.failure_policy)
 
-    async def _ask(self, plugin: PluginRegistration, hook_point: HookPoint, request):
-        """One gRPC call; every way it can fail becomes a _PluginError with its outcome."""
+    async def _ask(self, plugin: PluginRegistration, hook_point: HookPoint, request) -> bytes:
+        """One gRPC call, answer as raw bytes; every way it can fail becomes a _PluginError."""
         try:
             return await self._multicallable(plugin.endpoint, hook_point)(request, timeout=plugin.timeout)
         except grpc.aio.AioRpcError as exc:
@@ -145,15 +154,10 @@ class RuntimeDispatcher:
             if channel is None:
                 channel = grpc.aio.insecure_channel(f"unix://{endpoint}", options=_CHANNEL_OPTIONS)
                 self._channels[endpoint] = channel
-            if hook_point in _POD_HOOKS:
-                request_type, response_type = hook.PodSandboxHookRequest, hook.PodSandboxHookResponse
-            else:
-                request_type, response_type = hook.ContainerResourceHookRequest, hook.ContainerResourceHookResponse
-            call = channel.unary_unary(
-                f"/{SERVICE}/{hook_point.value}Hook",
-                request_serializer=request_type.SerializeToString,
-                response_deserializer=response_type.FromString,
-            )
+            # No response deserializer: grpc would turn an undecodable answer into None and
+            # log it on its own; _decode makes it this plugin's "invalid" outcome instead.
+            call = channel.unary_unary(f"/{SERVICE}/{hook_point.value}Hook",
+                                       request_serializer=_serialize)
             self._calls[key] = call
         return call
 
@@ -162,3 +166,14 @@ class RuntimeDispatcher:
             await channel.close()
         self._channels.clear()
         self._calls.clear()
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def _decode(response_type: type[Message], raw: bytes) -> Message:
+    try:
+        return response_type.FromString(raw)
+    except DecodeError as exc:
+        raise _PluginError("invalid", f"undecodable answer ({len(raw)} bytes): {exc}") from None

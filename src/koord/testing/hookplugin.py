@@ -31,6 +31,8 @@ class Behaviour:
     answer: Answer | None = None
     delay: float = 0.0
     error: tuple[grpc.StatusCode, str] | None = None
+    raw: bytes | None = None
+    """Answer these bytes instead of a message: a plugin whose answer does not decode."""
 
 
 @dataclass
@@ -103,7 +105,7 @@ class RecordingPlugin:
             handlers[f"{hook}Hook"] = grpc.unary_unary_rpc_method_handler(
                 self._serve(hook, resp_type),
                 request_deserializer=req_type.FromString,
-                response_serializer=resp_type.SerializeToString)
+                response_serializer=_serialize)
         return grpc.method_handlers_generic_handler("runtime.v1alpha1.RuntimeHookService", handlers)
 
     def _serve(self, hook: str, resp_type: type) -> Callable:
@@ -115,8 +117,13 @@ class RecordingPlugin:
                 time.sleep(behaviour.delay)
             if behaviour.error is not None:
                 context.abort(*behaviour.error)
+            if behaviour.raw is not None:
+                return behaviour.raw
             if behaviour.answer is not None:
                 return behaviour.answer(request)
             return resp_type()
         return serve
 
+
+def _serialize(message: object) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()  # type: ignore[attr-defined]
