@@ -121,7 +121,7 @@ async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
     delay, waited, last_log = 0.05, 0.0, -10.0
     while not stop.is_set():
         try:
-            await store_mod.rebuild(store, backend.runtime)
+            await store_mod.rebuild(store, backend.reader)
         except grpc.aio.AioRpcError as exc:
             if waited - last_log >= 5.0:
                 log.warning("waiting for backend %s: %s", options.runtime_endpoint,

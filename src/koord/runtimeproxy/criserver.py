@@ -60,6 +60,7 @@ class Backend:
         self.image_channel = (self.runtime_channel if image_endpoint == runtime_endpoint else
                               grpc.aio.insecure_channel(f"unix://{image_endpoint}", options=CHANNEL_OPTIONS))
         self.runtime = cri_grpc.RuntimeServiceStub(self.runtime_channel)
+        self.reader = store_mod.BackendReader(self.runtime_channel)
 
     def channel_for(self, path: str) -> grpc.aio.Channel:
         return self.image_channel if ".ImageService/" in path else self.runtime_channel
@@ -238,6 +239,11 @@ class CRIServer(grpc.GenericRpcHandler):
             except HookFailed as err:
                 code = grpc.StatusCode.UNKNOWN.name
                 await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+            except Exception as err:  # a bug or unreadable backend data: say so, never die silently
+                code = grpc.StatusCode.INTERNAL.name
+                log.exception("%s failed inside the proxy", label)
+                await context.abort(grpc.StatusCode.INTERNAL,
+                                    f"koord-runtime-proxy: {label}: {type(err).__name__}: {err}")
             finally:
                 observe(label, code, time.perf_counter() - start)
 
@@ -352,7 +358,7 @@ class CRIServer(grpc.GenericRpcHandler):
         if pod is not None:
             return pod
         try:
-            pod = await store_mod.fetch_pod(self.backend.runtime, sandbox_id)
+            pod = await store_mod.fetch_pod(self.backend.reader, sandbox_id)
         except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
             if fallback is not None and fallback.ByteSize():
                 return convert.pod_record_from_config(fallback)
@@ -365,7 +371,7 @@ class CRIServer(grpc.GenericRpcHandler):
         record = self.store.get_container(container_id)
         if record is None:
             try:
-                record = await store_mod.fetch_container(self.backend.runtime, container_id)
+                record = await store_mod.fetch_container(self.backend.reader, container_id)
             except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
                 log.warning("no info for container %s, hooks skipped: %s",
                             container_id, store_mod.describe_error(exc))

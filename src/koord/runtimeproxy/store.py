@@ -9,6 +9,12 @@ The store is rebuilt from the backend before the proxy serves (``rebuild``), and
 record it lacks is fetched on demand (``fetch_pod`` / ``fetch_container``): containerd's
 verbose status ``info`` holds the original config.  All access happens on the proxy's
 event loop, so no lock is needed.
+
+The backend's answers are data from outside: containerd stores whatever bytes a client
+sent, e.g. a sandbox name that is not UTF-8, which no protobuf string field decodes.
+``BackendReader`` therefore decodes every answer itself, and a list is decoded item by
+item, so one unreadable record is skipped with one log line instead of failing the whole
+rebuild (and with it every start of the proxy).
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from dataclasses import dataclass
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
-from cri_api.v1 import api_pb2_grpc as cri_grpc
-from google.protobuf import json_format
+from google.protobuf import empty_pb2, json_format
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from . import convert
 from .convert import ContainerHookRequest, PodHookRequest
@@ -70,6 +77,74 @@ class RecoveryError(Exception):
     """The backend's answer cannot be turned into a store record."""
 
 
+_RUNTIME = "/runtime.v1.RuntimeService/"
+
+
+class BackendReader:
+    """The backend calls the store makes, with answers decoded here, never by grpc.
+
+    grpc-python turns an answer its deserializer rejects into ``None`` (and an ERROR log
+    line of its own); decoding here makes it a RecoveryError naming the record instead.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._channel = channel
+
+    async def call(self, method: str, request: Message, response_type: type[Message],
+                   what: str, timeout: float) -> Message:
+        raw = await self._channel.unary_unary(
+            _RUNTIME + method, request_serializer=_serialize)(request, timeout=timeout)
+        try:
+            return response_type.FromString(raw)
+        except DecodeError:
+            raise RecoveryError(f"{what}: the backend's {method} answer does not decode "
+                                "(a field that is not valid UTF-8?)") from None
+
+    async def list_ids(self, method: str, request: Message, item_type: type[Message],
+                       timeout: float) -> list[str]:
+        """Ids of every item of a List* answer (field 1), including items that do not decode."""
+        raw = await self._channel.unary_unary(
+            _RUNTIME + method, request_serializer=_serialize)(request, timeout=timeout)
+        try:
+            items = _items(empty_pb2.Empty.FromString(raw), item_type)
+        except DecodeError:
+            raise RecoveryError(f"the backend's {method} answer is not a protobuf message") from None
+        ids = [item.id for item in items if item.id]
+        if len(ids) < len(items):
+            log.warning("store rebuild: %d item(s) of the backend's %s answer have no readable id; "
+                        "skipped", len(items) - len(ids), method)
+        return ids
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+class _Unreadable:
+    """An item of a list that does not decode as a whole: only its id (field 1) is read."""
+
+    def __init__(self, data: bytes) -> None:
+        try:
+            fields = UnknownFieldSet(empty_pb2.Empty.FromString(data))
+        except DecodeError:
+            fields = UnknownFieldSet(empty_pb2.Empty())
+        self.id = next((f.data.decode("utf-8", "replace") for f in fields
+                        if f.field_number == 1 and isinstance(f.data, bytes)), "")
+
+
+def _items(envelope: Message, item_type: type[Message]) -> list:
+    """Field 1 (``items`` / ``containers``) of a List* answer parsed as unknown fields."""
+    items = []
+    for field in UnknownFieldSet(envelope):
+        if field.field_number != 1 or not isinstance(field.data, bytes):
+            continue
+        try:
+            items.append(item_type.FromString(field.data))
+        except DecodeError:
+            items.append(_Unreadable(field.data))
+    return items
+
+
 def _verbose_info(info: dict[str, str], what: str) -> dict:
     raw = info.get("info")
     if not raw:
@@ -90,21 +165,25 @@ def _config_from_info(info: dict, message: type, what: str):
         raise RecoveryError(f"{what}: config in verbose info does not parse: {exc}") from None
 
 
-async def fetch_pod(runtime: cri_grpc.RuntimeServiceStub, sandbox_id: str,
+async def fetch_pod(runtime: BackendReader, sandbox_id: str,
                     timeout: float = 10.0) -> PodHookRequest:
     what = f"sandbox {sandbox_id}"
-    resp = await runtime.PodSandboxStatus(
-        cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True), timeout=timeout)
+    resp = await runtime.call("PodSandboxStatus",
+                              cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True),
+                              cri.PodSandboxStatusResponse, what, timeout)
+    assert isinstance(resp, cri.PodSandboxStatusResponse)
     info = _verbose_info(dict(resp.info), what)
     config = _config_from_info(info, cri.PodSandboxConfig, what)
     return convert.pod_record_from_config(config, info.get("runtimeHandler", ""))
 
 
-async def fetch_container(runtime: cri_grpc.RuntimeServiceStub, container_id: str,
+async def fetch_container(runtime: BackendReader, container_id: str,
                           timeout: float = 10.0) -> ContainerRecord:
     what = f"container {container_id}"
-    resp = await runtime.ContainerStatus(
-        cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=timeout)
+    resp = await runtime.call("ContainerStatus",
+                              cri.ContainerStatusRequest(container_id=container_id, verbose=True),
+                              cri.ContainerStatusResponse, what, timeout)
+    assert isinstance(resp, cri.ContainerStatusResponse)
     info = _verbose_info(dict(resp.info), what)
     config = _config_from_info(info, cri.ContainerConfig, what)
     record = convert.container_record(config, container_id)
@@ -124,15 +203,20 @@ async def fetch_container(runtime: cri_grpc.RuntimeServiceStub, container_id: st
     return ContainerRecord(sandbox_id=sandbox_id, info=record)
 
 
-async def rebuild(store: Store, runtime: cri_grpc.RuntimeServiceStub, parallel: int = 16) -> None:
+async def rebuild(store: Store, runtime: BackendReader, parallel: int = 16) -> None:
     """Fills ``store`` with every sandbox and container the backend knows.
 
     Raises grpc.aio.AioRpcError when the backend cannot be listed: the caller retries,
     because serving with a half-built store would hand plugins empty info.  A single
-    record that cannot be read is logged and skipped (it is fetched on demand later).
+    record that cannot be read is logged once and skipped (it is fetched on demand later);
+    a list answer that is not protobuf at all is logged and leaves the store empty.
     """
-    pods = (await runtime.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)).items
-    containers = (await runtime.ListContainers(cri.ListContainersRequest(), timeout=30)).containers
+    try:
+        pods = await runtime.list_ids("ListPodSandbox", cri.ListPodSandboxRequest(), cri.PodSandbox, 30)
+        containers = await runtime.list_ids("ListContainers", cri.ListContainersRequest(), cri.Container, 30)
+    except RecoveryError as exc:
+        log.error("store rebuild: %s; starting with an empty store (records are fetched on demand)", exc)
+        return
     limit = asyncio.Semaphore(parallel)
 
     async def load_pod(sandbox_id: str) -> None:
@@ -149,7 +233,7 @@ async def rebuild(store: Store, runtime: cri_grpc.RuntimeServiceStub, parallel: 
             except (RecoveryError, grpc.aio.AioRpcError) as exc:
                 log.warning("store rebuild: skipping %s", describe_error(exc, f"container {container_id}"))
 
-    await asyncio.gather(*(load_pod(p.id) for p in pods), *(load_container(c.id) for c in containers))
+    await asyncio.gather(*(load_pod(p) for p in pods), *(load_container(c) for c in containers))
 
 
 def describe_error(exc: Exception, what: str = "") -> str:

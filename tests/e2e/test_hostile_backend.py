@@ -1,0 +1,64 @@
+"""Backend data the proxy cannot read must never stop it from starting or serving.
+
+containerd stores whatever bytes a client sends: a sandbox whose name is not UTF-8 is
+accepted, and every later list of sandboxes carries it. No protobuf string field decodes
+it, so the proxy must skip that one record (one log line) and serve the rest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from cri_api.v1 import api_pb2 as cri
+
+from koord.testing.containerd import Containerd
+from koord.testing.kubelet import KubeletClient, remove_pod_cgroup
+from koord.testing.proxy import RuntimeProxy
+
+pytestmark = pytest.mark.e2e
+
+MARKER = "not-utf8-name-marker"
+BAD_NAME = b"bad\xff\xfe" + b"x" * (len(MARKER) - 5)
+
+
+def run_sandbox_with_undecodable_name(kubelet: KubeletClient) -> tuple[str, str]:
+    """RunPodSandbox straight at containerd with raw bytes: metadata.name is invalid UTF-8."""
+    config = kubelet.sandbox_config("placeholder", namespace="hostile")
+    config.metadata.name = MARKER
+    raw = cri.RunPodSandboxRequest(config=config).SerializeToString()
+    assert raw.count(MARKER.encode()) == 1
+    raw = raw.replace(MARKER.encode(), BAD_NAME)
+    with pytest.raises(Exception):
+        cri.RunPodSandboxRequest.FromString(raw)  # really undecodable for protobuf
+    with grpc.insecure_channel(f"unix://{kubelet.endpoint}") as channel:
+        answer = channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")(raw, timeout=60)
+    return cri.RunPodSandboxResponse.FromString(answer).pod_sandbox_id, config.linux.cgroup_parent
+
+
+def test_unreadable_sandbox_is_skipped_once_and_the_proxy_serves(
+        containerd: Containerd, kubelet: KubeletClient, tmp_path: Path) -> None:
+    good = kubelet.run_pod("good", namespace="hostile")
+    bad_id, bad_parent = run_sandbox_with_undecodable_name(kubelet)
+    proxy = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, hook_config_dir=tmp_path / "hooks")
+    try:
+        proxy.start()  # before the fix: exit 1 within ~1 s, on every start
+        with KubeletClient(proxy.endpoint) as client:
+            assert client.runtime.Version(cri.VersionRequest(), timeout=10).runtime_name == "containerd"
+            # Pass-through calls stay byte-for-byte: kubelet's own list still works through the proxy.
+            with grpc.insecure_channel(f"unix://{proxy.endpoint}") as channel:
+                raw = channel.unary_unary("/runtime.v1.RuntimeService/ListPodSandbox")(
+                    cri.ListPodSandboxRequest().SerializeToString(), timeout=10)
+            assert BAD_NAME in raw and good.encode() in raw
+        proxy.restart()  # and again: no crash loop
+        logs = proxy.logs()
+        skipped = [line for line in logs.splitlines() if f"skipping sandbox {bad_id}" in line]
+        assert len(skipped) == 2, f"one line per start, naming the sandbox:\n{logs}"
+        assert "does not decode" in skipped[0]
+        assert f"skipping sandbox {good}" not in logs
+    finally:
+        proxy.stop()
+        kubelet.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
+        kubelet.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
+        remove_pod_cgroup(bad_parent)
