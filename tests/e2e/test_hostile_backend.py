@@ -7,6 +7,9 @@ it, so the proxy must skip that one record (one log line) and serve the rest.
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -14,8 +17,11 @@ import pytest
 from cri_api.v1 import api_pb2 as cri
 
 from koord.testing.containerd import Containerd
+from koord.testing.hookplugin import RecordingPlugin
 from koord.testing.kubelet import KubeletClient, remove_pod_cgroup
 from koord.testing.proxy import RuntimeProxy
+
+from .rig import eventually, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -62,3 +68,79 @@ def test_unreadable_sandbox_is_skipped_once_and_the_proxy_serves(
         kubelet.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
         kubelet.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
         remove_pod_cgroup(bad_parent)
+
+
+class AnyAnswerBackend:
+    """A CRI backend that answers every method with an empty message, until stopped."""
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
+
+        class _Any(grpc.GenericRpcHandler):
+            def service(self, details):
+                return handler
+
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self._server.add_generic_rpc_handlers((_Any(),))
+        self._server.add_insecure_port(f"unix://{socket}")
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop(0).wait()
+        self.socket.unlink(missing_ok=True)
+
+
+def _readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_no_hooks_for_calls_that_cannot_succeed(tmp_path: Path) -> None:
+    backend = AnyAnswerBackend(tmp_path / "backend.sock")
+    plugin = RecordingPlugin(tmp_path / "plugin.sock").start()
+    port = free_port()
+    proxy = RuntimeProxy(tmp_path / "proxy", str(backend.socket), hook_config_dir=tmp_path / "hooks",
+                         metrics_bind_address=f"127.0.0.1:{port}")
+    plugin.registration(proxy.hook_config_dir, "10-p.json", hooks=["PreRunPodSandbox", "PreCreateContainer"])
+    try:
+        proxy.start()
+        eventually(lambda: _readyz(port) == 200, timeout=10, what="/readyz 200")
+        with KubeletClient(proxy.endpoint) as client:
+            # No pod / container metadata: the backend must reject it, so no plugin is asked.
+            client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(), timeout=10)
+            client.runtime.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id="x"), timeout=10)
+            assert plugin.hooks_seen() == []
+            # The same plugin is called for a call that has metadata (the test can fail).
+            config = cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="p", namespace="ns", uid="u"))
+            client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=10)
+            assert plugin.hooks_seen() == ["PreRunPodSandbox"]
+
+            backend.stop()
+            eventually(lambda: _readyz(port) == 503, timeout=10, what="/readyz 503 with the backend down")
+            with pytest.raises(grpc.RpcError) as err:
+                client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=10)
+            assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert plugin.hooks_seen() == ["PreRunPodSandbox"], "no plugin call while the backend is down"
+            assert proxy.running
+
+            backend = AnyAnswerBackend(tmp_path / "backend.sock")
+
+            def run_pod() -> bool:
+                try:
+                    client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=10)
+                    return True
+                except grpc.RpcError as err:  # the proxy's channel may still be in reconnect backoff
+                    assert err.code() is grpc.StatusCode.UNAVAILABLE
+                    return False
+
+            # Kubelet retries; the first call the backend takes again has its hooks.
+            eventually(run_pod, timeout=10, what="RunPodSandbox through the proxy again")
+            assert plugin.hooks_seen() == ["PreRunPodSandbox"] * 2
+    finally:
+        proxy.stop()
+        plugin.stop()
+        backend.stop()

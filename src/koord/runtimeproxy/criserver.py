@@ -53,9 +53,16 @@ _NO_DEADLINE = 1e8  # the sync API reports "no deadline" as a huge number, aio a
 
 
 class Backend:
-    """Channels to the backend runtime and image services."""
+    """Channels to the backend runtime and image services.
+
+    ``reachable`` is what /readyz reports: set by the proxy's periodic probe, cleared at
+    once by any intercepted call the backend answers UNAVAILABLE.  While it is False no
+    Pre hook is called without first checking that the backend answers again, because
+    the CRI call the plugins would prepare cannot succeed.
+    """
 
     def __init__(self, runtime_endpoint: str, image_endpoint: str) -> None:
+        self.reachable = False
         self.runtime_channel = grpc.aio.insecure_channel(f"unix://{runtime_endpoint}", options=CHANNEL_OPTIONS)
         self.image_channel = (self.runtime_channel if image_endpoint == runtime_endpoint else
                               grpc.aio.insecure_channel(f"unix://{image_endpoint}", options=CHANNEL_OPTIONS))
@@ -235,6 +242,8 @@ class CRIServer(grpc.GenericRpcHandler):
                 return await lifecycle(decoded, call)
             except grpc.aio.AioRpcError as err:
                 code = err.code().name
+                if err.code() is grpc.StatusCode.UNAVAILABLE:
+                    self.backend.reachable = False
                 await context.abort(err.code(), err.details(), _trailing(err))
             except HookFailed as err:
                 code = grpc.StatusCode.UNKNOWN.name
@@ -249,13 +258,37 @@ class CRIServer(grpc.GenericRpcHandler):
 
         return grpc.unary_unary_rpc_method_handler(handler)
 
-    def _hooked(self, pod: convert.PodHookRequest | None) -> bool:
-        return pod is not None and pod.labels.get(self.skip_key) != self.skip_val
+    def _hooked(self, pod: convert.PodHookRequest | None, container_name: str | None = None) -> bool:
+        """Whether plugins are called for this pod (and container) at all.
+
+        Not for pods with the skip label, nor for a call that cannot succeed: one without
+        pod (or container) metadata, which the backend rejects, or any call while the
+        backend is unreachable.  The call is still forwarded, so kubelet gets the backend's
+        own error.
+        """
+        return (pod is not None and bool(pod.pod_meta.name) and container_name != ""
+                and pod.labels.get(self.skip_key) != self.skip_val)
+
+    async def _backend_up(self, target: Target) -> bool:
+        """False while the backend is unreachable: Pre hooks are skipped, the call fails as is.
+
+        Asked of the backend itself (one Version call) when the last probe failed, so a
+        backend that just came back never has a call go through without its hooks.
+        """
+        if self.backend.reachable:
+            return True
+        try:
+            await self.backend.runtime.Version(cri.VersionRequest(), timeout=1.0)
+        except grpc.aio.AioRpcError as exc:
+            log.info("backend unreachable (%s): no hooks for %s", exc.code().name, target)
+            return False
+        self.backend.reachable = True
+        return True
 
     async def run_pod_sandbox(self, req: cri.RunPodSandboxRequest, call: Call) -> bytes:
         pod = convert.pod_hook_request(req)
         changed = False
-        if self._hooked(pod):
+        if self._hooked(pod) and await self._backend_up(_pod_target(pod)):
             changed = await self.dispatcher.run_pre(HookPoint.PRE_RUN_POD_SANDBOX, pod, _pod_target(pod))
             if changed:
                 convert.apply_to_run_pod_sandbox(req, pod)
@@ -267,9 +300,9 @@ class CRIServer(grpc.GenericRpcHandler):
         pod = await self._pod(req.pod_sandbox_id, req.sandbox_config)
         container = convert.container_record(req.config)
         changed = False
-        if self._hooked(pod):
+        target = _pod_target(pod, req.config.metadata.name) if pod is not None else None
+        if target and self._hooked(pod, req.config.metadata.name) and await self._backend_up(target):
             request = convert.container_hook_request(pod, container)
-            target = _pod_target(pod, req.config.metadata.name)
             changed = await self.dispatcher.run_pre(HookPoint.PRE_CREATE_CONTAINER, request, target)
             if changed:
                 convert.apply_to_create_container(req, request)
@@ -288,6 +321,8 @@ class CRIServer(grpc.GenericRpcHandler):
             return await call.forward()
         request = convert.container_hook_request(pod, record.info)
         target = _pod_target(pod, record.info.container_meta.name)
+        if not await self._backend_up(target):
+            return await call.forward()
         if await self.dispatcher.run_pre(HookPoint.PRE_START_CONTAINER, request, target):
             if request.container_resources != record.info.container_resources:
                 # The container exists already: resources can only change through an update.
@@ -305,11 +340,11 @@ class CRIServer(grpc.GenericRpcHandler):
         changed = False
         if self.dispatcher.has_plugins(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
             record, pod = await self._container(req.container_id)
-            if self._hooked(pod):
+            if self._hooked(pod) and await self._backend_up(
+                    target := _pod_target(pod, record.info.container_meta.name)):
                 request = convert.container_hook_request(pod, record.info)
                 request.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
                 request.container_annotations.update(req.annotations)
-                target = _pod_target(pod, record.info.container_meta.name)
                 changed = await self.dispatcher.run_pre(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, request, target)
                 if changed:
                     convert.apply_to_update_resources(req, request)
