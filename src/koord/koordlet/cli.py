@@ -137,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cgroup-driver", type=choice("cgroupfs", "systemd", "auto"), default="auto",
       metavar="cgroupfs|systemd|auto",
       help="cgroupfs, systemd or auto (from each pod's cgroup parent) (default: %(default)s)")
-    a("--sys-fs-root-dir", type=Path, default=Path("/sys"), metavar="DIR",
-      help="sysfs root; resctrl lives under <it>/fs/resctrl (default: %(default)s)")
+    a("--sys-fs-root-dir", type=Path, default=Path("/sys/fs"), metavar="DIR",
+      help="host /sys/fs; resctrl lives under <it>/resctrl (default: %(default)s)")
     a("--proc-root-dir", type=Path, default=Path("/proc"), metavar="DIR", help="procfs root (default: %(default)s)")
     a("--feature-gates", type=feature_gates, default=dict(DEFAULT_FEATURE_GATES), metavar="GATES",
       help="plugin gates, e.g. GPUEnvInject=true,Resctrl=false (defaults: "

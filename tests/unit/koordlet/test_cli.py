@@ -209,3 +209,13 @@ def test_koordlet_exits_1_when_it_cannot_listen(short_dir, tmp_path):
     assert result.returncode == 1
     assert "not a socket" in result.stderr
     assert not (short_dir / "cfg" / "koordlet.json").exists()
+
+
+def test_resctrl_with_default_flags_uses_sys_fs_resctrl():
+    """Upstream's semantics: --sys-fs-root-dir is /sys/fs, resctrl is <sys-fs-root>/resctrl."""
+    args = cli.parse_args(["--feature-gates", "Resctrl=true", "--runtime-hooks-reconcile-interval", "0"])
+    assert args.sys_fs_root_dir == Path("/sys/fs")
+    koordlet = cli.Koordlet(args)
+    resctrl = [p for p in koordlet.plugins if p.name == "Resctrl"]
+    assert len(resctrl) == 1
+    assert resctrl[0].root == Path("/sys/fs/resctrl")
