@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from cri_api.v1 import api_pb2 as cri
 
+from koord import cgrouplimits
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 
 PodHookRequest = hook.PodSandboxHookRequest
@@ -196,6 +197,14 @@ def _replace_map(dst, src) -> None:
 
 # ---------------------------------------------------------------- validation
 
+# What runc will write each field into; 0 is "not specified" and never checked.
+_KERNEL_LIMITS = (
+    ("cpu_period", cgrouplimits.Kind.PERIOD),
+    ("cpu_quota", cgrouplimits.Kind.QUOTA),
+    ("cpu_shares", cgrouplimits.Kind.SHARES),
+    ("memory_limit_in_bytes", cgrouplimits.Kind.MEMORY),
+    ("memory_swap_limit_in_bytes", cgrouplimits.Kind.MEMORY),
+)
 _CPUSET = re.compile(r"^\s*\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*\s*$")
 _UNIFIED_KEY = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_.]+$")
 _ENV_KEY_FORBIDDEN = re.compile(r"[=\x00]")
@@ -213,12 +222,11 @@ def _valid_cpuset(text: str) -> bool:
 
 def validate_resources(res: hook.LinuxContainerResources, prefix: str) -> list[str]:
     problems = []
-    for name in ("cpu_period", "cpu_shares"):
-        if getattr(res, name) < 0:
-            problems.append(f"{prefix}.{name} must not be negative, got {getattr(res, name)}")
-    for name in ("cpu_quota", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
-        if getattr(res, name) < -1:
-            problems.append(f"{prefix}.{name} must be >= -1 (-1 = unlimited), got {getattr(res, name)}")
+    for name, kind in _KERNEL_LIMITS:
+        value = getattr(res, name)
+        why = cgrouplimits.problem(kind, value) if value else None  # 0 means "not specified"
+        if why:
+            problems.append(f"{prefix}.{name}: {why}")
     if not -1000 <= res.oom_score_adj <= 1000:
         problems.append(f"{prefix}.oom_score_adj must be in [-1000, 1000], got {res.oom_score_adj}")
     for name in ("cpuset_cpus", "cpuset_mems"):
