@@ -212,3 +212,115 @@ def test_proxy_mode_leaves_missing_pod_cgroup_to_the_reconciler(sockdir, tmp_pat
                     executor=CgroupExecutor(tmp_path, version=1))
     assert call(stub, Stage.PRE_RUN_POD_SANDBOX).resources.cpu_shares == 512
     assert os.listdir(tmp_path / "cpu") == []
+
+
+# ---- hostile requests: every one is a clean gRPC error or a clean answer, never a crash
+
+def koordlet_hooks(tmp_path: Path, policy=FailurePolicy.IGNORE) -> tuple[Hooks, CgroupExecutor]:
+    """koordlet's own plugins, default gates, on a fake v1 tree holding the pod's cgroup."""
+    from koord.koordlet.runtimehooks.hooks import PluginEnv
+    from koord.koordlet.runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins
+    from koord.koordlet.runtimehooks.rule import parse_rules
+
+    make_fake_v1_cgroup(tmp_path, "kubepods/besteffort/podu1/cid1")
+    executor = CgroupExecutor(tmp_path, version=1)
+    hooks = Hooks(policy)
+    for plugin in build_plugins(PluginEnv(executor, tmp_path / "sys", tmp_path / "proc"),
+                                dict(DEFAULT_FEATURE_GATES)):
+        plugin.update_rules(parse_rules(None, None))
+        plugin.register(hooks)
+    return hooks, executor
+
+
+def batch_cpu(amount: str) -> dict[str, str]:
+    import json
+    return {"node.koordinator.sh/extended-resource-spec": json.dumps({"containers": {"c1": {
+        "requests": {"kubernetes.io/batch-cpu": amount}, "limits": {"kubernetes.io/batch-cpu": amount}}}})}
+
+
+BE_LABELS = {"koordinator.sh/qosClass": "BE"}
+
+
+@pytest.mark.parametrize("stage, request_msg, field", [
+    (Stage.PRE_RUN_POD_SANDBOX, api_pb2.PodSandboxHookRequest(
+        pod_meta=META, cgroup_parent="/kubepods/../../../etc", labels=BE_LABELS), "cgroup_parent"),
+    (Stage.PRE_RUN_POD_SANDBOX, api_pb2.PodSandboxHookRequest(
+        pod_meta=api_pb2.PodSandboxMetadata(name="p", namespace="n", uid="../../x"), cgroup_parent=PARENT),
+     "pod_meta.uid"),
+    (Stage.PRE_UPDATE_CONTAINER_RESOURCES, api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent="kubepods/..", pod_labels=BE_LABELS),
+     "pod_cgroup_parent"),
+    (Stage.POST_START_CONTAINER, api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=api_pb2.ContainerMetadata(name="c1", id=".."),
+        pod_cgroup_parent=PARENT), "container_meta.id"),
+    (Stage.PRE_CREATE_CONTAINER, api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent="/kubepods/x\x00y"),
+     "pod_cgroup_parent"),
+])
+def test_request_escaping_the_cgroup_root_is_invalid_argument(sockdir, tmp_path, serve, stage, request_msg,
+                                                               field):
+    hooks, executor = koordlet_hooks(tmp_path)
+    _, stub = serve(hooks, addr=str(sockdir / "k.sock"), executor=executor)
+    with pytest.raises(grpc.RpcError) as err:
+        call(stub, stage, request_msg)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert field in err.value.details()
+
+
+# 10**40 is beyond int64 (the answer could not even be encoded); 1e15 gave shares 1.024e15.
+@pytest.mark.parametrize("amount", ["1e30", str(2**63 - 1), str(10**40), "1e15"])
+@pytest.mark.parametrize("stage", [Stage.PRE_RUN_POD_SANDBOX, Stage.PRE_UPDATE_CONTAINER_RESOURCES])
+def test_huge_batch_cpu_never_reaches_a_cgroup_or_the_answer(sockdir, tmp_path, serve, amount, stage):
+    hooks, executor = koordlet_hooks(tmp_path)
+    _, stub = serve(hooks, addr=str(sockdir / "k.sock"), executor=executor)
+    if stage.is_pod_stage:
+        request = api_pb2.PodSandboxHookRequest(pod_meta=META, cgroup_parent=PARENT, labels=BE_LABELS,
+                                                annotations=batch_cpu(amount))
+        resources = call(stub, stage, request).resources
+    else:
+        request = api_pb2.ContainerResourceHookRequest(
+            pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent=PARENT, pod_labels=BE_LABELS,
+            pod_annotations=batch_cpu(amount))
+        resources = call(stub, stage, request).container_resources
+    assert resources.cpu_quota in (0, -1) or 1000 <= resources.cpu_quota < 2**44
+    assert 0 <= resources.cpu_shares <= 262144
+    quota = (tmp_path / "cpu/kubepods/besteffort/podu1/cpu.cfs_quota_us").read_text().strip()
+    assert int(quota) < 2**44
+
+
+def test_huge_batch_cpu_with_fail_policy_names_the_annotation(sockdir, tmp_path, serve):
+    hooks, executor = koordlet_hooks(tmp_path, FailurePolicy.FAIL)
+    _, stub = serve(hooks, addr=str(sockdir / "k.sock"), executor=executor)
+    request = api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent=PARENT, pod_labels=BE_LABELS,
+        pod_annotations=batch_cpu("1e30"))
+    with pytest.raises(grpc.RpcError) as err:
+        call(stub, Stage.PRE_CREATE_CONTAINER, request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert "extended-resource-spec" in err.value.details() and "batch-cpu" in err.value.details()
+
+
+@pytest.mark.parametrize("policy", [FailurePolicy.IGNORE, FailurePolicy.FAIL])
+def test_out_of_range_answer_from_a_plugin_is_that_plugins_error(sockdir, serve, policy):
+    hooks = Hooks(policy)
+
+    def first(ctx):
+        ctx.response.envs["FIRST"] = "1"
+
+    def broken(ctx):
+        ctx.response.envs["BROKEN"] = "1"
+        ctx.response.resources.cpu_quota = 10**32
+
+    hooks.register(Stage.PRE_CREATE_CONTAINER, "first", "", first)
+    hooks.register(Stage.PRE_CREATE_CONTAINER, "broken", "", broken)
+    _, stub = serve(hooks, addr=str(sockdir / "k.sock"))
+    if policy is FailurePolicy.IGNORE:
+        answer = call(stub, Stage.PRE_CREATE_CONTAINER)
+        assert dict(answer.container_envs) == {"FIRST": "1"}, "none of the broken plugin's changes stay"
+        assert answer.container_resources.cpu_quota == 0
+        return
+    with pytest.raises(grpc.RpcError) as err:
+        call(stub, Stage.PRE_CREATE_CONTAINER)
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "broken" in err.value.details() and "cpu_quota" in err.value.details()
+    assert "Exception calling application" not in err.value.details()

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 
+from koord import cgrouplimits
+
 from .protocol import KubeQoS, Resources
 
 log = logging.getLogger(__name__)
@@ -24,8 +26,6 @@ SYSTEMD = "systemd"
 
 # cgroup v1 memory.limit_in_bytes reads back LONG_MAX rounded down to a page when unlimited.
 _V1_MEMORY_UNLIMITED = 9223372036854771712
-_MAX_SHARES = 262144
-_MIN_SHARES = 2
 _CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
@@ -52,6 +52,15 @@ _FILES: dict[str, _File] = {
     "tasks": _File("cpu", "tasks", "cgroup.threads"),
 }
 _READ_ONLY = {"tasks"}
+
+# Every integer resource is checked against what its kernel file accepts before a write.
+_LIMITS = {
+    "cpu_shares": cgrouplimits.Kind.SHARES,
+    "cpu_quota": cgrouplimits.Kind.QUOTA,
+    "cpu_period": cgrouplimits.Kind.PERIOD,
+    "memory_limit": cgrouplimits.Kind.MEMORY,
+    "cpu_bvt_warp_ns": cgrouplimits.Kind.BVT,
+}
 
 # Write order inside one cgroup: period before quota so a v1 quota below the old period is
 # accepted; mems before cpus as runc does.
@@ -289,14 +298,10 @@ class CgroupExecutor:
             number = int(value)
         except (TypeError, ValueError):
             raise bad("is not an integer") from None
-        if resource == "cpu_shares" and not _MIN_SHARES <= number <= _MAX_SHARES:
-            raise bad(f"out of range [{_MIN_SHARES}, {_MAX_SHARES}]")
-        if resource == "cpu_bvt_warp_ns" and not -1 <= number <= 2:
-            raise bad("out of range [-1, 2]")
-        if resource in ("cpu_quota", "memory_limit") and not (number == -1 or number > 0):
-            raise bad("out of range: want -1 (unlimited) or > 0")
-        if resource == "cpu_period" and not 1000 <= number <= 1000000:
-            raise bad("out of range [1000, 1000000]")
+        kind = _LIMITS.get(resource)
+        why = cgrouplimits.problem(kind, number) if kind is not None else None
+        if why:
+            raise bad(why)
         return str(number)
 
     def _to_file_text(self, resource: str, canonical: str) -> str:

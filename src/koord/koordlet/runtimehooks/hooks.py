@@ -7,6 +7,7 @@ each plugin registers its functions: stable, so a later plugin may refine an ear
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
 import logging
@@ -53,11 +54,16 @@ class HookError(Exception):
     """A plugin could not do its job for this pod or container; the message says why."""
 
 
+class InvalidInput(HookError):
+    """The request holds a value a plugin cannot use (an annotation, a quantity): the
+    caller's error, answered INVALID_ARGUMENT when it fails the hook."""
+
+
 _JSON_KINDS = {dict: "object", list: "list"}
 
 
 def json_annotation(annotations: Mapping[str, str], key: str, want: type = dict,
-                    error: type[Exception] = HookError, owner: str = "pod") -> Any:
+                    error: type[Exception] = InvalidInput, owner: str = "pod") -> Any:
     """The JSON value of an annotation, or None when it is absent or empty.
 
     Every plugin reads Koordinator's JSON annotations; a malformed one must fail with the
@@ -147,9 +153,15 @@ class Hooks:
         """
         errors: list[tuple[str, Exception]] = []
         for reg in self._by_stage[stage]:
+            before = copy.deepcopy(ctx.response)
             try:
                 reg.fn(ctx)
+                problems = ctx.response.resources.problems("resources")
+                if problems:
+                    raise HookError("answer out of range: " + "; ".join(problems))
             except Exception as exc:  # a plugin's bug must not take the server down
+                # None of a failed plugin's changes stay: a half-done answer is never sent.
+                ctx.response = before  # type: ignore[assignment]
                 who = describe(ctx)
                 log.warning("plugin %s failed at %s for %s: %s", reg.plugin, stage, who, exc)
                 if self.failure_policy is FailurePolicy.FAIL:

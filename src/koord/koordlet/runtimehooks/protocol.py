@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
+from koord import cgrouplimits
 from koord.apis.runtime.v1alpha1 import api_pb2
 
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -73,6 +74,16 @@ class Resources:
     def is_empty(self) -> bool:
         return all(getattr(self, f.name) in (None, {}) for f in fields(self))
 
+    def problems(self, prefix: str) -> list[str]:
+        """Values the kernel's cgroup files would refuse; checked before any answer or write."""
+        found = []
+        for name, kind in _KERNEL_LIMITS:
+            value = getattr(self, name)
+            why = cgrouplimits.problem(kind, value) if value is not None else None
+            if why:
+                found.append(f"{prefix}.{name}: {why}")
+        return found
+
     def update(self, other: Resources) -> None:
         """Takes every value ``other`` sets; used when a later plugin refines an earlier one."""
         for f in fields(self):
@@ -105,6 +116,26 @@ class Resources:
             cpuset_mems=self.cpuset_mems or "",
             unified=self.unified,
         ))
+
+
+_KERNEL_LIMITS = (
+    ("cpu_period", cgrouplimits.Kind.PERIOD),
+    ("cpu_quota", cgrouplimits.Kind.QUOTA),
+    ("cpu_shares", cgrouplimits.Kind.SHARES),
+    ("memory_limit", cgrouplimits.Kind.MEMORY),
+    ("cpu_bvt_warp_ns", cgrouplimits.Kind.BVT),
+)
+
+
+def _path_problems(value: str, name: str, *, single: bool) -> list[str]:
+    """A request field that becomes part of a path: a cgroup parent, or one name in it."""
+    if "\x00" in value:
+        return [f"{name} {value!r} contains NUL"]
+    if single and ("/" in value or value in (".", "..")):
+        return [f"{name} {value!r} must be one path element (no '/', not '.' or '..')"]
+    if ".." in value.split("/"):
+        return [f"{name} {value!r} must not contain '..': it would leave the cgroup root"]
+    return []
 
 
 @dataclass
@@ -168,6 +199,11 @@ class PodRequest:
     @property
     def kube_qos(self) -> KubeQoS:
         return KubeQoS.of_cgroup_parent(self.cgroup_parent)
+
+    def problems(self) -> list[str]:
+        """Fields that would make a path leave its root: the request is refused as a whole."""
+        return (_path_problems(self.meta.uid, "pod_meta.uid", single=True)
+                + _path_problems(self.cgroup_parent, "cgroup_parent", single=False))
 
 
 @dataclass
@@ -237,6 +273,12 @@ class ContainerRequest:
     @property
     def kube_qos(self) -> KubeQoS:
         return KubeQoS.of_cgroup_parent(self.pod_cgroup_parent)
+
+    def problems(self) -> list[str]:
+        """Fields that would make a path leave its root: the request is refused as a whole."""
+        return (_path_problems(self.pod_meta.uid, "pod_meta.uid", single=True)
+                + _path_problems(self.pod_cgroup_parent, "pod_cgroup_parent", single=False)
+                + _path_problems(self.container_id, "container_meta.id", single=True))
 
     @classmethod
     def from_proto(cls, msg: api_pb2.ContainerResourceHookRequest) -> ContainerRequest:

@@ -17,6 +17,8 @@ import logging
 import math
 from fractions import Fraction
 
+from koord import cgrouplimits
+
 from ..hooks import Hooks, RuntimePlugin, Stage
 from ..protocol import ContainerContext, HookContext, KoordQoS, PodContext
 from .cpuset import resource_status_cpuset
@@ -27,7 +29,8 @@ BASE_QUOTA_ANNOTATION = "koordlet.koordinator.sh/cpu-normalization-base-quota"
 
 
 def normalized_quota(quota: int, ratio: float) -> int:
-    return math.ceil(Fraction(quota) / Fraction(str(ratio)))
+    """Never below the 1 ms the kernel accepts as a cfs quota."""
+    return max(cgrouplimits.MIN_CFS_QUOTA_US, math.ceil(Fraction(quota) / Fraction(str(ratio))))
 
 
 class CPUNormalization(RuntimePlugin):
@@ -71,4 +74,4 @@ class CPUNormalization(RuntimePlugin):
 
 def _recorded_base(annotations: dict[str, str]) -> int | None:
     text = annotations.get(BASE_QUOTA_ANNOTATION, "")
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
