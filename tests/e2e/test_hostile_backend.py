@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
+from koord.testing.anybackend import AnyAnswerBackend
 from koord.testing.containerd import Containerd
 from koord.testing.hookplugin import RecordingPlugin
 from koord.testing.kubelet import KubeletClient, remove_pod_cgroup
@@ -68,27 +68,6 @@ def test_unreadable_sandbox_is_skipped_once_and_the_proxy_serves(
         kubelet.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
         kubelet.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
         remove_pod_cgroup(bad_parent)
-
-
-class AnyAnswerBackend:
-    """A CRI backend that answers every method with an empty message, until stopped."""
-
-    def __init__(self, socket: Path) -> None:
-        self.socket = socket
-        handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
-
-        class _Any(grpc.GenericRpcHandler):
-            def service(self, details):
-                return handler
-
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self._server.add_generic_rpc_handlers((_Any(),))
-        self._server.add_insecure_port(f"unix://{socket}")
-        self._server.start()
-
-    def stop(self) -> None:
-        self._server.stop(0).wait()
-        self.socket.unlink(missing_ok=True)
 
 
 def _readyz(port: int) -> int:

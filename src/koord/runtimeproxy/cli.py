@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 from cri_api.v1 import api_pb2 as cri
 
+from . import memtrim
 from . import store as store_mod
 from .config import BackendMode, OptionError, Options, parse_options
 from .criserver import SERVER_OPTIONS, Backend, CRIServer
@@ -31,6 +32,7 @@ BACKEND_PROBE_SECONDS = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
+    memtrim.limit_arenas()  # before grpc starts its threads
     try:
         options = parse_options(argv)
     except OptionError as exc:

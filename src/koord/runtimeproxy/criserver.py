@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError, Message
 from . import convert
 from . import store as store_mod
 from .dispatcher import HookFailed, RuntimeDispatcher, Target
+from .memtrim import MemoryTrimmer
 from .metrics import ProxyMetrics
 from .pluginsmanager import HookPoint
 from .store import ContainerRecord, Store
@@ -140,6 +141,7 @@ class CRIServer(grpc.GenericRpcHandler):
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.skip_key, self.skip_val = skip_label
+        self.trimmer = MemoryTrimmer()
         self._unary = _cri_paths(server_streaming=False)
         self._streaming = _cri_paths(server_streaming=True)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -171,16 +173,19 @@ class CRIServer(grpc.GenericRpcHandler):
     def _unary_passthrough(self, path: str, upstream) -> grpc.RpcMethodHandler:
         label = path[1:]
         observe = self.metrics.observe_cri
+        note_size = self.trimmer.note
 
         async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             start = time.perf_counter()
             timeout, metadata = call_options(context)
+            note_size(len(request))
             try:
                 response = await upstream(request, timeout=timeout, metadata=metadata)
             except grpc.aio.AioRpcError as err:
                 observe(label, err.code().name, time.perf_counter() - start)
                 await context.abort(err.code(), err.details(), _trailing(err))
             observe(label, "OK", time.perf_counter() - start)
+            note_size(len(response))
             return response
 
         return grpc.unary_unary_rpc_method_handler(handler)
@@ -214,6 +219,7 @@ class CRIServer(grpc.GenericRpcHandler):
         code = "OK"
         try:
             async for message in call:
+                self.trimmer.note(len(message))
                 yield message
         except grpc.aio.AioRpcError as err:
             code = err.code().name
@@ -232,6 +238,7 @@ class CRIServer(grpc.GenericRpcHandler):
         async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             start = time.perf_counter()
             timeout, metadata = call_options(context)
+            self.trimmer.note(len(request))
             call = Call(request, timeout, metadata, upstream)
             code = "OK"
             try:
