@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import containerd, cpu_seconds, percentile, proxy, us  # noqa: E402
 from cri_api.v1 import api_pb2 as cri  # noqa: E402
 
-from _common import containerd, cpu_seconds, percentile, proxy, us  # noqa: E402
 from koord.testing.kubelet import KubeletClient  # noqa: E402
 
 
@@ -52,14 +52,14 @@ def main() -> int:
             print(f"{'method':26} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'ratio':>6}"
                   f" {'direct p99':>10} {'proxy p99':>10} {'proxy CPU/call':>15}  (µs)")
             for name, fn in methods.items():
-                measure(200, lambda: fn(direct))
-                measure(200, lambda: fn(proxied))
+                measure(200, lambda fn=fn: fn(direct))
+                measure(200, lambda fn=fn: fn(proxied))
                 d_samples: list[float] = []
                 p_samples: list[float] = []
                 cpu_before = cpu_seconds(pid)
                 for _ in range(args.calls // 100):
-                    d_samples += measure(100, lambda: fn(direct))
-                    p_samples += measure(100, lambda: fn(proxied))
+                    d_samples += measure(100, lambda fn=fn: fn(direct))
+                    p_samples += measure(100, lambda fn=fn: fn(proxied))
                 cpu_per_call = (cpu_seconds(pid) - cpu_before) / len(p_samples)
                 d50, p50 = percentile(d_samples, 50), percentile(p_samples, 50)
                 print(f"{name:26} {us(d50):>10} {us(p50):>10} {us(p50 - d50):>10} {p50 / d50:6.2f}"

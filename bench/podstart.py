@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import containerd, proxy, us  # noqa: E402
+
 from koord.testing.hookplugin import RecordingPlugin  # noqa: E402
 from koord.testing.kubelet import KubeletClient  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""Fixtures for e2e tests: one private containerd per session, a proxy per test.
+"""Fixtures shared by all tests: a short socket dir; for e2e tests one private containerd per
+session and a proxy per test.
 
 The e2e fixtures fail (never skip) when the machine can't run them: a silently
 skipped transparency suite would look like a passing one.
@@ -7,14 +8,15 @@ skipped transparency suite would look like a passing one.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from koord.testing.containerd import Containerd, containerd_binaries_present
 from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.sockets import short_socket_dir as _short_socket_dir
 
 
 def _require_e2e_machine() -> None:
@@ -24,6 +26,13 @@ def _require_e2e_machine() -> None:
         containerd_binaries_present()
     except RuntimeError as err:
         pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture
+def short_socket_dir() -> Iterator[Path]:
+    """A private dir under /tmp whose socket paths fit the 107-byte limit (tmp_path's may not)."""
+    with _short_socket_dir() as path:
+        yield path
 
 
 @pytest.fixture(scope="session")

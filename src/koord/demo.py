@@ -13,6 +13,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient, read_cgroup
@@ -71,8 +72,8 @@ def main() -> int:
         stack.callback(direct.cleanup)
 
         limit = {"cpu_period": 100000, "cpu_quota": 100000}  # what kubelet sends for a 1-CPU limit
-        lsr = {"labels": {QOS_LABEL: "LSR"}, "annotations": {RESOURCE_STATUS: json.dumps({"cpuset": "0"})},
-               "qos": "guaranteed"}
+        lsr: dict[str, Any] = {"labels": {QOS_LABEL: "LSR"},
+                               "annotations": {RESOURCE_STATUS: json.dumps({"cpuset": "0"})}, "qos": "guaranteed"}
         say(f"LSR pod with {RESOURCE_STATUS}={{\"cpuset\":\"0\"}}, started through the proxy:")
         sandbox = via_proxy.run_pod("demo-lsr", uid=str(uuid.uuid4()), **lsr)
         container = via_proxy.run_container(sandbox, "app", backend.image, resources=limit)

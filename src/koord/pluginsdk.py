@@ -28,12 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, Hooks, Stage
+from koord.hookapi import FailurePolicy, HookPoint, Registration
+from koord.koordlet.runtimehooks.hooks import Hooks
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
     ContainerResponse,
-    HookContext,
     KoordQoS,
     KubeQoS,
     PodContext,
@@ -42,19 +42,17 @@ from koord.koordlet.runtimehooks.protocol import (
     PodResponse,
     Resources,
 )
-from koord.koordlet.runtimehooks.registration import Registration
 from koord.koordlet.runtimehooks.server import Network, RuntimeHookServer
 
 __all__ = [
     "ContainerRequest", "ContainerResponse", "FailurePolicy", "KoordQoS", "KubeQoS",
-    "PodMeta", "PodRequest", "PodResponse", "Resources", "RuntimePluginServer", "Stage",
+    "PodMeta", "PodRequest", "PodResponse", "Resources", "RuntimePluginServer", "HookPoint",
 ]
 
 DEFAULT_CONFIG_DIR = Path("/etc/runtime/hookserver.d")
 
 PodHandler = Callable[[PodRequest], PodResponse | None]
 ContainerHandler = Callable[[ContainerRequest], ContainerResponse | None]
-H = TypeVar("H", PodHandler, ContainerHandler)
 
 
 class RuntimePluginServer:
@@ -67,8 +65,7 @@ class RuntimePluginServer:
 
     def __init__(self, name: str, endpoint: str, *, failure_policy: FailurePolicy | str = "Ignore",
                  network: str = Network.UNIX, host_endpoint: str | None = None) -> None:
-        if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"plugin name {name!r}: want a plain file stem like 'gpu-env'")
+        Registration.of(name, endpoint, failure_policy, [])  # the name and policy make a valid file
         self.name = name
         self.failure_policy = FailurePolicy(failure_policy)
         self.host_endpoint = host_endpoint
@@ -79,46 +76,52 @@ class RuntimePluginServer:
 
     # One decorator per hook point; each returns the handler unchanged.
     def pre_run_pod_sandbox(self, fn: PodHandler) -> PodHandler:
-        return self.handle(Stage.PRE_RUN_POD_SANDBOX, fn)
+        return self.handle_pod(HookPoint.PRE_RUN_POD_SANDBOX, fn)
 
     def post_stop_pod_sandbox(self, fn: PodHandler) -> PodHandler:
-        return self.handle(Stage.POST_STOP_POD_SANDBOX, fn)
+        return self.handle_pod(HookPoint.POST_STOP_POD_SANDBOX, fn)
 
     def pre_create_container(self, fn: ContainerHandler) -> ContainerHandler:
-        return self.handle(Stage.PRE_CREATE_CONTAINER, fn)
+        return self.handle_container(HookPoint.PRE_CREATE_CONTAINER, fn)
 
     def pre_start_container(self, fn: ContainerHandler) -> ContainerHandler:
-        return self.handle(Stage.PRE_START_CONTAINER, fn)
+        return self.handle_container(HookPoint.PRE_START_CONTAINER, fn)
 
     def post_start_container(self, fn: ContainerHandler) -> ContainerHandler:
-        return self.handle(Stage.POST_START_CONTAINER, fn)
+        return self.handle_container(HookPoint.POST_START_CONTAINER, fn)
 
     def post_stop_container(self, fn: ContainerHandler) -> ContainerHandler:
-        return self.handle(Stage.POST_STOP_CONTAINER, fn)
+        return self.handle_container(HookPoint.POST_STOP_CONTAINER, fn)
 
     def pre_update_container_resources(self, fn: ContainerHandler) -> ContainerHandler:
-        return self.handle(Stage.PRE_UPDATE_CONTAINER_RESOURCES, fn)
+        return self.handle_container(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, fn)
 
-    def handle(self, stage: Stage | str, fn: H) -> H:
-        """Registers ``fn`` for ``stage``; several handlers of one stage run in order."""
-        stage = Stage(stage)
-        want = PodResponse if stage.is_pod_stage else ContainerResponse
+    def handle_pod(self, stage: HookPoint | str, fn: PodHandler) -> PodHandler:
+        """Registers ``fn`` for pod hook point ``stage``; several handlers of one stage run in order."""
+        stage = HookPoint(stage)
 
-        def run(ctx: HookContext) -> None:
-            assert isinstance(ctx, PodContext if stage.is_pod_stage else ContainerContext)
+        def run(ctx: PodContext) -> None:
             response = fn(ctx.request)
-            if response is None:
-                return
-            if not isinstance(response, want):
-                raise TypeError(f"handler {fn.__name__} returned {type(response).__name__}; "
-                                f"{stage} handlers return {want.__name__} or None")
-            ctx.response.merge(response)
+            if response is not None:
+                ctx.response.merge(_checked(response, PodResponse, fn, stage))
 
-        self.hooks.register(stage, self.name, fn.__name__, run)
+        self.hooks.register_pod(stage, self.name, fn.__name__, run)
+        return fn
+
+    def handle_container(self, stage: HookPoint | str, fn: ContainerHandler) -> ContainerHandler:
+        """Registers ``fn`` for container hook point ``stage``; several handlers of one stage run in order."""
+        stage = HookPoint(stage)
+
+        def run(ctx: ContainerContext) -> None:
+            response = fn(ctx.request)
+            if response is not None:
+                ctx.response.merge(_checked(response, ContainerResponse, fn, stage))
+
+        self.hooks.register_container(stage, self.name, fn.__name__, run)
         return fn
 
     @property
-    def stages(self) -> set[Stage]:
+    def stages(self) -> set[HookPoint]:
         return self.hooks.stages()
 
     def start(self, config_dir: Path | str = DEFAULT_CONFIG_DIR) -> None:
@@ -148,3 +151,14 @@ class RuntimePluginServer:
             stopping.wait()
         finally:
             self.stop()
+
+
+_R = TypeVar("_R", PodResponse, ContainerResponse)
+
+
+def _checked(response: object, want: type[_R], fn: Callable[..., object], stage: HookPoint) -> _R:
+    """A handler written without type checking may return anything; say which handler and what it should."""
+    if not isinstance(response, want):
+        raise TypeError(f"handler {getattr(fn, '__name__', fn)} returned {type(response).__name__}; "
+                        f"{stage} handlers return {want.__name__} or None")
+    return response

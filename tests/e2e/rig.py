@@ -11,19 +11,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.hookapi import HookPoint
 from koord.testing.containerd import Containerd
 from koord.testing.hookplugin import ALL_HOOKS, POD_HOOKS, Behaviour, RecordingPlugin
 from koord.testing.kubelet import KubeletClient, read_cgroup
 from koord.testing.proxy import RuntimeProxy
 
-
 MiB = 1 << 20
 SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 # The order kubelet's lifecycle below triggers them in.
-LIFECYCLE_HOOKS = ("PreRunPodSandbox", "PreCreateContainer", "PreStartContainer", "PostStartContainer",
-                   "PreUpdateContainerResources", "PostStopContainer", "PostStopPodSandbox")
+LIFECYCLE_HOOKS = tuple(HookPoint)
 
 
 class Rig:

@@ -23,8 +23,7 @@ from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.testing.hookplugin import ALL_HOOKS, Behaviour, RecordingPlugin
 from koord.testing.kubelet import pod_cgroup_parent
 
-from .rig import (LIFECYCLE_HOOKS, MiB, SKIP_LABEL, Rig, cgroup, eventually, free_port,
-                  only_keys, record_order, spec_env)
+from .rig import LIFECYCLE_HOOKS, SKIP_LABEL, MiB, Rig, cgroup, eventually, free_port, only_keys, record_order, spec_env
 
 pytestmark = pytest.mark.e2e
 

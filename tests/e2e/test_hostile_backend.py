@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from cri_api.v1 import api_pb2 as cri
+from google.protobuf.message import DecodeError
 
 from koord.testing.anybackend import AnyAnswerBackend
 from koord.testing.containerd import Containerd
@@ -36,7 +37,7 @@ def run_sandbox_with_undecodable_name(kubelet: KubeletClient) -> tuple[str, str]
     raw = cri.RunPodSandboxRequest(config=config).SerializeToString()
     assert raw.count(MARKER.encode()) == 1
     raw = raw.replace(MARKER.encode(), BAD_NAME)
-    with pytest.raises(Exception):
+    with pytest.raises(DecodeError):
         cri.RunPodSandboxRequest.FromString(raw)  # really undecodable for protobuf
     with grpc.insecure_channel(f"unix://{kubelet.endpoint}") as channel:
         answer = channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")(raw, timeout=60)

@@ -15,9 +15,10 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -476,7 +477,7 @@ class FakeBackend(grpc.GenericRpcHandler):
         )
         self._server.add_insecure_port(grpc_target(str(socket)))
 
-    def __enter__(self) -> "FakeBackend":
+    def __enter__(self) -> FakeBackend:
         self._server.start()
         return self
 

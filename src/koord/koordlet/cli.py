@@ -1,4 +1,4 @@
-"""The ``koordlet`` command: runs the runtime-hooks module (seed 002) on a node.
+"""The ``koordlet`` command: runs the runtime-hooks module on a node.
 
 Both working modes run at once, as upstream koordlet does: the hook server answers the
 proxy (Proxy mode) and the reconciler writes the cgroups of running pods every
@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from koord.hookapi import FailurePolicy, HookPoint, Registration, parse_duration, unix_socket_path
+
 from .runtimehooks.executor import CgroupExecutor
-from .runtimehooks.hooks import FailurePolicy, Hooks, PluginEnv, RuntimePlugin, Stage
+from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins, parse_feature_gates
 from .runtimehooks.reconciler import Reconciler
-from .runtimehooks.registration import Registration
 from .runtimehooks.rule import RuleError, parse_rules
 from .runtimehooks.server import Network, RuntimeHookServer
 from .statesinformer import FileStatesInformer, KubeStatesInformer, StatesInformer, in_cluster
@@ -35,25 +36,14 @@ DEFAULT_ADDR = "/var/run/koordlet/koordlet.sock"
 DEFAULT_CONFIG_PATH = "/etc/runtime/hookserver.d"
 DEFAULT_CONTAINERD = "/var/run/containerd/containerd.sock"
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def go_duration(text: str) -> float:
-    """Seconds from a Go duration ("10s", "500ms", "1m30s", "0")."""
-    value = text.strip()
-    if value == "0":
-        return 0.0
-    pos, total = 0, 0.0
-    for m in _DURATION_PART.finditer(value):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos = m.end()
-    if pos != len(value) or not value:
-        raise argparse.ArgumentTypeError(
-            f"not a duration: {text!r} (examples: 10s, 500ms, 1m, 0 to disable)")
-    return total
+    """Seconds from a Go duration ("10s", "500ms", "1m30s", "0"), for argparse."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; 0 disables") from None
 
 
 def failure_policy(text: str) -> FailurePolicy:
@@ -63,14 +53,14 @@ def failure_policy(text: str) -> FailurePolicy:
         raise argparse.ArgumentTypeError(f"{text!r}: want Fail or Ignore") from None
 
 
-def stage_list(text: str) -> frozenset[Stage]:
+def stage_list(text: str) -> frozenset[HookPoint]:
     stages = set()
     for name in filter(None, (s.strip() for s in text.split(","))):
         try:
-            stages.add(Stage(name))
+            stages.add(HookPoint(name))
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"unknown stage {name!r}; stages: {', '.join(s.value for s in Stage)}") from None
+                f"unknown stage {name!r}; stages: {', '.join(s.value for s in HookPoint)}") from None
     return frozenset(stages)
 
 
@@ -82,10 +72,10 @@ def feature_gates(text: str) -> dict[str, bool]:
 
 
 def socket_path(text: str) -> str:
-    path = text.removeprefix("unix://")
-    if not path.startswith("/"):
-        raise argparse.ArgumentTypeError(f"{text!r}: want an absolute unix socket path")
-    return path
+    try:
+        return unix_socket_path(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def choice(*allowed: str):

@@ -1,4 +1,4 @@
-"""States Informer (seed 004): keeps koordlet's view of this node's NodeSLO and Node objects.
+"""States Informer: keeps koordlet's view of this node's NodeSLO and Node objects.
 
 Two sources: files (``--node-slo-file``, ``--node-file``; YAML or JSON, watched) and,
 in a cluster without those flags, the Kubernetes API. Either way the informer calls
@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class FileStatesInformer(StatesInformer):
             self._files["node_slo"] = _WatchedFile(Path(node_slo_file), "NodeSLO")
         if node_file is not None:
             self._files["node"] = _WatchedFile(Path(node_file), "Node")
-        self._observer: Observer | None = None
+        self._observer: BaseObserver | None = None
         self._dirty = threading.Event()
         self._stopping = threading.Event()
         self._worker: threading.Thread | None = None

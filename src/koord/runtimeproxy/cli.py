@@ -1,4 +1,4 @@
-"""koord-runtime-proxy's entry point: parses flags, wires the seed-000 boxes, serves.
+"""koord-runtime-proxy's entry point: parses flags, wires the proxy's boxes, serves.
 
 Start-up order matters: wait for the backend, rebuild the store, and only then open the
 socket, so kubelet never reaches a proxy that would hand plugins empty info.
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
+
+from koord.hookapi import prepare_socket
 
 from . import memtrim
 from . import store as store_mod
@@ -95,7 +97,7 @@ async def run(options: Options) -> int:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         server.add_generic_rpc_handlers((CRIServer(backend, store, dispatcher, metrics,
                                                    (options.skip_key, options.skip_val)),))
-        _prepare_socket(Path(options.proxy_endpoint))
+        prepare_socket(Path(options.proxy_endpoint))
         server.add_insecure_port(f"unix://{options.proxy_endpoint}")
         await server.start()
         os.chmod(options.proxy_endpoint, SOCKET_MODE)
@@ -156,11 +158,3 @@ async def _probe_backend(backend: Backend, state: _State, store: store_mod.Store
         metrics.store_containers.set(containers)
         await asyncio.sleep(BACKEND_PROBE_SECONDS)
 
-
-def _prepare_socket(path: Path) -> None:
-    """Creates the socket's directory and removes a stale socket left by a killed proxy."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_socket() or path.exists():
-        if not path.is_socket():
-            raise OSError(f"{path} exists and is not a socket; refusing to replace it")
-        path.unlink()

@@ -1,17 +1,17 @@
 """Command-line options of koord-runtime-proxy, parsed and validated in one place.
 
-Flag names and defaults are the upstream binary's (DESIGN.md §2) so that seed 003's
-install steps work verbatim.
+Flag names and defaults are the upstream binary's, so install steps written for it work
+verbatim.
 """
 
 from __future__ import annotations
 
 import argparse
 import enum
-import ipaddress
-import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from koord.hookapi import durations, endpoints
 
 DEFAULT_PROXY_ENDPOINT = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_RUNTIME_ENDPOINT = "/var/run/containerd/containerd.sock"
@@ -47,28 +47,19 @@ class Options:
 
 def unix_socket_path(value: str, flag: str) -> str:
     """Accepts ``/path`` or ``unix:///path``; anything else is a flag error."""
-    path = value.removeprefix("unix://")
-    if "://" in path:
-        raise OptionError(f"{flag}: only unix sockets are supported, got {value!r}")
-    if not path.startswith("/"):
-        raise OptionError(f"{flag}: socket path must be absolute, got {value!r}")
-    return path
+    try:
+        return endpoints.unix_socket_path(value)
+    except ValueError as exc:
+        raise OptionError(f"{flag}: {exc}") from None
 
 
 def parse_duration(value: str, flag: str) -> float:
-    """Seconds from ``5``, ``2.5``, ``500ms``, ``5s`` or ``1m`` (Go duration style)."""
-    text = value.strip()
-    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0))
-    scale = 1.0
-    for suffix, factor in units:
-        if text.endswith(suffix):
-            text, scale = text[: -len(suffix)], factor
-            break
+    """Seconds from ``5``, ``2.5``, ``500ms``, ``5s`` or ``1m`` (Go duration style), > 0."""
     try:
-        seconds = float(text) * scale
-    except ValueError:
-        raise OptionError(f"{flag}: not a duration: {value!r} (examples: 5s, 500ms, 2.5)") from None
-    if not math.isfinite(seconds) or seconds <= 0:
+        seconds = durations.parse_duration(value, bare_seconds=True)
+    except ValueError as exc:
+        raise OptionError(f"{flag}: {exc}") from None
+    if seconds <= 0:
         raise OptionError(f"{flag}: must be a positive duration, got {value!r}")
     return seconds
 
@@ -77,15 +68,10 @@ def check_bind_address(value: str, flag: str) -> str:
     """``host:port`` (``:9319`` = all interfaces, ``[::1]:9319``); empty disables."""
     if value == "":
         return value
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise OptionError(f"{flag}: expected host:port, got {value!r}")
-    host = host.strip("[]")
-    if host and host != "localhost":
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise OptionError(f"{flag}: host must be an IP address or localhost, got {host!r}") from None
+    try:
+        endpoints.parse_bind_address(value)
+    except ValueError as exc:
+        raise OptionError(f"{flag}: {exc}") from None
     return value
 
 

@@ -22,6 +22,7 @@ from cri_api.v1 import api_pb2 as cri
 
 from koord import cgrouplimits
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.hookapi import parse_cpuset
 
 PodHookRequest = hook.PodSandboxHookRequest
 ContainerHookRequest = hook.ContainerResourceHookRequest
@@ -89,7 +90,7 @@ def pod_record_from_config(config: cri.PodSandboxConfig, runtime_handler: str = 
 
 def merge_resources(dst: hook.LinuxContainerResources, src: hook.LinuxContainerResources,
                     prefix: str) -> list[str]:
-    """Upstream koord's rules (DESIGN.md §4): zero means "not specified"."""
+    """Upstream koord's merge rules: zero means "not specified"."""
     changed: list[str] = []
 
     def take(name: str, wanted: bool) -> None:
@@ -205,19 +206,9 @@ _KERNEL_LIMITS = (
     ("memory_limit_in_bytes", cgrouplimits.Kind.MEMORY),
     ("memory_swap_limit_in_bytes", cgrouplimits.Kind.MEMORY),
 )
-_CPUSET = re.compile(r"^\s*\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*\s*$")
 _UNIFIED_KEY = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_.]+$")
 _ENV_KEY_FORBIDDEN = re.compile(r"[=\x00]")
-
-
-def _valid_cpuset(text: str) -> bool:
-    if not _CPUSET.match(text):
-        return False
-    for part in text.replace(" ", "").split(","):
-        lo, _, hi = part.partition("-")
-        if hi and int(hi) < int(lo):
-            return False
-    return True
+_PAGE_SIZE = re.compile(r"[0-9]{1,6}[KMGTP]B\Z")
 
 
 def validate_resources(res: hook.LinuxContainerResources, prefix: str) -> list[str]:
@@ -231,13 +222,16 @@ def validate_resources(res: hook.LinuxContainerResources, prefix: str) -> list[s
         problems.append(f"{prefix}.oom_score_adj must be in [-1000, 1000], got {res.oom_score_adj}")
     for name in ("cpuset_cpus", "cpuset_mems"):
         value = getattr(res, name)
-        if value and not _valid_cpuset(value):
-            problems.append(f"{prefix}.{name} is not a cpu list like 0-3,5: {value!r}")
+        if value:
+            try:
+                parse_cpuset(value)
+            except ValueError as exc:
+                problems.append(f"{prefix}.{name} is not a cpu list like 0-3,5: {exc}")
     for key in res.unified:
         if not _UNIFIED_KEY.match(key):
             problems.append(f"{prefix}.unified key {key!r} is not a cgroup v2 file name like memory.max")
     for limit in res.hugepage_limits:
-        if not re.match(r"^\d+[KMGTP]B$", limit.page_size):
+        if not _PAGE_SIZE.match(limit.page_size):
             problems.append(f"{prefix}.hugepage_limits page_size {limit.page_size!r} is not like 2MB or 1GB")
     return problems
 

@@ -1,4 +1,4 @@
-"""The CRI Server (seed 000): serves kubelet and forwards every call to the backend.
+"""The CRI Server: serves kubelet and forwards every call to the backend.
 
 Every method is forwarded as raw bytes by its path, so methods this code has never
 heard of (a newer CRI, ``runtime.v1alpha2`` from old kubelets, streaming calls) pass
@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, NoReturn, TypeGuard
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
@@ -24,12 +25,13 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 from cri_api.v1alpha2 import api_pb2 as cri_v1alpha2
 from google.protobuf.message import DecodeError, Message
 
+from koord.hookapi import HookPoint
+
 from . import convert
 from . import store as store_mod
 from .dispatcher import HookFailed, RuntimeDispatcher, Target
 from .memtrim import MemoryTrimmer
 from .metrics import ProxyMetrics
-from .pluginsmanager import HookPoint
 from .store import ContainerRecord, Store
 
 log = logging.getLogger(__name__)
@@ -102,21 +104,18 @@ def call_options(context: grpc.aio.ServicerContext) -> tuple[float | None, tuple
     return timeout, metadata
 
 
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str,
+                 trailing: tuple[tuple[str, str], ...] = ()) -> NoReturn:
+    """Ends the call with ``code``; grpc's abort always raises, which this signature tells the type checker."""
+    await context.abort(code, details, trailing)
+    raise AssertionError("grpc.aio ServicerContext.abort returned")
+
+
 def _trailing(err: grpc.aio.AioRpcError) -> tuple[tuple[str, str], ...]:
     return tuple((k, v) for k, v in (err.trailing_metadata() or ()) if not k.startswith((":", "grpc-")))
 
 
-# The intercepted methods and the hook-free CRI request type used to decode them.
-_LIFECYCLE = {
-    "RunPodSandbox": cri.RunPodSandboxRequest,
-    "CreateContainer": cri.CreateContainerRequest,
-    "StartContainer": cri.StartContainerRequest,
-    "UpdateContainerResources": cri.UpdateContainerResourcesRequest,
-    "StopContainer": cri.StopContainerRequest,
-    "RemoveContainer": cri.RemoveContainerRequest,
-    "StopPodSandbox": cri.StopPodSandboxRequest,
-    "RemovePodSandbox": cri.RemovePodSandboxRequest,
-}
+Lifecycle = Callable[[Any, "Call"], Awaitable[bytes]]
 _RUNTIME_SERVICES = ("runtime.v1.RuntimeService", "runtime.v1alpha2.RuntimeService")
 
 
@@ -145,6 +144,17 @@ class CRIServer(grpc.GenericRpcHandler):
         self._unary = _cri_paths(server_streaming=False)
         self._streaming = _cri_paths(server_streaming=True)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        # The intercepted methods: the CRI request type that decodes them and their handler.
+        self.lifecycle: dict[str, tuple[type[Message], Lifecycle]] = {
+            "RunPodSandbox": (cri.RunPodSandboxRequest, self.run_pod_sandbox),
+            "CreateContainer": (cri.CreateContainerRequest, self.create_container),
+            "StartContainer": (cri.StartContainerRequest, self.start_container),
+            "UpdateContainerResources": (cri.UpdateContainerResourcesRequest, self.update_container_resources),
+            "StopContainer": (cri.StopContainerRequest, self.stop_container),
+            "RemoveContainer": (cri.RemoveContainerRequest, self.remove_container),
+            "StopPodSandbox": (cri.StopPodSandboxRequest, self.stop_pod_sandbox),
+            "RemovePodSandbox": (cri.RemovePodSandboxRequest, self.remove_pod_sandbox),
+        }
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         path = handler_call_details.method
@@ -159,9 +169,9 @@ class CRIServer(grpc.GenericRpcHandler):
     def _make_handler(self, path: str) -> grpc.RpcMethodHandler:
         service, _, method = path.lstrip("/").partition("/")
         channel = self.backend.channel_for(path)
-        if service in _RUNTIME_SERVICES and method in _LIFECYCLE:
-            return self._intercepted(path, _LIFECYCLE[method], getattr(self, _snake(method)),
-                                     channel.unary_unary(path))
+        if service in _RUNTIME_SERVICES and method in self.lifecycle:
+            request_type, lifecycle = self.lifecycle[method]
+            return self._intercepted(path, request_type, lifecycle, channel.unary_unary(path))
         if path in self._unary:
             return self._unary_passthrough(path, channel.unary_unary(path))
         if path in self._streaming:
@@ -183,7 +193,7 @@ class CRIServer(grpc.GenericRpcHandler):
                 response = await upstream(request, timeout=timeout, metadata=metadata)
             except grpc.aio.AioRpcError as err:
                 observe(label, err.code().name, time.perf_counter() - start)
-                await context.abort(err.code(), err.details(), _trailing(err))
+                await _abort(context, err.code(), err.details(), _trailing(err))
             observe(label, "OK", time.perf_counter() - start)
             note_size(len(response))
             return response
@@ -223,15 +233,15 @@ class CRIServer(grpc.GenericRpcHandler):
                 yield message
         except grpc.aio.AioRpcError as err:
             code = err.code().name
-            await context.abort(err.code(), err.details(), _trailing(err))
+            await _abort(context, err.code(), err.details(), _trailing(err))
         finally:
             call.cancel()
             self.metrics.observe_cri(label, code, time.perf_counter() - start)
 
     # ------------------------------------------------------------ the interception path
 
-    def _intercepted(self, path: str, request_type: type[Message],
-                     lifecycle: Callable[[Message, Call], Awaitable[bytes]], upstream) -> grpc.RpcMethodHandler:
+    def _intercepted(self, path: str, request_type: type[Message], lifecycle: Lifecycle,
+                     upstream: Callable[..., Awaitable[bytes]]) -> grpc.RpcMethodHandler:
         label = path[1:]
         observe = self.metrics.observe_cri
 
@@ -251,27 +261,27 @@ class CRIServer(grpc.GenericRpcHandler):
                 code = err.code().name
                 if err.code() is grpc.StatusCode.UNAVAILABLE:
                     self.backend.reachable = False
-                await context.abort(err.code(), err.details(), _trailing(err))
+                await _abort(context, err.code(), err.details(), _trailing(err))
             except HookFailed as err:
                 code = grpc.StatusCode.UNKNOWN.name
-                await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+                await _abort(context, grpc.StatusCode.UNKNOWN, str(err))
             except Exception as err:  # a bug or unreadable backend data: say so, never die silently
                 code = grpc.StatusCode.INTERNAL.name
                 log.exception("%s failed inside the proxy", label)
-                await context.abort(grpc.StatusCode.INTERNAL,
-                                    f"koord-runtime-proxy: {label}: {type(err).__name__}: {err}")
+                await _abort(context, grpc.StatusCode.INTERNAL,
+                             f"koord-runtime-proxy: {label}: {type(err).__name__}: {err}")
             finally:
                 observe(label, code, time.perf_counter() - start)
 
         return grpc.unary_unary_rpc_method_handler(handler)
 
-    def _hooked(self, pod: convert.PodHookRequest | None, container_name: str | None = None) -> bool:
-        """Whether plugins are called for this pod (and container) at all.
+    def _hooked(self, pod: convert.PodHookRequest | None,
+                container_name: str | None = None) -> TypeGuard[convert.PodHookRequest]:
+        """Whether plugins hear about this pod (and container) at all.
 
         Not for pods with the skip label, nor for a call that cannot succeed: one without
-        pod (or container) metadata, which the backend rejects, or any call while the
-        backend is unreachable.  The call is still forwarded, so kubelet gets the backend's
-        own error.
+        pod (or container) metadata, which the backend rejects.  The call is still
+        forwarded, so kubelet gets the backend's own error.
         """
         return (pod is not None and bool(pod.pod_meta.name) and container_name != ""
                 and pod.labels.get(self.skip_key) != self.skip_val)
@@ -307,8 +317,8 @@ class CRIServer(grpc.GenericRpcHandler):
         pod = await self._pod(req.pod_sandbox_id, req.sandbox_config)
         container = convert.container_record(req.config)
         changed = False
-        target = _pod_target(pod, req.config.metadata.name) if pod is not None else None
-        if target and self._hooked(pod, req.config.metadata.name) and await self._backend_up(target):
+        name = req.config.metadata.name
+        if self._hooked(pod, name) and await self._backend_up(target := _pod_target(pod, name)):
             request = convert.container_hook_request(pod, container)
             changed = await self.dispatcher.run_pre(HookPoint.PRE_CREATE_CONTAINER, request, target)
             if changed:
@@ -323,7 +333,10 @@ class CRIServer(grpc.GenericRpcHandler):
     async def start_container(self, req: cri.StartContainerRequest, call: Call) -> bytes:
         if not self.dispatcher.has_plugins(HookPoint.PRE_START_CONTAINER, HookPoint.POST_START_CONTAINER):
             return await call.forward()
-        record, pod = await self._container(req.container_id)
+        found = await self._container(req.container_id)
+        if found is None:
+            return await call.forward()
+        record, pod = found
         if not self._hooked(pod):
             return await call.forward()
         request = convert.container_hook_request(pod, record.info)
@@ -346,8 +359,9 @@ class CRIServer(grpc.GenericRpcHandler):
     async def update_container_resources(self, req: cri.UpdateContainerResourcesRequest, call: Call) -> bytes:
         changed = False
         if self.dispatcher.has_plugins(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
-            record, pod = await self._container(req.container_id)
-            if self._hooked(pod) and await self._backend_up(
+            found = await self._container(req.container_id)
+            record, pod = found if found is not None else (None, None)
+            if record is not None and self._hooked(pod) and await self._backend_up(
                     target := _pod_target(pod, record.info.container_meta.name)):
                 request = convert.container_hook_request(pod, record.info)
                 request.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
@@ -356,17 +370,18 @@ class CRIServer(grpc.GenericRpcHandler):
                 if changed:
                     convert.apply_to_update_resources(req, request)
         raw = await call.forward(req if changed else None)
-        record = self.store.get_container(req.container_id)
-        if record is not None:
-            record.info.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+        stored = self.store.get_container(req.container_id)
+        if stored is not None:
+            stored.info.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
         return raw
 
     async def stop_container(self, req: cri.StopContainerRequest, call: Call) -> bytes:
         raw = await call.forward()
         if not self.dispatcher.has_plugins(HookPoint.POST_STOP_CONTAINER):
             return raw
-        record, pod = await self._container(req.container_id)
-        if self._hooked(pod):
+        found = await self._container(req.container_id)
+        record, pod = found if found is not None else (None, None)
+        if record is not None and self._hooked(pod):
             await self.dispatcher.run_post(HookPoint.POST_STOP_CONTAINER,
                                            convert.container_hook_request(pod, record.info),
                                            _pod_target(pod, record.info.container_meta.name))
@@ -409,7 +424,8 @@ class CRIServer(grpc.GenericRpcHandler):
         self.store.put_pod(sandbox_id, pod)
         return pod
 
-    async def _container(self, container_id: str) -> tuple[ContainerRecord | None, convert.PodHookRequest | None]:
+    async def _container(self, container_id: str) -> tuple[ContainerRecord, convert.PodHookRequest | None] | None:
+        """The container's record and its pod's info, each from the store or else from the backend."""
         record = self.store.get_container(container_id)
         if record is None:
             try:
@@ -417,7 +433,7 @@ class CRIServer(grpc.GenericRpcHandler):
             except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
                 log.warning("no info for container %s, hooks skipped: %s",
                             container_id, store_mod.describe_error(exc))
-                return None, None
+                return None
             self.store.put_container(container_id, record)
         return record, await self._pod(record.sandbox_id)
 
@@ -425,6 +441,3 @@ class CRIServer(grpc.GenericRpcHandler):
 def _pod_target(pod: convert.PodHookRequest, container: str = "") -> Target:
     return Target(f"{pod.pod_meta.namespace}/{pod.pod_meta.name}", container)
 
-
-def _snake(name: str) -> str:
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")

@@ -1,4 +1,4 @@
-"""The Runtime Dispatcher (seed 000): calls the registered plugins for one hook point.
+"""The Runtime Dispatcher: calls the registered plugins for one hook point.
 
 Pre hooks are chained: every plugin registered for the hook point is called in file-name
 order and sees the request as changed by those before it.  Each plugin has its own
@@ -17,20 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError
 
-from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.hookapi import ContainerHookResponse, FailurePolicy, HookPoint, PodHookResponse
 
 from . import convert
 from .metrics import ProxyMetrics
-from .pluginsmanager import FailurePolicy, HookPoint, PluginRegistration, PluginsManager
+from .pluginsmanager import PluginRegistration, PluginsManager
 
 log = logging.getLogger(__name__)
-
-SERVICE = "runtime.v1alpha1.RuntimeHookService"
-
-# Pod hook points take PodSandboxHookRequest; all others ContainerResourceHookRequest.
-_POD_HOOKS = frozenset({HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.POST_STOP_POD_SANDBOX})
 
 _CHANNEL_OPTIONS = (
     # A restarted plugin must be reachable again at once, not after grpc's 2-minute backoff.
@@ -88,7 +83,7 @@ class RuntimeDispatcher:
                     raise HookFailed(f"runtime hook {hook_point} of plugin {plugin.name} "
                                      f"failed for {target}: {exc}") from None
                 continue
-            changed = (convert.merge_pod_response(request, answer) if hook_point in _POD_HOOKS
+            changed = (convert.merge_pod_response(request, answer) if hook_point.is_pod
                        else convert.merge_container_response(request, answer))
             for field in changed:
                 earlier = set_by.get(field)
@@ -110,11 +105,8 @@ class RuntimeDispatcher:
         start = time.perf_counter()
         outcome = "ok"
         try:
-            raw = await self._ask(plugin, hook_point, request)
-            response_type = (hook.PodSandboxHookResponse if hook_point in _POD_HOOKS
-                             else hook.ContainerResourceHookResponse)
-            answer = _decode(response_type, raw)
-            problems = (convert.validate_pod_response(answer) if hook_point in _POD_HOOKS
+            answer = _decode(hook_point.response_type, await self._ask(plugin, hook_point, request))
+            problems = (convert.validate_pod_response(answer) if isinstance(answer, PodHookResponse)
                         else convert.validate_container_response(answer))
             if problems:
                 raise _PluginError("invalid", "invalid answer: " + "; ".join(problems))
@@ -156,8 +148,8 @@ class RuntimeDispatcher:
                 self._channels[endpoint] = channel
             # No response deserializer: grpc would turn an undecodable answer into None and
             # log it on its own; _decode makes it this plugin's "invalid" outcome instead.
-            call = channel.unary_unary(f"/{SERVICE}/{hook_point.value}Hook",
-                                       request_serializer=_serialize)
+            call = channel.unary_unary(hook_point.method,
+                                       request_serializer=hook_point.request_type.SerializeToString)
             self._calls[key] = call
         return call
 
@@ -168,11 +160,8 @@ class RuntimeDispatcher:
         self._calls.clear()
 
 
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
-
-
-def _decode(response_type: type[Message], raw: bytes) -> Message:
+def _decode(response_type: type[PodHookResponse] | type[ContainerHookResponse],
+            raw: bytes) -> PodHookResponse | ContainerHookResponse:
     try:
         return response_type.FromString(raw)
     except DecodeError as exc:

@@ -7,7 +7,6 @@ label combination and cached: a call costs a dict lookup plus the observation it
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import socket
 import socketserver
@@ -18,6 +17,8 @@ from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from koord.hookapi import parse_bind_address
 
 log = logging.getLogger(__name__)
 
@@ -76,26 +77,6 @@ class ProxyMetrics:
             child = self.hook_calls.labels(plugin, hook, outcome)
             self._hook_children[(plugin, hook, outcome)] = child
         child.observe(seconds)
-
-
-def parse_bind_address(address: str) -> tuple[socket.AddressFamily, str, int]:
-    """``host:port`` → (family, host, port); an empty host means all interfaces, as in Go."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"bind address {address!r}: expected host:port with a port in 0-65535")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"bind address {address!r}: put an IPv6 host in brackets, e.g. [::1]:9319")
-    if host == "":
-        return (socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET), "", int(port_text)
-    if host == "localhost":
-        host = "127.0.0.1"
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(f"bind address {address!r}: host must be an IP address or localhost") from None
-    return (socket.AF_INET6 if ip.version == 6 else socket.AF_INET), str(ip), int(port_text)
 
 
 class _QuietHandler(WSGIRequestHandler):

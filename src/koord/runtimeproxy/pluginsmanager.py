@@ -4,21 +4,16 @@ The registrations are held in one immutable snapshot that a rescan replaces with
 attribute assignment: the dispatcher reads ``plugins_for(hook)`` without locks, and a call
 already under way keeps the registrations it started with while the directory changes.
 
-The directory is root's: a file that anyone but root could have written (symlink, wrong
-owner, group/world-writable) could point the proxy at a socket that rewrites every pod, so
-such files are refused. A bad file never takes the others down; it is reported with one
-warning per distinct state, so a rescan loop does not flood the log.
+What a valid file is (``koord.hookapi.Registration``) is shared with the plugins that write
+them. A bad file never takes the others down; it is reported with one warning per distinct
+state, so a rescan loop does not flood the log.
 """
 
 from __future__ import annotations
 
-import enum
-import json
 import logging
 import math
 import os
-import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,16 +26,9 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
+from koord.hookapi import FailurePolicy, HookPoint, Registration, RegistrationError, display_name
+
 log = logging.getLogger(__name__)
-
-MAX_FILE_SIZE = 64 * 1024
-"""Real registrations are a few hundred bytes; the cap keeps a hostile file from costing memory."""
-
-MAX_TIMEOUT_SECONDS = 3600.0
-"""Far above kubelet's longest CRI deadline (4 min); larger values are typos or overflow bait."""
-
-UNIX_PATH_MAX = 107
-"""sun_path holds 108 bytes including the terminating NUL."""
 
 DEBOUNCE_SECONDS = 0.1
 """Editors write a file in several steps; one rescan shortly after the first event sees them all."""
@@ -49,25 +37,10 @@ POLL_SECONDS = 1.0
 """Safety net for missed inotify events and a deleted/recreated directory."""
 
 
-class HookPoint(enum.StrEnum):
-    """The seven hook points of seed 001; values are the names used in registration files."""
-
-    PRE_RUN_POD_SANDBOX = "PreRunPodSandbox"
-    PRE_CREATE_CONTAINER = "PreCreateContainer"
-    PRE_START_CONTAINER = "PreStartContainer"
-    POST_START_CONTAINER = "PostStartContainer"
-    PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
-    POST_STOP_CONTAINER = "PostStopContainer"
-    POST_STOP_POD_SANDBOX = "PostStopPodSandbox"
-
-
-class FailurePolicy(enum.StrEnum):
-    FAIL = "Fail"
-    IGNORE = "Ignore"
-
-
 @dataclass(frozen=True)
 class PluginRegistration:
+    """A registration file as the proxy loaded it, with its timeout resolved."""
+
     name: str
     """The file name, e.g. ``10-koordlet.json``: it orders plugins and names them in logs and metrics."""
     path: Path
@@ -79,191 +52,17 @@ class PluginRegistration:
     """Seconds a single hook call may take."""
 
     def describe(self) -> str:
-        hooks = ",".join(h.value for h in HookPoint if h in self.hooks) or "(none)"
+        hooks = ",".join(HookPoint.ordered(self.hooks)) or "(none)"
         return (f"file={display_name(self.name)} endpoint={display_name(self.endpoint)} hooks={hooks} "
                 f"failure-policy={self.failure_policy.value} timeout={self.timeout:g}s")
 
 
-class RegistrationError(ValueError):
-    """A registration file that is ignored; ``str()`` is ``"<file>: <reason>"``."""
-
-    def __init__(self, file: str, reason: str) -> None:
-        super().__init__(f"{display_name(file)}: {reason}")
-        self.file = file
-        self.reason = reason
-
-
-def display_name(name: str) -> str:
-    """File names come from whoever can write the directory: escape anything that could forge log lines."""
-    return name if name.isprintable() else ascii(name)
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    return {dict: "object", list: "array", str: "string", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-_FIELDS = ("remote-endpoint", "failure-policy", "runtime-hooks", "timeout-seconds")
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _read(path: Path, name: str) -> bytes:
-    """Read the file only if root alone could have written it, without following links or blocking on fifos."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise RegistrationError(name, f"is a symlink (to {_show(os.readlink(path))}); "
-                                      "registrations must be regular files")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC) \
-        if stat.S_ISREG(st.st_mode) else None
-    try:
-        if fd is not None:
-            st = os.fstat(fd)  # the file we opened, not the one we looked at before
-        if not stat.S_ISREG(st.st_mode):
-            raise RegistrationError(name, f"is not a regular file (mode {stat.filemode(st.st_mode)})")
-        if st.st_uid != 0:
-            raise RegistrationError(name, f"is owned by uid {st.st_uid}; registrations must be owned by root (uid 0)")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            who = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("world", stat.S_IWOTH))
-                               if st.st_mode & bit)
-            raise RegistrationError(name, f"mode {stat.S_IMODE(st.st_mode):04o} is {who}-writable; "
-                                          "only root may be able to write registrations")
-        if st.st_size > MAX_FILE_SIZE:
-            raise RegistrationError(name, f"is {st.st_size} bytes, larger than the {MAX_FILE_SIZE}-byte limit")
-        assert fd is not None
-        data = os.read(fd, MAX_FILE_SIZE + 1)
-        if len(data) > MAX_FILE_SIZE:  # grew after fstat
-            raise RegistrationError(name, f"is larger than the {MAX_FILE_SIZE}-byte limit")
-        return data
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _decode(data: bytes, name: str) -> dict[str, Any]:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RegistrationError(name, f"is not valid UTF-8 (byte offset {e.start})") from None
-    try:
-        doc = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        raise RegistrationError(name, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise RegistrationError(name, "malformed JSON: nested too deeply") from None
-    except ValueError as e:  # NaN/Infinity, integers with too many digits
-        raise RegistrationError(name, f"malformed JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise RegistrationError(name, f"top level must be a JSON object, got {_json_type(doc)}")
-    return doc
-
-
-def _fields(doc: dict[str, Any], name: str) -> dict[str, Any]:
-    """Match field names case-insensitively like Go's encoding/json, so files written for upstream keep working.
-
-    An exact match wins over a case-folded one; null means absent, as in Go.
-    """
-    found: dict[str, Any] = {}
-    for key, value in doc.items():
-        field = key if key in _FIELDS else next((f for f in _FIELDS if f == key.lower()), None)
-        if field is None:
-            log.debug("plugin registration %s: ignoring unknown field %s", display_name(name), _show(key))
-        elif value is not None and (field == key or field not in doc):
-            found[field] = value
-    return found
-
-
-def _endpoint(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise RegistrationError(name, f"remote-endpoint must be a string, got {_json_type(value)}")
-    if value.startswith("unix://"):
-        path = value[len("unix://"):]
-    elif value.startswith("unix:"):
-        path = value[len("unix:"):]
-    elif m := _SCHEME.match(value):
-        raise RegistrationError(name, f"remote-endpoint {_show(value)} uses scheme {m.group(1)!r}; "
-                                      "only unix sockets are supported")
-    else:
-        path = value
-    if not path:
-        raise RegistrationError(name, "remote-endpoint is empty")
-    if "\0" in path:
-        raise RegistrationError(name, "remote-endpoint contains a NUL character")
-    if not path.startswith("/"):
-        raise RegistrationError(name, f"remote-endpoint {_show(value)} is not an absolute unix socket path")
-    size = len(path.encode("utf-8", "surrogateescape"))
-    if size > UNIX_PATH_MAX:
-        raise RegistrationError(name, f"remote-endpoint is {size} bytes, longer than the "
-                                      f"{UNIX_PATH_MAX}-byte limit of unix socket paths")
-    return path
-
-
-def _policy(value: Any, name: str) -> FailurePolicy:
-    if value == "":  # upstream's "no policy", which it treats as Ignore
-        return FailurePolicy.IGNORE
-    if not isinstance(value, str):
-        raise RegistrationError(name, f"failure-policy must be a string, got {_json_type(value)}")
-    try:
-        return FailurePolicy(value)
-    except ValueError:
-        raise RegistrationError(name, f"failure-policy {_show(value)} is not one of Fail, Ignore") from None
-
-
-def _hooks(value: Any, name: str) -> frozenset[HookPoint]:
-    if not isinstance(value, list):
-        raise RegistrationError(name, f"runtime-hooks must be an array of hook point names, got {_json_type(value)}")
-    hooks = set()
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise RegistrationError(name, f"runtime-hooks[{i}] must be a string, got {_json_type(item)}")
-        try:
-            hooks.add(HookPoint(item))
-        except ValueError:
-            known = ", ".join(h.value for h in HookPoint)
-            raise RegistrationError(name, f"runtime-hooks[{i}]: unknown hook point {_show(item)} "
-                                          f"(known: {known})") from None
-    return frozenset(hooks)
-
-
-def _timeout(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RegistrationError(name, f"timeout-seconds must be a number, got {_json_type(value)}")
-    if not math.isfinite(value) or value <= 0:
-        raise RegistrationError(name, f"timeout-seconds must be greater than 0, got {_show(value)}")
-    if value > MAX_TIMEOUT_SECONDS:
-        raise RegistrationError(name, f"timeout-seconds {_show(value)} is more than {MAX_TIMEOUT_SECONDS:g}")
-    return float(value)
-
-
 def parse_registration(path: Path, default_timeout: float) -> PluginRegistration:
-    """Read and validate one registration file; raises RegistrationError saying what is wrong."""
-    name = path.name
-    try:
-        data = _read(path, name)
-    except OSError as e:
-        raise RegistrationError(name, f"cannot be read: {e.strerror or e}") from None
-    fields = _fields(_decode(data, name), name)
-    if "remote-endpoint" not in fields:
-        raise RegistrationError(name, "remote-endpoint is required")
-    return PluginRegistration(
-        name=name,
-        path=path,
-        endpoint=_endpoint(fields["remote-endpoint"], name),
-        failure_policy=_policy(fields.get("failure-policy", ""), name),
-        hooks=_hooks(fields.get("runtime-hooks", []), name),
-        timeout=_timeout(fields["timeout-seconds"], name) if "timeout-seconds" in fields else default_timeout,
-    )
+    """Reads and validates one registration file; raises RegistrationError saying what is wrong."""
+    reg = Registration.read(path)
+    return PluginRegistration(name=path.name, path=path, endpoint=reg.endpoint, failure_policy=reg.failure_policy,
+                              hooks=frozenset(reg.hooks),
+                              timeout=default_timeout if reg.timeout is None else reg.timeout)
 
 
 def _is_candidate(name: str) -> bool:

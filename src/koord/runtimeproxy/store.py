@@ -1,4 +1,4 @@
-"""The Store (seed 000): pod and container info the hooks need, kept in memory.
+"""The Store: pod and container info the hooks need, kept in memory.
 
 StartContainer carries only an id, so the info captured at RunPodSandbox and
 CreateContainer (as sent to the backend, after hooks) is kept here and joined into
@@ -100,19 +100,20 @@ class BackendReader:
             raise RecoveryError(f"{what}: the backend's {method} answer does not decode "
                                 "(a field that is not valid UTF-8?)") from None
 
-    async def list_ids(self, method: str, request: Message, item_type: type[Message],
-                       timeout: float) -> list[str]:
+    async def list_ids(self, method: str, request: Message,
+                       item_type: type[cri.PodSandbox] | type[cri.Container], timeout: float) -> list[str]:
         """Ids of every item of a List* answer (field 1), including items that do not decode."""
         raw = await self._channel.unary_unary(
             _RUNTIME + method, request_serializer=_serialize)(request, timeout=timeout)
         try:
-            items = _items(empty_pb2.Empty.FromString(raw), item_type)
+            empty_pb2.Empty.FromString(raw)
         except DecodeError:
             raise RecoveryError(f"the backend's {method} answer is not a protobuf message") from None
-        ids = [item.id for item in items if item.id]
-        if len(ids) < len(items):
+        all_ids = _item_ids(raw, item_type)
+        ids = [i for i in all_ids if i]
+        if len(ids) < len(all_ids):
             log.warning("store rebuild: %d item(s) of the backend's %s answer have no readable id; "
-                        "skipped", len(items) - len(ids), method)
+                        "skipped", len(all_ids) - len(ids), method)
         return ids
 
 
@@ -120,29 +121,31 @@ def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
-class _Unreadable:
-    """An item of a list that does not decode as a whole: only its id (field 1) is read."""
-
-    def __init__(self, data: bytes) -> None:
-        try:
-            fields = UnknownFieldSet(empty_pb2.Empty.FromString(data))
-        except DecodeError:
-            fields = UnknownFieldSet(empty_pb2.Empty())
-        self.id = next((f.data.decode("utf-8", "replace") for f in fields
-                        if f.field_number == 1 and isinstance(f.data, bytes)), "")
+def _fields(data: bytes) -> list:
+    """The top-level fields of a serialized message, undecoded; [] when it is not protobuf."""
+    try:
+        fields = UnknownFieldSet(empty_pb2.Empty.FromString(data))
+    except DecodeError:
+        return []
+    return [fields[i] for i in range(len(fields))]
 
 
-def _items(envelope: Message, item_type: type[Message]) -> list:
-    """Field 1 (``items`` / ``containers``) of a List* answer parsed as unknown fields."""
-    items = []
-    for field in UnknownFieldSet(envelope):
-        if field.field_number != 1 or not isinstance(field.data, bytes):
+def _item_ids(envelope: bytes, item_type: type[cri.PodSandbox] | type[cri.Container]) -> list[str]:
+    """Field ``id`` (number 1) of every item of a List* answer (field 1), each item read alone.
+
+    An item that does not decode as a whole (a name that is not UTF-8) still yields its id,
+    so its record is skipped with one line at fetch time instead of failing the list.
+    """
+    ids = []
+    for item in _fields(envelope):
+        if item.field_number != 1 or not isinstance(item.data, bytes):
             continue
         try:
-            items.append(item_type.FromString(field.data))
+            ids.append(item_type.FromString(item.data).id)
         except DecodeError:
-            items.append(_Unreadable(field.data))
-    return items
+            ids.append(next((f.data.decode("utf-8", "replace") for f in _fields(item.data)
+                             if f.field_number == 1 and isinstance(f.data, bytes)), ""))
+    return ids
 
 
 def _verbose_info(info: dict[str, str], what: str) -> dict:

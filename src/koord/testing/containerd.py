@@ -17,8 +17,9 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import BinaryIO
 
 import grpc
 
@@ -167,7 +168,7 @@ class Containerd:
         self.cgroup_root = Path(cgroup_root)
         self.pod_cgroup_parents: set[str] = set()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -211,7 +212,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   Root = "{self.runc_root}"
 """
 
-    def start(self, timeout: float = 30.0) -> "Containerd":
+    def start(self, timeout: float = 30.0) -> Containerd:
         """Starts containerd, waits for CRI and imports the test image (idempotent image build)."""
         containerd_binaries_present()
         for directory in (self.root, self.state, self.opt, self.runc_root, self.cni_conf_dir, self.cni_bin_dir):
@@ -293,7 +294,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if problems:
             log.warning("containerd cleanup under %s left: %s", self.workdir, "; ".join(problems))
 
-    def __enter__(self) -> "Containerd":
+    def __enter__(self) -> Containerd:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

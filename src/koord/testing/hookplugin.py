@@ -4,23 +4,19 @@ with our generated code, records every request, and answers what the test tells 
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from koord.apis.runtime.v1alpha1 import api_pb2
+from koord.hookapi import SERVICE, HookPoint, Registration
 
-POD_HOOKS = ("PreRunPodSandbox", "PostStopPodSandbox")
-CONTAINER_HOOKS = ("PreCreateContainer", "PreStartContainer", "PostStartContainer",
-                   "PostStopContainer", "PreUpdateContainerResources")
-ALL_HOOKS = POD_HOOKS + CONTAINER_HOOKS
+POD_HOOKS = tuple(h for h in HookPoint if h.is_pod)
+ALL_HOOKS = tuple(HookPoint)
 
 Answer = Callable[[object], object]
 """Takes the request, returns the response message (or raises grpc errors via abort)."""
@@ -64,19 +60,11 @@ class RecordingPlugin:
             self._server = None
         self.socket.unlink(missing_ok=True)
 
-    def registration(self, config_dir: Path, file_name: str, hooks=ALL_HOOKS,
+    def registration(self, config_dir: Path, file_name: str, hooks: Iterable[str] = ALL_HOOKS,
                      failure_policy: str = "Ignore", timeout: float | None = None) -> Path:
         """Writes the plugin's registration file the way a real plugin would (atomically, 0644)."""
-        doc: dict[str, object] = {"remote-endpoint": str(self.socket), "failure-policy": failure_policy,
-                                  "runtime-hooks": list(hooks)}
-        if timeout is not None:
-            doc["timeout-seconds"] = timeout
-        config_dir.mkdir(parents=True, exist_ok=True)
-        tmp = config_dir / f".{file_name}.tmp"
-        tmp.write_text(json.dumps(doc))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, config_dir / file_name)
-        return config_dir / file_name
+        return Registration.of(file_name.removesuffix(".json"), str(self.socket), failure_policy, hooks,
+                               timeout).write(config_dir)
 
     def requests(self, hook: str) -> list:
         with self._lock:
@@ -97,16 +85,13 @@ class RecordingPlugin:
                              f"saw {self.hooks_seen()}")
 
     def _handler(self) -> grpc.GenericRpcHandler:
-        handlers = {}
-        for hook in ALL_HOOKS:
-            pod = hook in POD_HOOKS
-            req_type = api_pb2.PodSandboxHookRequest if pod else api_pb2.ContainerResourceHookRequest
-            resp_type = api_pb2.PodSandboxHookResponse if pod else api_pb2.ContainerResourceHookResponse
-            handlers[f"{hook}Hook"] = grpc.unary_unary_rpc_method_handler(
-                self._serve(hook, resp_type),
-                request_deserializer=req_type.FromString,
+        handlers = {
+            hook.rpc: grpc.unary_unary_rpc_method_handler(
+                self._serve(hook, hook.response_type),
+                request_deserializer=hook.request_type.FromString,
                 response_serializer=_serialize)
-        return grpc.method_handlers_generic_handler("runtime.v1alpha1.RuntimeHookService", handlers)
+            for hook in HookPoint}
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
     def _serve(self, hook: str, resp_type: type) -> Callable:
         def serve(request, context: grpc.ServicerContext):

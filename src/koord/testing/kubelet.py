@@ -13,9 +13,10 @@ import importlib
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import grpc
 
@@ -128,7 +129,7 @@ class KubeletClient:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "KubeletClient":
+    def __enter__(self) -> KubeletClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO
 
 from koord.testing.containerd import wait_cri_ready
 
@@ -38,7 +39,7 @@ class RuntimeProxy:
         self.metrics_bind_address = metrics_bind_address
         self.stderr_path = self.workdir / "runtimeproxy.log"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._stderr = None
+        self._stderr: BinaryIO | None = None
 
     def command(self) -> list[str]:
         return [
@@ -56,7 +57,7 @@ class RuntimeProxy:
             *self.extra_args,
         ]
 
-    def start(self, timeout: float = START_TIMEOUT) -> "RuntimeProxy":
+    def start(self, timeout: float = START_TIMEOUT) -> RuntimeProxy:
         """Starts the proxy and returns once its socket answers CRI Version."""
         if self.running:
             raise RuntimeError(f"proxy on {self.endpoint} is already running (pid {self.pid})")
@@ -112,7 +113,7 @@ class RuntimeProxy:
             self._proc.wait()
         return self._finish()
 
-    def restart(self, timeout: float = START_TIMEOUT) -> "RuntimeProxy":
+    def restart(self, timeout: float = START_TIMEOUT) -> RuntimeProxy:
         self.stop()
         return self.start(timeout)
 
@@ -133,7 +134,7 @@ class RuntimeProxy:
             return "\n".join(text.splitlines()[-tail:])
         return text
 
-    def __enter__(self) -> "RuntimeProxy":
+    def __enter__(self) -> RuntimeProxy:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

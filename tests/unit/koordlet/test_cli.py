@@ -2,11 +2,9 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -14,9 +12,8 @@ import grpc
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
+from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import cli
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, Stage
-
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 
 WAIT = 20.0
@@ -81,17 +78,10 @@ def test_flag_values_are_parsed():
         "--runtime-hooks-disable-stages", "PreStartContainer, PostStopContainer",
         "--containerd-endpoint", "unix:///run/c.sock", "--feature-gates", "GPUEnvInject=true",
         "--runtime-hooks-addr", "unix:///run/k.sock"])
-    assert args.runtime_hooks_disable_stages == {Stage.PRE_START_CONTAINER, Stage.POST_STOP_CONTAINER}
+    assert args.runtime_hooks_disable_stages == {HookPoint.PRE_START_CONTAINER, HookPoint.POST_STOP_CONTAINER}
     assert args.containerd_endpoint == "/run/c.sock"
     assert args.runtime_hooks_addr == "/run/k.sock"
     assert args.feature_gates["GPUEnvInject"] and args.feature_gates["GroupIdentity"]
-
-
-@pytest.fixture
-def short_dir():
-    d = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def node_slo(be_bvt: int, be_enabled: bool = True) -> str:
@@ -104,7 +94,7 @@ def node_slo(be_bvt: int, be_enabled: bool = True) -> str:
 BE_POD = "kubepods/besteffort/podu1"
 
 
-def test_node_slo_change_refreshes_existing_pods(short_dir, tmp_path, fake_cri):
+def test_node_slo_change_refreshes_existing_pods(short_socket_dir, tmp_path, fake_cri):
     """The rule callback: NodeSLO file -> parse_rules -> plugins -> reconcile_now."""
     root = tmp_path / "cg"
     make_fake_v1_cgroup(root, BE_POD)
@@ -113,8 +103,8 @@ def test_node_slo_change_refreshes_existing_pods(short_dir, tmp_path, fake_cri):
     slo.write_text(node_slo(-1))
     fake_cri.add_pod("p1", "batch", {"koordinator.sh/qosClass": "BE"}, "/" + BE_POD)
     args = cli.parse_args([
-        "--runtime-hooks-addr", str(short_dir / "k.sock"),
-        "--runtime-hooks-config-path", str(short_dir / "hookserver.d"),
+        "--runtime-hooks-addr", str(short_socket_dir / "k.sock"),
+        "--runtime-hooks-config-path", str(short_socket_dir / "hookserver.d"),
         "--cgroup-root-dir", str(root), "--proc-root-dir", str(tmp_path / "proc"),
         "--containerd-endpoint", fake_cri.endpoint, "--node-slo-file", str(slo),
         "--runtime-hooks-reconcile-interval", "1h"])
@@ -131,7 +121,7 @@ def test_node_slo_change_refreshes_existing_pods(short_dir, tmp_path, fake_cri):
         wait_for(lambda: qos_bvt.read_text().strip() == "0", "kube-QoS besteffort bvt to 0")
     finally:
         koordlet.stop()
-    assert not (short_dir / "hookserver.d" / "koordlet.json").exists()
+    assert not (short_socket_dir / "hookserver.d" / "koordlet.json").exists()
 
 
 LSR_CONTAINER = api_pb2.ContainerResourceHookRequest(
@@ -152,12 +142,12 @@ BE_SANDBOX = api_pb2.PodSandboxHookRequest(
     cgroup_parent="/" + BE_POD)
 
 
-def test_koordlet_binary_answers_every_rpc_and_cleans_up(short_dir, tmp_path):
+def test_koordlet_binary_answers_every_rpc_and_cleans_up(short_socket_dir, tmp_path):
     root = tmp_path / "cg"
     make_fake_v1_cgroup(root, BE_POD)
     (tmp_path / "proc").mkdir()
-    config = short_dir / "hookserver.d"
-    sock = short_dir / "koordlet.sock"
+    config = short_socket_dir / "hookserver.d"
+    sock = short_socket_dir / "koordlet.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "koord.koordlet", "--runtime-hooks-addr", str(sock),
          "--runtime-hooks-config-path", str(config), "--cgroup-root-dir", str(root),
@@ -198,17 +188,17 @@ def test_koordlet_binary_answers_every_rpc_and_cleans_up(short_dir, tmp_path):
     assert "SIGTERM received" in stderr
 
 
-def test_koordlet_exits_1_when_it_cannot_listen(short_dir, tmp_path):
-    blocker = short_dir / "k.sock"
+def test_koordlet_exits_1_when_it_cannot_listen(short_socket_dir, tmp_path):
+    blocker = short_socket_dir / "k.sock"
     blocker.write_text("a regular file")
     result = subprocess.run(
         [sys.executable, "-m", "koord.koordlet", "--runtime-hooks-addr", str(blocker),
-         "--runtime-hooks-config-path", str(short_dir / "cfg"), "--cgroup-root-dir", str(tmp_path),
+         "--runtime-hooks-config-path", str(short_socket_dir / "cfg"), "--cgroup-root-dir", str(tmp_path),
          "--runtime-hooks-reconcile-interval", "0"],
         capture_output=True, text=True, timeout=60, env={**os.environ, "KUBERNETES_SERVICE_HOST": ""})
     assert result.returncode == 1
     assert "not a socket" in result.stderr
-    assert not (short_dir / "cfg" / "koordlet.json").exists()
+    assert not (short_socket_dir / "cfg" / "koordlet.json").exists()
 
 
 def test_resctrl_with_default_flags_uses_sys_fs_resctrl():

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from koord.koordlet.runtimehooks.executor import (
-    CgroupError, CgroupExecutor, format_cpuset, parse_cpuset, shares_to_weight,
-)
+from koord.hookapi import format_cpuset, parse_cpuset
+from koord.koordlet.runtimehooks.executor import CgroupError, CgroupExecutor, shares_to_weight
 from koord.koordlet.runtimehooks.protocol import KubeQoS, Resources
 
 POD = "kubepods/besteffort/pod1"

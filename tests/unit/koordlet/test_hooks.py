@@ -2,7 +2,8 @@
 
 import pytest
 
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, Stage
+from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.runtimehooks.hooks import HookError, Hooks
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
@@ -24,9 +25,9 @@ def test_functions_run_in_registration_order_and_later_refines():
         def fn(ctx, name=name):
             calls.append(name)
             ctx.response.envs["WHO"] = name
-        hooks.register(Stage.PRE_CREATE_CONTAINER, name, "", fn)
+        hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, name, "", fn)
     ctx = _ctx()
-    assert hooks.run(Stage.PRE_CREATE_CONTAINER, ctx) == []
+    assert hooks.run(HookPoint.PRE_CREATE_CONTAINER, ctx) == []
     assert calls == ["first", "second", "third"]
     assert ctx.response.envs == {"WHO": "third"}
 
@@ -34,12 +35,12 @@ def test_functions_run_in_registration_order_and_later_refines():
 def test_only_the_stage_functions_run():
     hooks = Hooks()
     calls = []
-    hooks.register(Stage.PRE_RUN_POD_SANDBOX, "p", "", lambda ctx: calls.append("pod"))
-    hooks.register(Stage.PRE_START_CONTAINER, "p", "", lambda ctx: calls.append("start"))
-    hooks.run(Stage.PRE_RUN_POD_SANDBOX, PodContext(PodRequest()))
+    hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, "p", "", lambda ctx: calls.append("pod"))
+    hooks.register_container(HookPoint.PRE_START_CONTAINER, "p", "", lambda ctx: calls.append("start"))
+    hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, PodContext(PodRequest()))
     assert calls == ["pod"]
-    assert hooks.stages() == {Stage.PRE_RUN_POD_SANDBOX, Stage.PRE_START_CONTAINER}
-    assert hooks.registrations(Stage.PRE_START_CONTAINER) == [("p", "")]
+    assert hooks.stages() == {HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_START_CONTAINER}
+    assert hooks.registrations(HookPoint.PRE_START_CONTAINER) == [("p", "")]
 
 
 def _boom(ctx):
@@ -49,9 +50,9 @@ def _boom(ctx):
 def test_ignore_policy_runs_the_rest_and_reports():
     hooks = Hooks(FailurePolicy.IGNORE)
     calls = []
-    hooks.register(Stage.PRE_CREATE_CONTAINER, "bad", "", _boom)
-    hooks.register(Stage.PRE_CREATE_CONTAINER, "good", "", lambda ctx: calls.append("good"))
-    errors = hooks.run(Stage.PRE_CREATE_CONTAINER, _ctx())
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "bad", "", _boom)
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "good", "", lambda ctx: calls.append("good"))
+    errors = hooks.run(HookPoint.PRE_CREATE_CONTAINER, _ctx())
     assert calls == ["good"]
     assert [(p, str(e)) for p, e in errors] == [("bad", "boom")]
 
@@ -59,16 +60,16 @@ def test_ignore_policy_runs_the_rest_and_reports():
 def test_fail_policy_stops_at_first_failure_naming_plugin_stage_and_pod():
     hooks = Hooks(FailurePolicy.FAIL)
     calls = []
-    hooks.register(Stage.PRE_CREATE_CONTAINER, "bad", "", _boom)
-    hooks.register(Stage.PRE_CREATE_CONTAINER, "good", "", lambda ctx: calls.append("good"))
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "bad", "", _boom)
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "good", "", lambda ctx: calls.append("good"))
     with pytest.raises(HookError) as err:
-        hooks.run(Stage.PRE_CREATE_CONTAINER, _ctx())
+        hooks.run(HookPoint.PRE_CREATE_CONTAINER, _ctx())
     assert calls == []
     for part in ("bad", "PreCreateContainer", "prod/web", "c1", "boom"):
         assert part in str(err.value)
 
 
 def test_stage_names_match_registration_and_rpc_names():
-    assert [s.value for s in Stage if s.is_pod_stage] == ["PreRunPodSandbox", "PostStopPodSandbox"]
-    assert Stage.PRE_UPDATE_CONTAINER_RESOURCES.rpc == "PreUpdateContainerResourcesHook"
-    assert len(Stage) == 7
+    assert [s.value for s in HookPoint if s.is_pod] == ["PreRunPodSandbox", "PostStopPodSandbox"]
+    assert HookPoint.PRE_UPDATE_CONTAINER_RESOURCES.rpc == "PreUpdateContainerResourcesHook"
+    assert len(HookPoint) == 7

@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from koord.hookapi import FailurePolicy, HookPoint, parse_quantity
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, PluginEnv, Stage
-from koord.koordlet.runtimehooks.plugins.batchresource import BatchResource, parse_quantity
+from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins.batchresource import BatchResource
 from koord.koordlet.runtimehooks.protocol import (
-    ContainerContext, ContainerRequest, PodContext, PodMeta, PodRequest, Resources,
+    ContainerContext,
+    ContainerRequest,
+    PodContext,
+    PodMeta,
+    PodRequest,
+    Resources,
 )
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
@@ -43,12 +49,12 @@ def run_pod(labels: dict, annotations: dict, period: int | None = None) -> PodCo
     ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"), labels=labels,
                                 annotations=annotations, cgroup_parent="/kubepods/besteffort/pod1",
                                 resources=Resources(cpu_period=period)))
-    hooks().run(Stage.PRE_RUN_POD_SANDBOX, ctx)
+    hooks().run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
     return ctx
 
 
 def run_container(labels: dict, annotations: dict, name: str = "c1",
-                  stage: Stage = Stage.PRE_CREATE_CONTAINER) -> ContainerContext:
+                  stage: HookPoint = HookPoint.PRE_CREATE_CONTAINER) -> ContainerContext:
     ctx = ContainerContext(ContainerRequest(
         pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name=name, container_id="cid",
         pod_labels=labels, pod_annotations=annotations, pod_cgroup_parent="/kubepods/besteffort/pod1",
@@ -61,7 +67,7 @@ C1 = container({"cpu": "500", "memory": "2Gi"}, {"cpu": "500", "memory": "2Gi"})
 
 
 @pytest.mark.parametrize("annotations, expected", [
-    # the §8 example: 500m / 2Gi
+    # the documented example: 500m / 2Gi
     (spec(c1=C1), Resources(cpu_shares=512, cpu_quota=50000, memory_limit=2147483648)),
     (spec(c1=container({"cpu": 1000}, {"cpu": 2000, "memory": "512Mi"})),
      Resources(cpu_shares=1024, cpu_quota=200000, memory_limit=512 * 2**20)),
@@ -101,7 +107,7 @@ def test_only_be_pods(labels: dict) -> None:
 
 
 def test_update_container_resources_and_wire() -> None:
-    ctx = run_container(BE, spec(c1=C1), stage=Stage.PRE_UPDATE_CONTAINER_RESOURCES)
+    ctx = run_container(BE, spec(c1=C1), stage=HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
     wire = ctx.to_proto().container_resources
     assert (wire.cpu_shares, wire.cpu_quota, wire.memory_limit_in_bytes) == (512, 50000, 2147483648)
 

@@ -6,12 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, Hooks, PluginEnv, Stage
+from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import PLUGIN_ORDER, build_plugins
 from koord.koordlet.runtimehooks.plugins.cpunormalization import CPUNormalization
 from koord.koordlet.runtimehooks.protocol import (
-    ContainerContext, ContainerRequest, PodContext, PodMeta, PodRequest, Resources,
+    ContainerContext,
+    ContainerRequest,
+    PodContext,
+    PodMeta,
+    PodRequest,
+    Resources,
 )
 from koord.koordlet.runtimehooks.rule import parse_rules
 
@@ -60,14 +66,14 @@ def container_ctx(qos: str, quota: int | None, annotations: dict | None = None) 
 def test_container_quota(ratio: str | None, qos: str, quota: int | None, annotations: dict,
                          expected: int | None) -> None:
     ctx = container_ctx(qos, quota, annotations)
-    hooks_with(ratio).run(Stage.PRE_CREATE_CONTAINER, ctx)
+    hooks_with(ratio).run(HookPoint.PRE_CREATE_CONTAINER, ctx)
     assert ctx.response.resources.cpu_quota == expected
 
 
 def test_update_stage_and_earlier_answer_wins_over_request() -> None:
     ctx = container_ctx("LS", 100000)
     ctx.response.resources.cpu_quota = 240000   # set by an earlier plugin
-    hooks_with("1.2").run(Stage.PRE_UPDATE_CONTAINER_RESOURCES, ctx)
+    hooks_with("1.2").run(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, ctx)
     assert ctx.response.resources.cpu_quota == 200000
 
 
@@ -75,7 +81,7 @@ def test_pod_quota() -> None:
     ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
                                 labels={"koordinator.sh/qosClass": "LS"},
                                 resources=Resources(cpu_quota=200000)))
-    hooks_with("1.2").run(Stage.PRE_RUN_POD_SANDBOX, ctx)
+    hooks_with("1.2").run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
     assert ctx.response.resources == Resources(cpu_quota=166667)
 
 
@@ -90,7 +96,7 @@ def test_runs_after_cpuset_allocator_in_plugin_order() -> None:
         plugin.update_rules(rules)
         plugin.register(hooks)
     ctx = container_ctx("LSR", 100000, {STATUS: '{"cpuset":"0-3"}'})
-    hooks.run(Stage.PRE_CREATE_CONTAINER, ctx)
+    hooks.run(HookPoint.PRE_CREATE_CONTAINER, ctx)
     assert ctx.response.resources == Resources(cpuset_cpus="0-3", cpu_quota=-1)
 
 
@@ -108,7 +114,7 @@ def test_recorded_base_prevents_double_scaling(quota: int, recorded: str | None,
     ctx = container_ctx("LS", quota)
     if recorded is not None:
         ctx.request.container_annotations[BASE] = recorded
-    hooks_with("1.2").run(Stage.PRE_CREATE_CONTAINER, ctx)
+    hooks_with("1.2").run(HookPoint.PRE_CREATE_CONTAINER, ctx)
     assert ctx.response.resources.cpu_quota == expected_quota
     assert ctx.response.annotations[BASE] == expected_base
 
@@ -116,6 +122,6 @@ def test_recorded_base_prevents_double_scaling(quota: int, recorded: str | None,
 def test_pod_level_base_is_recorded_in_pod_annotations() -> None:
     ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
                                 annotations={BASE: "100000"}, resources=Resources(cpu_quota=83334)))
-    hooks_with("1.2").run(Stage.PRE_RUN_POD_SANDBOX, ctx)
+    hooks_with("1.2").run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
     assert ctx.response.resources.cpu_quota == 83334
     assert ctx.response.annotations[BASE] == "100000"

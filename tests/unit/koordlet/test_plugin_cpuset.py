@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, PluginEnv, Stage
+from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator
 from koord.koordlet.runtimehooks.protocol import (
-    ContainerContext, ContainerRequest, PodMeta, Resources,
+    ContainerContext,
+    ContainerRequest,
+    PodMeta,
+    Resources,
 )
 from koord.koordlet.runtimehooks.rule import parse_rules
 
@@ -31,7 +35,7 @@ def node(policy: str = "none", pools: list | None = POOLS, be_pools: list | None
 
 
 def run(node_obj: dict | None, qos: str, annotations: dict | None = None,
-        stage: Stage = Stage.PRE_CREATE_CONTAINER) -> ContainerContext:
+        stage: HookPoint = HookPoint.PRE_CREATE_CONTAINER) -> ContainerContext:
     plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
     if node_obj is not None:
         plugin.update_rules(parse_rules(None, node_obj))
@@ -74,7 +78,7 @@ def test_container_cpuset(node_obj: dict | None, qos: str, annotations: dict, ex
 
 
 def test_update_container_resources_too() -> None:
-    ctx = run(node(), "LS", stage=Stage.PRE_UPDATE_CONTAINER_RESOURCES)
+    ctx = run(node(), "LS", stage=HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
     assert ctx.response.resources.cpuset_cpus == "0-15"
     assert ctx.to_proto().container_resources.cpuset_cpus == "0-15"
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 
 import pytest
 
+from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, PluginEnv, Stage
+from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.gpu import GPUEnvInject
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
 
@@ -18,7 +18,7 @@ NO_FS = Path("/nonexistent")
 
 
 def run(annotations: dict, envs: dict | None = None,
-        stage: Stage = Stage.PRE_CREATE_CONTAINER) -> ContainerContext:
+        stage: HookPoint = HookPoint.PRE_CREATE_CONTAINER) -> ContainerContext:
     hooks = Hooks(FailurePolicy.FAIL)
     GPUEnvInject(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)).register(hooks)
     ctx = ContainerContext(ContainerRequest(
@@ -44,7 +44,7 @@ def test_env(annotations: dict, envs: dict) -> None:
 
 
 def test_only_at_create() -> None:
-    assert run({ALLOCATED: '{"gpu":[{"minor":0}]}'}, stage=Stage.PRE_START_CONTAINER).response.envs == {}
+    assert run({ALLOCATED: '{"gpu":[{"minor":0}]}'}, stage=HookPoint.PRE_START_CONTAINER).response.envs == {}
 
 
 @pytest.mark.parametrize("annotation, reason", [

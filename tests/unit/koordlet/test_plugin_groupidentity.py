@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, PluginEnv, Stage
+from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
 from koord.koordlet.runtimehooks.protocol import KubeQoS, PodContext, PodMeta, PodRequest, Resources
 from koord.koordlet.runtimehooks.rule import parse_rules
@@ -37,7 +38,7 @@ def run_pod(plugin: GroupIdentity, labels: dict, annotations: dict | None = None
     plugin.register(hooks)
     ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"), labels=labels,
                                 annotations=annotations or {}, cgroup_parent=parent))
-    hooks.run(Stage.PRE_RUN_POD_SANDBOX, ctx)
+    hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
     return ctx
 
 

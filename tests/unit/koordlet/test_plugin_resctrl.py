@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, HookError, Hooks, PluginEnv, Stage
+from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl, l3_mask
 from koord.koordlet.runtimehooks.protocol import (
-    ContainerContext, ContainerRequest, PodContext, PodMeta, PodRequest,
+    ContainerContext,
+    ContainerRequest,
+    PodContext,
+    PodMeta,
+    PodRequest,
 )
 
 ANNOTATION = "node.koordinator.sh/resctrl"
@@ -69,7 +74,7 @@ def group(root: Path) -> Path:
 ])
 def test_pod_group_schemata(node: Path, config: dict, schemata: str | None) -> None:
     ctx = pod_ctx({ANNOTATION: json.dumps(config)})
-    hooks_for(node).run(Stage.PRE_RUN_POD_SANDBOX, ctx)
+    hooks_for(node).run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
     assert group(node).is_dir()
     written = group(node) / "schemata"
     assert (written.read_text() if written.exists() else None) == schemata
@@ -79,33 +84,34 @@ def test_pod_group_schemata(node: Path, config: dict, schemata: str | None) -> N
 def test_lifecycle(node: Path) -> None:
     hooks = hooks_for(node)
     annotations = {ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'}
-    hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx(annotations))
-    hooks.run(Stage.POST_START_CONTAINER, container_ctx(annotations))
+    hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx(annotations))
+    hooks.run(HookPoint.POST_START_CONTAINER, container_ctx(annotations))
     assert (group(node) / "tasks").read_text().split() == ["101", "102"]
-    hooks.run(Stage.POST_STOP_POD_SANDBOX, pod_ctx(annotations))
+    hooks.run(HookPoint.POST_STOP_POD_SANDBOX, pod_ctx(annotations))
     assert not group(node).exists()
     assert (node / "sys" / "fs" / "resctrl" / "schemata").exists()
 
 
 def test_post_start_creates_a_missing_group(node: Path) -> None:
     """A pod created before koordlet started still gets its group when its container starts."""
-    hooks_for(node).run(Stage.POST_START_CONTAINER, container_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'}))
+    hooks_for(node).run(HookPoint.POST_START_CONTAINER,
+                        container_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'}))
     assert (group(node) / "schemata").read_text() == "MB:0=40;1=40\n"
     assert (group(node) / "tasks").read_text().split() == ["101", "102"]
 
 
 def test_pods_without_annotation_are_ignored(node: Path) -> None:
     hooks = hooks_for(node)
-    hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({}))
-    hooks.run(Stage.POST_START_CONTAINER, container_ctx({}))
-    hooks.run(Stage.POST_STOP_POD_SANDBOX, pod_ctx({}))
+    hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx({}))
+    hooks.run(HookPoint.POST_START_CONTAINER, container_ctx({}))
+    hooks.run(HookPoint.POST_STOP_POD_SANDBOX, pod_ctx({}))
     assert sorted(p.name for p in (node / "sys" / "fs" / "resctrl").iterdir()) == ["info", "schemata"]
 
 
 def test_without_resctrl_does_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     hooks = hooks_for(tmp_path)
     for _ in range(2):
-        hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
+        hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
     assert not (tmp_path / "sys").exists()
     assert sum("resctrl not mounted" in r.message for r in caplog.records) == 1
 
@@ -121,23 +127,23 @@ def test_without_resctrl_does_nothing(tmp_path: Path, caplog: pytest.LogCaptureF
 ])
 def test_bad_annotation(node: Path, annotation: str, reason: str) -> None:
     with pytest.raises(HookError, match=re.escape(reason)) as info:
-        hooks_for(node).run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: annotation}))
+        hooks_for(node).run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: annotation}))
     assert "ns/p" in str(info.value)
     assert not group(node).exists()
 
 
 def test_missing_container_cgroup_is_an_error(node: Path) -> None:
     with pytest.raises(HookError, match="missing"):
-        hooks_for(node).run(Stage.POST_START_CONTAINER,
+        hooks_for(node).run(HookPoint.POST_START_CONTAINER,
                             container_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}, "gone"))
 
 
 def test_missing_cbm_mask_is_an_error_for_llc_only(node: Path) -> None:
     (node / "sys" / "fs" / "resctrl" / "info" / "L3" / "cbm_mask").unlink()
     hooks = hooks_for(node)
-    hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
+    hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
     with pytest.raises(HookError, match="cbm_mask"):
-        hooks.run(Stage.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'}))
+        hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'}))
 
 
 @pytest.mark.parametrize("cbm, start, end, mask", [

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from koord.hookapi import HookPoint
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv, Stage
+from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import (
-    DEFAULT_FEATURE_GATES, PLUGIN_ORDER, build_plugins, parse_feature_gates,
+    DEFAULT_FEATURE_GATES,
+    PLUGIN_ORDER,
+    build_plugins,
+    parse_feature_gates,
 )
 
 NO_FS = Path("/nonexistent")
@@ -54,11 +58,11 @@ def test_build_all_and_register() -> None:
     hooks = Hooks()
     for plugin in plugins:
         plugin.register(hooks)
-    assert [name for name, _ in hooks.registrations(Stage.PRE_CREATE_CONTAINER)] == [
+    assert [name for name, _ in hooks.registrations(HookPoint.PRE_CREATE_CONTAINER)] == [
         "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject"]
-    assert hooks.stages() == {Stage.PRE_RUN_POD_SANDBOX, Stage.PRE_CREATE_CONTAINER,
-                              Stage.PRE_UPDATE_CONTAINER_RESOURCES, Stage.POST_START_CONTAINER,
-                              Stage.POST_STOP_POD_SANDBOX}
+    assert hooks.stages() == {HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER,
+                              HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, HookPoint.POST_START_CONTAINER,
+                              HookPoint.POST_STOP_POD_SANDBOX}
 
 
 def test_build_rejects_unknown_gate() -> None:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from cri_api.v1 import api_pb2 as cri
 
+from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.runtimehooks.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import FailurePolicy, Hooks, RuntimePlugin, Stage
+from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
 from koord.koordlet.runtimehooks.protocol import KubeQoS, Resources
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.testing.cgroupfs import make_fake_v1_cgroup
@@ -29,9 +30,9 @@ class BeQoSPlugin(RuntimePlugin):
         self.stopped = []
 
     def register(self, hooks):
-        hooks.register(Stage.PRE_RUN_POD_SANDBOX, self.name, "", self.pod)
-        hooks.register(Stage.PRE_CREATE_CONTAINER, self.name, "", self.container)
-        hooks.register(Stage.POST_STOP_POD_SANDBOX, self.name, "",
+        hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name, "", self.pod)
+        hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, self.name, "", self.container)
+        hooks.register_pod(HookPoint.POST_STOP_POD_SANDBOX, self.name, "",
                        lambda ctx: self.stopped.append(ctx.request.meta.name))
 
     def pod(self, ctx):

@@ -8,7 +8,11 @@ import pytest
 
 from koord.koordlet.runtimehooks.protocol import KoordQoS, KubeQoS
 from koord.koordlet.runtimehooks.rule import (
-    CPUSharedPool, GroupIdentityRule, RuleError, Rules, parse_rules,
+    CPUSharedPool,
+    GroupIdentityRule,
+    RuleError,
+    Rules,
+    parse_rules,
 )
 
 

@@ -1,11 +1,9 @@
 """koord.pluginsdk: decorators -> registration; typed requests -> responses over a socket."""
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -16,11 +14,11 @@ from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.pluginsdk import (
     ContainerRequest,
     ContainerResponse,
+    HookPoint,
     PodRequest,
     PodResponse,
     Resources,
     RuntimePluginServer,
-    Stage,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpu_env_plugin.py"
@@ -36,18 +34,11 @@ POD = api_pb2.PodSandboxHookRequest(pod_meta=CONTAINER.pod_meta, labels={"app": 
 
 
 @pytest.fixture
-def short_dir():
-    d = Path(tempfile.mkdtemp(prefix="kl-sdk-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def running(short_dir):
+def running(short_socket_dir):
     plugins = []
 
     def start(plugin):
-        plugin.start(short_dir / "hookserver.d")
+        plugin.start(short_socket_dir / "hookserver.d")
         plugins.append(plugin)
         channel = grpc.insecure_channel("unix:" + plugin.server.endpoint)
         plugins.append(channel)
@@ -58,8 +49,8 @@ def running(short_dir):
         p.close() if isinstance(p, grpc.Channel) else p.stop()
 
 
-def test_registration_lists_exactly_the_decorated_stages(short_dir, running):
-    plugin = RuntimePluginServer("demo", endpoint=str(short_dir / "demo.sock"), failure_policy="Fail")
+def test_registration_lists_exactly_the_decorated_stages(short_socket_dir, running):
+    plugin = RuntimePluginServer("demo", endpoint=str(short_socket_dir / "demo.sock"), failure_policy="Fail")
 
     @plugin.pre_run_pod_sandbox
     def label(req: PodRequest) -> PodResponse:
@@ -70,38 +61,38 @@ def test_registration_lists_exactly_the_decorated_stages(short_dir, running):
         return None
 
     running(plugin)
-    assert json.loads((short_dir / "hookserver.d" / "demo.json").read_text()) == {
-        "remote-endpoint": str(short_dir / "demo.sock"), "failure-policy": "Fail",
+    assert json.loads((short_socket_dir / "hookserver.d" / "demo.json").read_text()) == {
+        "remote-endpoint": str(short_socket_dir / "demo.sock"), "failure-policy": "Fail",
         "runtime-hooks": ["PreRunPodSandbox", "PostStartContainer"]}
     assert label.__name__ == "label"  # decorators return the handler unchanged
 
 
-def test_every_decorator_serves_its_rpc(short_dir, running):
-    plugin = RuntimePluginServer("all", endpoint=str(short_dir / "all.sock"))
+def test_every_decorator_serves_its_rpc(short_socket_dir, running):
+    plugin = RuntimePluginServer("all", endpoint=str(short_socket_dir / "all.sock"))
     decorators = {
-        Stage.PRE_RUN_POD_SANDBOX: plugin.pre_run_pod_sandbox,
-        Stage.POST_STOP_POD_SANDBOX: plugin.post_stop_pod_sandbox,
-        Stage.PRE_CREATE_CONTAINER: plugin.pre_create_container,
-        Stage.PRE_START_CONTAINER: plugin.pre_start_container,
-        Stage.POST_START_CONTAINER: plugin.post_start_container,
-        Stage.POST_STOP_CONTAINER: plugin.post_stop_container,
-        Stage.PRE_UPDATE_CONTAINER_RESOURCES: plugin.pre_update_container_resources,
+        HookPoint.PRE_RUN_POD_SANDBOX: plugin.pre_run_pod_sandbox,
+        HookPoint.POST_STOP_POD_SANDBOX: plugin.post_stop_pod_sandbox,
+        HookPoint.PRE_CREATE_CONTAINER: plugin.pre_create_container,
+        HookPoint.PRE_START_CONTAINER: plugin.pre_start_container,
+        HookPoint.POST_START_CONTAINER: plugin.post_start_container,
+        HookPoint.POST_STOP_CONTAINER: plugin.post_stop_container,
+        HookPoint.PRE_UPDATE_CONTAINER_RESOURCES: plugin.pre_update_container_resources,
     }
     for stage, decorate in decorators.items():
-        if stage.is_pod_stage:
+        if stage.is_pod:
             decorate(lambda req, stage=stage: PodResponse(annotations={"stage": stage.value}))
         else:
             decorate(lambda req, stage=stage: ContainerResponse(annotations={"stage": stage.value}))
     stub = running(plugin)
-    for stage in Stage:
-        request = POD if stage.is_pod_stage else CONTAINER
+    for stage in HookPoint:
+        request = POD if stage.is_pod else CONTAINER
         response = getattr(stub, stage.rpc)(request, timeout=5)
-        got = response.annotations if stage.is_pod_stage else response.container_annotations
+        got = response.annotations if stage.is_pod else response.container_annotations
         assert dict(got) == {"stage": stage.value}
 
 
-def test_handlers_of_one_stage_merge_in_order(short_dir, running):
-    plugin = RuntimePluginServer("two", endpoint=str(short_dir / "two.sock"))
+def test_handlers_of_one_stage_merge_in_order(short_socket_dir, running):
+    plugin = RuntimePluginServer("two", endpoint=str(short_socket_dir / "two.sock"))
 
     @plugin.pre_create_container
     def first(req):
@@ -116,8 +107,8 @@ def test_handlers_of_one_stage_merge_in_order(short_dir, running):
     assert response.container_resources.cpu_shares == 100
 
 
-def test_handler_failure_and_wrong_return_type_fail_the_call(short_dir, running):
-    plugin = RuntimePluginServer("bad", endpoint=str(short_dir / "bad.sock"))
+def test_handler_failure_and_wrong_return_type_fail_the_call(short_socket_dir, running):
+    plugin = RuntimePluginServer("bad", endpoint=str(short_socket_dir / "bad.sock"))
 
     @plugin.pre_create_container
     def explode(req):
@@ -137,17 +128,17 @@ def test_handler_failure_and_wrong_return_type_fail_the_call(short_dir, running)
     assert "wrong" in err.value.details() and "PodResponse" in err.value.details()
 
 
-def test_no_handlers_and_bad_names_are_refused(short_dir):
+def test_no_handlers_and_bad_names_are_refused(short_socket_dir):
     with pytest.raises(ValueError, match="no handlers"):
-        RuntimePluginServer("empty", endpoint=str(short_dir / "e.sock")).start(short_dir)
+        RuntimePluginServer("empty", endpoint=str(short_socket_dir / "e.sock")).start(short_socket_dir)
     with pytest.raises(ValueError, match="plugin name"):
-        RuntimePluginServer("../escape", endpoint=str(short_dir / "e.sock"))
-    assert not list(short_dir.iterdir())
+        RuntimePluginServer("../escape", endpoint=str(short_socket_dir / "e.sock"))
+    assert not list(short_socket_dir.iterdir())
 
 
-def test_example_gpu_env_plugin_end_to_end(short_dir):
-    config = short_dir / "hookserver.d"
-    sock = short_dir / "gpu.sock"
+def test_example_gpu_env_plugin_end_to_end(short_socket_dir):
+    config = short_socket_dir / "hookserver.d"
+    sock = short_socket_dir / "gpu.sock"
     proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--endpoint", str(sock),
                              "--config-dir", str(config)], stderr=subprocess.PIPE, text=True)
     try:

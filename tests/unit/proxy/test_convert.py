@@ -208,7 +208,7 @@ VALIDATION_CASES = [
 def test_validate_container_response(name, resp, expected) -> None:
     problems = convert.validate_container_response(resp)
     assert len(problems) == len(expected)
-    for problem, word in zip(problems, expected):
+    for problem, word in zip(problems, expected, strict=True):
         assert word in problem
 
 

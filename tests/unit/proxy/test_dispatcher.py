@@ -12,9 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.hookapi import HookPoint
 from koord.runtimeproxy.dispatcher import HookFailed, RuntimeDispatcher, Target
 from koord.runtimeproxy.metrics import ProxyMetrics
-from koord.runtimeproxy.pluginsmanager import HookPoint, PluginsManager
+from koord.runtimeproxy.pluginsmanager import PluginsManager
 from koord.testing.hookplugin import Behaviour, RecordingPlugin
 
 TARGET = Target("ns/web", "c1")

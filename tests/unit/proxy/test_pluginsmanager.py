@@ -17,16 +17,10 @@ from typing import Any
 
 import pytest
 
+from koord.hookapi import FailurePolicy, HookPoint, RegistrationError, display_name
+from koord.hookapi import registration as schema
 from koord.runtimeproxy import pluginsmanager as pm
-from koord.runtimeproxy.pluginsmanager import (
-    FailurePolicy,
-    HookPoint,
-    PluginsManager,
-    RegistrationError,
-    display_name,
-    parse_registration,
-)
-
+from koord.runtimeproxy.pluginsmanager import PluginsManager, parse_registration
 
 
 @pytest.fixture(autouse=True)
@@ -193,7 +187,7 @@ def test_bad_registration_files(hookdir, tmp_path) -> None:
     cases["group.json"] = "mode 0664 is group-writable"
     os.chown(write(hookdir, "user.json", good), 1000, 0)
     cases["user.json"] = "owned by uid 1000; registrations must be owned by root (uid 0)"
-    write(hookdir, "huge.json", b" " * (pm.MAX_FILE_SIZE + 1))
+    write(hookdir, "huge.json", b" " * (schema.MAX_FILE_SIZE + 1))
     cases["huge.json"] = "is 65537 bytes, larger than the 65536-byte limit"
     os.mkfifo(hookdir / "fifo.json")
     cases["fifo.json"] = "is not a regular file (mode prw"
@@ -451,7 +445,7 @@ def _fuzz_files(hookdir: Path, rng: random.Random) -> set[str]:
     add("f-utf8-001.json", good.encode("utf-16"))
     huge = add("f-huge-10MiB.json", b"{")
     os.truncate(huge, 10 * 1024 * 1024)
-    add("f-just-over-limit.json", good.encode() + b" " * pm.MAX_FILE_SIZE)
+    add("f-just-over-limit.json", good.encode() + b" " * schema.MAX_FILE_SIZE)
     for i, target in enumerate(["/etc/passwd", "/dev/zero", "/nonexistent", str(hookdir / "00-good.json"), "/"]):
         os.symlink(target, hookdir / f"f-link-{i}.json")
         made.add(f"f-link-{i}.json")

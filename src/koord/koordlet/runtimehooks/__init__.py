@@ -1,1 +1,1 @@
-"""koordlet's runtime-hooks module (seed 002): server, hooks framework, rule, reconciler, plugins."""
+"""koordlet's runtime-hooks module: server, hooks framework, rule, reconciler, plugins."""

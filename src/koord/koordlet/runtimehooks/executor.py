@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 
 from koord import cgrouplimits
+from koord.hookapi import format_cpuset, parse_cpuset
 
 from .protocol import KubeQoS, Resources
 
@@ -26,7 +26,6 @@ SYSTEMD = "systemd"
 
 # cgroup v1 memory.limit_in_bytes reads back LONG_MAX rounded down to a page when unlimited.
 _V1_MEMORY_UNLIMITED = 9223372036854771712
-_CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
 class CgroupError(Exception):
@@ -66,37 +65,6 @@ _LIMITS = {
 # accepted; mems before cpus as runc does.
 _APPLY_ORDER = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit",
                 "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns")
-
-
-def parse_cpuset(text: str) -> list[int]:
-    """Kernel list syntax ("0-3,5") to sorted cpu ids; "" is the empty set. ValueError if malformed."""
-    text = text.strip()
-    if not text:
-        return []
-    if not _CPUSET_RE.match(text):
-        raise ValueError(f"bad cpuset {text!r}: want a list like '0-3,5'")
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        first, last = int(lo), int(hi or lo)
-        if last < first:
-            raise ValueError(f"bad cpuset {text!r}: range {part} runs backwards")
-        cpus.update(range(first, last + 1))
-    return sorted(cpus)
-
-
-def format_cpuset(cpus: list[int] | set[int]) -> str:
-    """Sorted ids to the compact kernel form: [0,1,2,3,5] -> "0-3,5"."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def shares_to_weight(shares: int) -> int:
@@ -288,10 +256,9 @@ class CgroupExecutor:
             if not isinstance(value, str):
                 raise bad("is not a cpu list string")
             try:
-                parse_cpuset(value)
+                return format_cpuset(parse_cpuset(value))
             except ValueError as exc:
                 raise bad(f"rejected: {exc}") from None
-            return value.strip()
         if isinstance(value, bool):
             raise bad("is not an integer")
         try:

@@ -8,14 +8,14 @@ each plugin registers its functions: stable, so a later plugin may refine an ear
 from __future__ import annotations
 
 import copy
-import enum
-import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+
+from koord.hookapi import FailurePolicy, HookPoint
 
 from .protocol import ContainerContext, HookContext, KubeQoS, PodContext, Resources
 
@@ -26,28 +26,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Stage(enum.StrEnum):
-    """The seven hook points of seed 001; values are the registration-file names."""
-
-    PRE_RUN_POD_SANDBOX = "PreRunPodSandbox"
-    POST_STOP_POD_SANDBOX = "PostStopPodSandbox"
-    PRE_CREATE_CONTAINER = "PreCreateContainer"
-    PRE_START_CONTAINER = "PreStartContainer"
-    POST_START_CONTAINER = "PostStartContainer"
-    POST_STOP_CONTAINER = "PostStopContainer"
-    PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
-
-    @property
-    def is_pod_stage(self) -> bool:
-        return self in (Stage.PRE_RUN_POD_SANDBOX, Stage.POST_STOP_POD_SANDBOX)
-
-    @property
-    def rpc(self) -> str:
-        """The RuntimeHookService method name, e.g. ``PreRunPodSandboxHook``."""
-        return f"{self.value}Hook"
-
-
-HookFn = Callable[[HookContext], None]
+PodHook = Callable[[PodContext], None]
+ContainerHook = Callable[[ContainerContext], None]
 
 
 class HookError(Exception):
@@ -57,35 +37,6 @@ class HookError(Exception):
 class InvalidInput(HookError):
     """The request holds a value a plugin cannot use (an annotation, a quantity): the
     caller's error, answered INVALID_ARGUMENT when it fails the hook."""
-
-
-_JSON_KINDS = {dict: "object", list: "list"}
-
-
-def json_annotation(annotations: Mapping[str, str], key: str, want: type = dict,
-                    error: type[Exception] = InvalidInput, owner: str = "pod") -> Any:
-    """The JSON value of an annotation, or None when it is absent or empty.
-
-    Every plugin reads Koordinator's JSON annotations; a malformed one must fail with the
-    same message naming the annotation, so users see which object to fix.
-    """
-    text = annotations.get(key)
-    if not text:
-        return None
-    if not isinstance(text, str):
-        raise error(f"{owner} annotation {key}: want a JSON string value, got {text!r}")
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise error(f"{owner} annotation {key}: bad JSON: {exc.msg}") from None
-    if not isinstance(value, want):
-        raise error(f"{owner} annotation {key}: want a JSON {_JSON_KINDS.get(want, want.__name__)}, got {text!r}")
-    return value
-
-
-class FailurePolicy(enum.StrEnum):
-    FAIL = "Fail"
-    IGNORE = "Ignore"
 
 
 @dataclass(frozen=True)
@@ -109,7 +60,7 @@ class RuntimePlugin(ABC):
 
     @abstractmethod
     def register(self, hooks: Hooks) -> None:
-        """Calls ``hooks.register(stage, self.name, description, fn)`` for each stage it serves."""
+        """Calls ``hooks.register_pod`` / ``hooks.register_container`` for each stage it serves."""
 
     def update_rules(self, rules: Rules) -> bool:
         """Takes new rules; True when existing pods must be refreshed."""
@@ -122,37 +73,65 @@ class RuntimePlugin(ABC):
         return None
 
 
+_C = TypeVar("_C", PodContext, ContainerContext)
+
+
 @dataclass(frozen=True)
-class _Registration:
-    stage: Stage
+class _Registration(Generic[_C]):
+    stage: HookPoint
     plugin: str
     description: str
-    fn: HookFn
+    fn: Callable[[_C], None]
 
 
 class Hooks:
-    """Registry of hook functions and their runner."""
+    """Registry of hook functions and their runner.
+
+    Pod hook points take functions of a PodContext, container hook points functions of a
+    ContainerContext; registering one at the other kind of hook point is refused at once,
+    so a plugin never has to check what it was given.
+    """
 
     def __init__(self, failure_policy: FailurePolicy = FailurePolicy.IGNORE) -> None:
         self.failure_policy = failure_policy
-        self._by_stage: dict[Stage, list[_Registration]] = {s: [] for s in Stage}
+        self._pod: dict[HookPoint, list[_Registration[PodContext]]] = {s: [] for s in HookPoint if s.is_pod}
+        self._container: dict[HookPoint, list[_Registration[ContainerContext]]] = {
+            s: [] for s in HookPoint if not s.is_pod}
 
-    def register(self, stage: Stage, plugin: str, description: str, fn: HookFn) -> None:
-        self._by_stage[stage].append(_Registration(stage, plugin, description, fn))
+    def register_pod(self, stage: HookPoint, plugin: str, description: str, fn: PodHook) -> None:
+        if not stage.is_pod:
+            raise ValueError(f"plugin {plugin}: {stage} is a container hook point; register a "
+                             "function of a ContainerContext with register_container")
+        self._pod[stage].append(_Registration(stage, plugin, description, fn))
 
-    def stages(self) -> set[Stage]:
-        return {s for s, regs in self._by_stage.items() if regs}
+    def register_container(self, stage: HookPoint, plugin: str, description: str, fn: ContainerHook) -> None:
+        if stage.is_pod:
+            raise ValueError(f"plugin {plugin}: {stage} is a pod hook point; register a "
+                             "function of a PodContext with register_pod")
+        self._container[stage].append(_Registration(stage, plugin, description, fn))
 
-    def registrations(self, stage: Stage) -> list[tuple[str, str]]:
-        return [(r.plugin, r.description) for r in self._by_stage[stage]]
+    def stages(self) -> set[HookPoint]:
+        return {s for s, regs in [*self._pod.items(), *self._container.items()] if regs}
 
-    def run(self, stage: Stage, ctx: HookContext) -> list[tuple[str, Exception]]:
+    def registrations(self, stage: HookPoint) -> list[tuple[str, str]]:
+        regs = self._pod[stage] if stage.is_pod else self._container[stage]
+        return [(r.plugin, r.description) for r in regs]
+
+    def run(self, stage: HookPoint, ctx: HookContext) -> list[tuple[str, Exception]]:
         """Runs every function of ``stage`` on ``ctx``; returns the (plugin, error) pairs.
 
         With FailurePolicy.FAIL the first error stops the rest and is raised as HookError.
         """
+        if isinstance(ctx, PodContext) and stage.is_pod:
+            return self._run(self._pod[stage], stage, ctx)
+        if isinstance(ctx, ContainerContext) and not stage.is_pod:
+            return self._run(self._container[stage], stage, ctx)
+        raise TypeError(f"{stage} runs on a {'Pod' if stage.is_pod else 'Container'}Context, "
+                        f"got {type(ctx).__name__}")
+
+    def _run(self, regs: list[_Registration[_C]], stage: HookPoint, ctx: _C) -> list[tuple[str, Exception]]:
         errors: list[tuple[str, Exception]] = []
-        for reg in self._by_stage[stage]:
+        for reg in regs:
             before = copy.deepcopy(ctx.response)
             try:
                 reg.fn(ctx)
@@ -161,7 +140,7 @@ class Hooks:
                     raise HookError("answer out of range: " + "; ".join(problems))
             except Exception as exc:  # a plugin's bug must not take the server down
                 # None of a failed plugin's changes stay: a half-done answer is never sent.
-                ctx.response = before  # type: ignore[assignment]
+                ctx.response = before
                 who = describe(ctx)
                 log.warning("plugin %s failed at %s for %s: %s", reg.plugin, stage, who, exc)
                 if self.failure_policy is FailurePolicy.FAIL:
@@ -174,5 +153,4 @@ def describe(ctx: HookContext) -> str:
     """``pod ns/name`` or ``pod ns/name container c``: the subject of every hook log line."""
     if isinstance(ctx, PodContext):
         return f"pod {ctx.request.meta}"
-    assert isinstance(ctx, ContainerContext)
     return f"pod {ctx.request.pod_meta} container {ctx.request.container_name}"

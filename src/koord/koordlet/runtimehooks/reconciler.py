@@ -1,4 +1,4 @@
-"""Standalone mode (seed 002): writes the plugins' cgroup values for pods already running.
+"""Standalone mode: writes the plugins' cgroup values for pods already running.
 
 Without the proxy nobody calls the hooks, and with it a rule change still has to reach
 pods created earlier. Every interval, and on demand after a rule change, the reconciler
@@ -32,8 +32,10 @@ import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 
+from koord.hookapi import HookPoint
+
 from .executor import CgroupError, CgroupExecutor
-from .hooks import Hooks, RuntimePlugin, Stage, describe
+from .hooks import Hooks, RuntimePlugin, describe
 from .protocol import (
     ContainerContext,
     ContainerRequest,
@@ -158,7 +160,7 @@ class Reconciler:
                 request = pod_request_from_status(status)
                 pods[sandbox.id] = request
                 ctx = PodContext(request)
-                if self._run_hooks(Stage.PRE_RUN_POD_SANDBOX, ctx, report):
+                if self._run_hooks(HookPoint.PRE_RUN_POD_SANDBOX, ctx, report):
                     report.pods += 1
                     self._apply(self.executor.pod_dir(request.cgroup_parent),
                                 ctx.response.resources, who, report)
@@ -177,7 +179,7 @@ class Reconciler:
                 status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
                     container_id=container.id, verbose=True), timeout=CRI_TIMEOUT)
                 ctx = ContainerContext(container_request_from_status(pod, container, status))
-                if self._run_hooks(Stage.PRE_CREATE_CONTAINER, ctx, report):
+                if self._run_hooks(HookPoint.PRE_CREATE_CONTAINER, ctx, report):
                     report.containers += 1
                     cgroup_dir = self.executor.container_dir(pod.cgroup_parent, container.id)
                     self._apply(cgroup_dir, ctx.response.resources, who, report)
@@ -187,11 +189,11 @@ class Reconciler:
     def _forget_stopped_pods(self, pods: dict[str, PodRequest], report: ReconcileReport) -> None:
         for sandbox_id in self._known_pods.keys() - pods.keys():
             ctx = PodContext(self._known_pods[sandbox_id])
-            if self._run_hooks(Stage.POST_STOP_POD_SANDBOX, ctx, report):
+            if self._run_hooks(HookPoint.POST_STOP_POD_SANDBOX, ctx, report):
                 report.stopped_pods += 1
         self._known_pods = pods
 
-    def _run_hooks(self, stage: Stage, ctx: HookContext, report: ReconcileReport) -> bool:
+    def _run_hooks(self, stage: HookPoint, ctx: HookContext, report: ReconcileReport) -> bool:
         """False when a plugin failed under the Fail policy (the error is in the report)."""
         try:
             errors = self.hooks.run(stage, ctx)

@@ -5,7 +5,7 @@ pods need a refresh (``RuntimePlugin.update_rules``), and a half-parsed NodeSLO 
 leak into a plugin: ``parse_rules`` either returns complete rules or raises RuleError
 naming the field that was wrong.
 
-Defaults follow upstream koordinator's merged NodeSLO (DESIGN.md §8): group identity
+Defaults follow upstream koordinator's merged NodeSLO: group identity
 LSR 2, LS 2, BE -1, SYSTEM 0, all classes disabled until NodeSLO enables them.
 """
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from .executor import parse_cpuset
-from .hooks import json_annotation
+from koord.hookapi import json_annotation, json_object, parse_cpuset
+
 from .protocol import KoordQoS, KubeQoS
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
@@ -34,6 +35,9 @@ NONE_BVT = 0
 
 class RuleError(ValueError):
     """NodeSLO, Node or a pod annotation holds a value the rules cannot use; names the field."""
+
+
+_object = partial(json_object, error=RuleError)
 
 
 @dataclass(frozen=True)
@@ -163,14 +167,6 @@ def _group_identity(node_slo: dict | None) -> GroupIdentityRule:
 def _bvt(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= 2:
         raise RuleError(f"{where}={value!r}: want an integer in [-1, 2]")
-    return value
-
-
-def _object(value: Any, where: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise RuleError(f"{where}: want an object, got {type(value).__name__}")
     return value
 
 

@@ -1,4 +1,4 @@
-"""gRPC server for runtime.v1alpha1.RuntimeHookService (Proxy mode, seed 002).
+"""gRPC server for runtime.v1alpha1.RuntimeHookService (koordlet's Proxy mode).
 
 Each request becomes a typed context once, the hooks framework runs the stage's
 plugin functions on it, and the context becomes the response once. What the proxy
@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
+from koord.hookapi import SERVICE, HookPoint, prepare_socket
 
 from .executor import CgroupError, CgroupExecutor
-from .hooks import HookError, Hooks, InvalidInput, Stage, describe
+from .hooks import HookError, Hooks, InvalidInput, describe
 from .protocol import ContainerContext, HookContext, PodContext, Resources
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class RuntimeHookServer:
 
     def __init__(self, hooks: Hooks, *, network: str = Network.UNIX, addr: str,
                  executor: CgroupExecutor | None = None,
-                 disabled_stages: Iterable[Stage] = (), max_workers: int = 8) -> None:
+                 disabled_stages: Iterable[HookPoint] = (), max_workers: int = 8) -> None:
         self.hooks = hooks
         self.network = network
         self.addr = addr.removeprefix("unix://") if network == Network.UNIX else addr
@@ -70,17 +70,17 @@ class RuntimeHookServer:
             return f"{host}:{self._port}"
         return self.addr
 
-    def stages(self) -> set[Stage]:
+    def stages(self) -> set[HookPoint]:
         """Stages worth registering with the proxy: at least one function, not disabled."""
         return self.hooks.stages() - self.disabled_stages
 
     def start(self) -> None:
         target = grpc_target(self.network, self.addr)
         if self.network == Network.UNIX:
-            _prepare_socket_path(Path(self.addr))
+            prepare_socket(Path(self.addr))
         server = grpc.server(futures.ThreadPoolExecutor(
             max_workers=self._max_workers, thread_name_prefix="hook-server"))
-        api_pb2_grpc.add_RuntimeHookServiceServicer_to_server(_Servicer(self), server)
+        server.add_generic_rpc_handlers((_generic_handler(self),))
         self._port = server.add_insecure_port(target)
         if not self._port:
             raise OSError(f"cannot listen on {self.network} {self.addr}")
@@ -89,7 +89,8 @@ class RuntimeHookServer:
             os.chmod(self.addr, SOCKET_MODE)
         self._server = server
         log.info("runtime hook server listening on %s %s, stages %s (disabled: %s)",
-                 self.network, self.endpoint, _names(self.stages()), _names(self.disabled_stages))
+                 self.network, self.endpoint, ",".join(HookPoint.ordered(self.stages())) or "none",
+                 ",".join(HookPoint.ordered(self.disabled_stages)) or "none")
 
     def stop(self, grace: float = 2.0) -> None:
         if self._server is None:
@@ -100,7 +101,7 @@ class RuntimeHookServer:
             Path(self.addr).unlink(missing_ok=True)
         log.info("runtime hook server on %s stopped", self.endpoint)
 
-    def handle(self, stage: Stage, request, context: grpc.ServicerContext):
+    def handle(self, stage: HookPoint, request, context: grpc.ServicerContext):
         """Answers one hook call; every failure is a status with a message, never a crash.
 
         A request koordlet must not act on (a path field leaving the cgroup root, an
@@ -117,10 +118,10 @@ class RuntimeHookServer:
             code, message = grpc.StatusCode.INTERNAL, f"koordlet {stage}: {type(exc).__name__}: {exc}"
         context.abort(code, message)
 
-    def _answer(self, stage: Stage, request):
+    def _answer(self, stage: HookPoint, request):
         if stage in self.disabled_stages:
-            return _empty_response(stage)
-        ctx: HookContext = (PodContext.from_proto(request) if stage.is_pod_stage
+            return stage.response_type()
+        ctx: HookContext = (PodContext.from_proto(request) if stage.is_pod
                             else ContainerContext.from_proto(request))
         problems = ctx.request.problems()
         if problems:
@@ -138,7 +139,7 @@ class RuntimeHookServer:
         log.debug("%s for %s answered: %s", stage, describe(ctx), _short(response))
         return response
 
-    def _write_node_side(self, stage: Stage, ctx: HookContext) -> None:
+    def _write_node_side(self, stage: HookPoint, ctx: HookContext) -> None:
         """Cgroup writes the proxy cannot do; best effort, the reconciler retries them."""
         assert self.executor is not None
         if isinstance(ctx, PodContext):
@@ -184,54 +185,16 @@ def cgroup_dir_exists(executor: CgroupExecutor, cgroup_dir: str, resources: Reso
     return executor.path(cgroup_dir, "cpu_shares").parent.is_dir()
 
 
-class _Servicer(api_pb2_grpc.RuntimeHookServiceServicer):
-    def __init__(self, server: RuntimeHookServer) -> None:
-        self._s = server
+def _generic_handler(server: RuntimeHookServer) -> grpc.GenericRpcHandler:
+    """One handler per hook point, derived from HookPoint: the RPC names and message types are written once."""
+    def serve(stage: HookPoint) -> Callable[[Any, grpc.ServicerContext], Any]:
+        return lambda request, context: server.handle(stage, request, context)
 
-    def PreRunPodSandboxHook(self, request, context):
-        return self._s.handle(Stage.PRE_RUN_POD_SANDBOX, request, context)
-
-    def PostStopPodSandboxHook(self, request, context):
-        return self._s.handle(Stage.POST_STOP_POD_SANDBOX, request, context)
-
-    def PreCreateContainerHook(self, request, context):
-        return self._s.handle(Stage.PRE_CREATE_CONTAINER, request, context)
-
-    def PreStartContainerHook(self, request, context):
-        return self._s.handle(Stage.PRE_START_CONTAINER, request, context)
-
-    def PostStartContainerHook(self, request, context):
-        return self._s.handle(Stage.POST_START_CONTAINER, request, context)
-
-    def PostStopContainerHook(self, request, context):
-        return self._s.handle(Stage.POST_STOP_CONTAINER, request, context)
-
-    def PreUpdateContainerResourcesHook(self, request, context):
-        return self._s.handle(Stage.PRE_UPDATE_CONTAINER_RESOURCES, request, context)
-
-
-def _prepare_socket_path(path: Path) -> None:
-    """Creates the socket's directory and removes a socket left by a previous run."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise OSError(f"{path} exists and is not a socket; refusing to replace it")
-    log.info("removing stale socket %s", path)
-    path.unlink()
-
-
-def _names(stages: Iterable[Stage]) -> str:
-    wanted = set(stages)
-    return ",".join(s.value for s in Stage if s in wanted) or "none"
-
-
-def _empty_response(stage: Stage):
-    if stage.is_pod_stage:
-        return api_pb2.PodSandboxHookResponse()
-    return api_pb2.ContainerResourceHookResponse()
+    return grpc.method_handlers_generic_handler(SERVICE, {
+        stage.rpc: grpc.unary_unary_rpc_method_handler(
+            serve(stage), request_deserializer=stage.request_type.FromString,
+            response_serializer=stage.response_type.SerializeToString)
+        for stage in HookPoint})
 
 
 def _short(msg) -> str:

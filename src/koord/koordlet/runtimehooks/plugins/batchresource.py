@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass
-from fractions import Fraction
 
 from koord import cgrouplimits
+from koord.hookapi import HookPoint, json_annotation, parse_quantity
 
-from ..hooks import Hooks, InvalidInput, RuntimePlugin, Stage, json_annotation
-from ..protocol import ContainerContext, HookContext, KoordQoS, PodContext, Resources
+from ..hooks import Hooks, InvalidInput, RuntimePlugin
+from ..protocol import ContainerContext, KoordQoS, PodContext, Resources
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +29,6 @@ MAX_SHARES = cgrouplimits.MAX_SHARES
 MIN_QUOTA = cgrouplimits.MIN_CFS_QUOTA_US  # the kernel refuses a cfs quota below 1ms
 MAX_MILLI_CPU = cgrouplimits.MAX_CFS_QUOTA_US * 1000 // cgrouplimits.MAX_CFS_PERIOD_US
 """The largest batch-cpu whose quota fits the kernel at any period (~17.6 million cores)."""
-
-_QUANTITY_RE = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
-_SUFFIXES: dict[str, Fraction] = {
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50), "Ei": Fraction(2**60), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6),
-    "m": Fraction(1, 10**3), "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
-    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
-}
-
-
-def parse_quantity(value: object) -> Fraction:
-    """A Kubernetes quantity ("2Gi", "500m", "1e3", 1000) as an exact number; ValueError if bad."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"quantity {value!r} is neither a string nor an integer")
-    match = _QUANTITY_RE.match(str(value).strip())
-    if not match:
-        raise ValueError(f"bad quantity {value!r}")
-    number = Fraction(match["num"])
-    if match["exp"]:
-        number *= Fraction(10) ** int(match["exp"][1:])
-    elif match["suffix"]:
-        number *= _SUFFIXES[match["suffix"]]
-    return number
-
 
 @dataclass(frozen=True)
 class BatchSpec:
@@ -95,7 +68,7 @@ def _bytes(value: object, where: str) -> int:
 
 def parse_extended_resource_spec(annotations: dict[str, str]) -> dict[str, BatchSpec]:
     """Container name -> its batch amounts; {} without the annotation; HookError when malformed."""
-    spec = json_annotation(annotations, EXTENDED_RESOURCE_SPEC)
+    spec = json_annotation(annotations, EXTENDED_RESOURCE_SPEC, error=InvalidInput)
     if spec is None:
         return {}
     where = f"pod annotation {EXTENDED_RESOURCE_SPEC}"
@@ -139,12 +112,12 @@ def batch_resources(specs: list[BatchSpec], period: int) -> Resources:
     the kernel accepts.
     """
     requests = [s.cpu_request_milli for s in specs if s.cpu_request_milli is not None]
-    cpu_limits = [s.cpu_limit_milli for s in specs]
-    memory_limits = [s.memory_limit for s in specs]
+    cpu_limits = [s.cpu_limit_milli for s in specs if s.cpu_limit_milli is not None]
+    memory_limits = [s.memory_limit for s in specs if s.memory_limit is not None]
     resources = Resources(
         cpu_shares=shares_of(sum(requests)) if requests else None,
-        cpu_quota=-1 if None in cpu_limits else quota_of(sum(cpu_limits), period),  # type: ignore[arg-type]
-        memory_limit=-1 if None in memory_limits else sum(memory_limits),  # type: ignore[arg-type]
+        cpu_quota=-1 if len(cpu_limits) < len(specs) else quota_of(sum(cpu_limits), period),
+        memory_limit=-1 if len(memory_limits) < len(specs) else sum(memory_limits),
     )
     problems = resources.problems(f"pod annotation {EXTENDED_RESOURCE_SPEC}: sum of the containers'")
     if problems:
@@ -157,12 +130,11 @@ class BatchResource(RuntimePlugin):
 
     def register(self, hooks: Hooks) -> None:
         description = "set cgroup limits of BE pods from batch resources"
-        hooks.register(Stage.PRE_RUN_POD_SANDBOX, self.name, description + " (pod)", self.set_pod_resources)
-        for stage in (Stage.PRE_CREATE_CONTAINER, Stage.PRE_UPDATE_CONTAINER_RESOURCES):
-            hooks.register(stage, self.name, description, self.set_container_resources)
+        hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name, description + " (pod)", self.set_pod_resources)
+        for stage in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
+            hooks.register_container(stage, self.name, description, self.set_container_resources)
 
-    def set_pod_resources(self, ctx: HookContext) -> None:
-        assert isinstance(ctx, PodContext)
+    def set_pod_resources(self, ctx: PodContext) -> None:
         req = ctx.request
         if req.koord_qos is not KoordQoS.BE:
             return
@@ -173,8 +145,7 @@ class BatchResource(RuntimePlugin):
         ctx.response.resources.update(batch_resources(list(specs.values()), period))
         log.debug("plugin %s: pod %s: %s", self.name, req.meta, ctx.response.resources)
 
-    def set_container_resources(self, ctx: HookContext) -> None:
-        assert isinstance(ctx, ContainerContext)
+    def set_container_resources(self, ctx: ContainerContext) -> None:
         req = ctx.request
         if req.koord_qos is not KoordQoS.BE:
             return

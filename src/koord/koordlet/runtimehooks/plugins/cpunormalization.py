@@ -18,9 +18,10 @@ import math
 from fractions import Fraction
 
 from koord import cgrouplimits
+from koord.hookapi import HookPoint
 
-from ..hooks import Hooks, RuntimePlugin, Stage
-from ..protocol import ContainerContext, HookContext, KoordQoS, PodContext
+from ..hooks import Hooks, RuntimePlugin
+from ..protocol import ContainerContext, KoordQoS, PodContext, Resources
 from .cpuset import resource_status_cpuset
 
 log = logging.getLogger(__name__)
@@ -38,30 +39,32 @@ class CPUNormalization(RuntimePlugin):
 
     def register(self, hooks: Hooks) -> None:
         description = "scale cfs quota by the node's cpu normalization ratio"
-        hooks.register(Stage.PRE_RUN_POD_SANDBOX, self.name, description + " (pod)", self.adjust_quota)
-        for stage in (Stage.PRE_CREATE_CONTAINER, Stage.PRE_UPDATE_CONTAINER_RESOURCES):
-            hooks.register(stage, self.name, description, self.adjust_quota)
+        hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name, description + " (pod)", self.adjust_pod_quota)
+        for stage in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
+            hooks.register_container(stage, self.name, description, self.adjust_container_quota)
 
-    def adjust_quota(self, ctx: HookContext) -> None:
+    def adjust_pod_quota(self, ctx: PodContext) -> None:
+        req = ctx.request
+        self._adjust(req.koord_qos, req.annotations, req.annotations, req.resources, ctx.response.annotations,
+                     ctx.response.resources, f"pod {req.meta}")
+
+    def adjust_container_quota(self, ctx: ContainerContext) -> None:
+        req = ctx.request
+        self._adjust(req.koord_qos, req.pod_annotations, req.container_annotations, req.resources,
+                     ctx.response.annotations, ctx.response.resources,
+                     f"pod {req.pod_meta} container {req.container_name}")
+
+    def _adjust(self, qos: KoordQoS, pod_annotations: dict[str, str], own_annotations: dict[str, str],
+                requested: Resources, answer_annotations: dict[str, str], res: Resources, who: str) -> None:
+        """``own_annotations`` are the pod's or the container's own, where the unscaled quota is recorded."""
         ratio = self.rules.cpu_normalization_ratio if self.rules else None
         if ratio is None or ratio <= 1.0:
             return
-        if isinstance(ctx, PodContext):
-            req = ctx.request
-            qos, annotations, who = req.koord_qos, req.annotations, f"pod {req.meta}"
-            own_annotations, answer_annotations = req.annotations, ctx.response.annotations
-        else:
-            assert isinstance(ctx, ContainerContext)
-            req = ctx.request
-            qos, annotations = req.koord_qos, req.pod_annotations
-            who = f"pod {req.pod_meta} container {req.container_name}"
-            own_annotations, answer_annotations = req.container_annotations, ctx.response.annotations
         if qos not in (KoordQoS.LS, KoordQoS.NONE):
             return
-        if resource_status_cpuset(annotations) is not None:
+        if resource_status_cpuset(pod_annotations) is not None:
             return
-        res = ctx.response.resources
-        quota = res.cpu_quota if res.cpu_quota is not None else ctx.request.resources.cpu_quota
+        quota = res.cpu_quota if res.cpu_quota is not None else requested.cpu_quota
         if quota is None or quota <= 0:
             return
         base = _recorded_base(own_annotations)
@@ -70,7 +73,6 @@ class CPUNormalization(RuntimePlugin):
         res.cpu_quota = normalized_quota(quota, ratio)
         answer_annotations[BASE_QUOTA_ANNOTATION] = str(quota)
         log.debug("plugin %s: %s: quota %d -> %d at ratio %s", self.name, who, quota, res.cpu_quota, ratio)
-
 
 def _recorded_base(annotations: dict[str, str]) -> int | None:
     text = annotations.get(BASE_QUOTA_ANNOTATION, "")

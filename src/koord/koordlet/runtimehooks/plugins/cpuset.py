@@ -1,6 +1,6 @@
 """CPUSetAllocator: pins containers to the cpus the scheduler or the node's pools grant.
 
-Decisions (DESIGN.md §8, upstream koordlet's cpuset rule):
+Decisions (upstream koordlet's cpuset rule):
 
 - a pod whose ``scheduling.koordinator.sh/resource-status`` carries a cpuset gets exactly
   that set; LSE/LSR pods also lose their cfs quota (-1), since bound cpus are theirs;
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 
-from ..executor import format_cpuset, parse_cpuset
-from ..hooks import HookError, Hooks, RuntimePlugin, Stage, json_annotation
-from ..protocol import ContainerContext, HookContext, KoordQoS
+from koord.hookapi import HookPoint, format_cpuset, json_annotation, parse_cpuset
+
+from ..hooks import HookError, Hooks, RuntimePlugin
+from ..protocol import ContainerContext, KoordQoS
 from ..rule import CPUSharedPool
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 
 def resource_status_cpuset(annotations: dict[str, str]) -> str | None:
     """The cpuset the scheduler allocated to a pod, or None; HookError when the annotation is bad."""
-    status = json_annotation(annotations, RESOURCE_STATUS)
+    status = json_annotation(annotations, RESOURCE_STATUS, error=HookError)
     if status is None:
         return None
     cpuset = status.get("cpuset")
@@ -54,12 +55,11 @@ class CPUSetAllocator(RuntimePlugin):
     name = "CPUSetAllocator"
 
     def register(self, hooks: Hooks) -> None:
-        for stage in (Stage.PRE_CREATE_CONTAINER, Stage.PRE_UPDATE_CONTAINER_RESOURCES):
-            hooks.register(stage, self.name, "set container cpuset by allocation and shared pools",
-                           self.set_container_cpuset)
+        for stage in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
+            hooks.register_container(stage, self.name, "set container cpuset by allocation and shared pools",
+                                     self.set_container_cpuset)
 
-    def set_container_cpuset(self, ctx: HookContext) -> None:
-        assert isinstance(ctx, ContainerContext)
+    def set_container_cpuset(self, ctx: ContainerContext) -> None:
         req, res = ctx.request, ctx.response.resources
         who = f"pod {req.pod_meta} container {req.container_name}"
         qos = req.koord_qos

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 
-from ..hooks import HookError, Hooks, RuntimePlugin, Stage, json_annotation
-from ..protocol import ContainerContext, HookContext
+from koord.hookapi import HookPoint, json_annotation
+
+from ..hooks import HookError, Hooks, RuntimePlugin
+from ..protocol import ContainerContext
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +21,7 @@ ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 def gpu_minors(annotations: dict[str, str]) -> list[int]:
     """GPU minors from ``{"gpu":[{"minor":0},...]}``; [] when none; HookError when malformed."""
-    allocated = json_annotation(annotations, DEVICE_ALLOCATED)
+    allocated = json_annotation(annotations, DEVICE_ALLOCATED, error=HookError)
     if allocated is None:
         return []
     where = f"pod annotation {DEVICE_ALLOCATED}"
@@ -39,11 +41,10 @@ class GPUEnvInject(RuntimePlugin):
     name = "GPUEnvInject"
 
     def register(self, hooks: Hooks) -> None:
-        hooks.register(Stage.PRE_CREATE_CONTAINER, self.name,
-                       f"set {ENV_VISIBLE_DEVICES} from allocated GPUs", self.inject_env)
+        hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, self.name,
+                                 f"set {ENV_VISIBLE_DEVICES} from allocated GPUs", self.inject_env)
 
-    def inject_env(self, ctx: HookContext) -> None:
-        assert isinstance(ctx, ContainerContext)
+    def inject_env(self, ctx: ContainerContext) -> None:
         req = ctx.request
         minors = gpu_minors(req.pod_annotations)
         if minors:

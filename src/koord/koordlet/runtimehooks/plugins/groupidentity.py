@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from ..hooks import HookError, Hooks, RuntimePlugin, Stage
-from ..protocol import HookContext, KubeQoS, PodContext, Resources
+from koord.hookapi import HookPoint
+
+from ..hooks import HookError, Hooks, RuntimePlugin
+from ..protocol import KubeQoS, PodContext, Resources
 from ..rule import RuleError
 
 log = logging.getLogger(__name__)
@@ -24,8 +26,8 @@ class GroupIdentity(RuntimePlugin):
     _unsupported_logged = False
 
     def register(self, hooks: Hooks) -> None:
-        hooks.register(Stage.PRE_RUN_POD_SANDBOX, self.name,
-                       "set pod cpu.bvt_warp_ns by QoS class", self.set_pod_bvt)
+        hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name,
+                           "set pod cpu.bvt_warp_ns by QoS class", self.set_pod_bvt)
 
     def supported(self) -> bool:
         """Checked on each use (kubelet may create the QoS dirs after we start); logged once."""
@@ -39,8 +41,7 @@ class GroupIdentity(RuntimePlugin):
                      self.name, executor.path(qos_dir, "cpu_bvt_warp_ns"), self.env.proc_root / KERNEL_SWITCH)
         return False
 
-    def set_pod_bvt(self, ctx: HookContext) -> None:
-        assert isinstance(ctx, PodContext)
+    def set_pod_bvt(self, ctx: PodContext) -> None:
         if self.rules is None or not self.supported():
             return
         req = ctx.request

@@ -25,14 +25,21 @@ import errno
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
+
+from koord.hookapi import HookPoint, json_object
 
 from ..executor import CgroupError
-from ..hooks import HookError, Hooks, RuntimePlugin, Stage
-from ..protocol import ContainerContext, HookContext, PodContext
+from ..hooks import HookError, Hooks, RuntimePlugin
+from ..protocol import ContainerContext, PodContext
 
 log = logging.getLogger(__name__)
+
+_object = partial(json_object, error=HookError)
 
 RESCTRL_ANNOTATION = "node.koordinator.sh/resctrl"
 GROUP_PREFIX = "koordlet-"
@@ -51,14 +58,6 @@ def _get(obj: dict, key: str) -> object:
         if k.lower() == key.lower():
             return v
     return None
-
-
-def _object(value: object, where: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise HookError(f"{where}: want an object")
-    return value
 
 
 def _range(value: object, where: str) -> tuple[int, int]:
@@ -83,23 +82,31 @@ def parse_resctrl(text: str) -> ResctrlConfig:
         raise HookError(f"{where}: bad JSON: {exc.msg}") from None
     raw = _object(raw, where)
     config = ResctrlConfig()
-    for key, target, parse, value_key in (("llc", config.llc, _range, "range"),
-                                          ("mb", config.mb, _percent, "percent")):
-        section = _object(_get(raw, key), f"{where}: {key}")
-        schemata = _object(_get(section, "schemata"), f"{where}: {key}.schemata")
-        if _get(schemata, value_key) is not None:
-            target[None] = parse(_get(schemata, value_key), f"{where}: {key}.schemata")
-        per_cache = _get(section, "schemataPerCache") or []
-        if not isinstance(per_cache, list):
-            raise HookError(f"{where}: {key}.schemataPerCache: want a list")
-        for i, item in enumerate(per_cache):
-            at = f"{where}: {key}.schemataPerCache[{i}]"
-            item = _object(item, at)
-            cache_id = _get(item, "cacheID")
-            if isinstance(cache_id, bool) or not isinstance(cache_id, int) or cache_id < 0:
-                raise HookError(f"{at}.cacheID={cache_id!r}: want a non-negative integer")
-            target[cache_id] = parse(_get(item, value_key), at)
+    _per_cache(raw, "llc", "range", where, config.llc, _range)
+    _per_cache(raw, "mb", "percent", where, config.mb, _percent)
     return config
+
+
+_V = TypeVar("_V")
+
+
+def _per_cache(raw: dict, key: str, value_key: str, where: str, target: dict[int | None, _V],
+               parse: Callable[[object, str], _V]) -> None:
+    """One resource's values: ``schemata`` for every cache id (key None), ``schemataPerCache`` per id."""
+    section = _object(_get(raw, key), f"{where}: {key}")
+    schemata = _object(_get(section, "schemata"), f"{where}: {key}.schemata")
+    if _get(schemata, value_key) is not None:
+        target[None] = parse(_get(schemata, value_key), f"{where}: {key}.schemata")
+    per_cache = _get(section, "schemataPerCache") or []
+    if not isinstance(per_cache, list):
+        raise HookError(f"{where}: {key}.schemataPerCache: want a list")
+    for i, item in enumerate(per_cache):
+        at = f"{where}: {key}.schemataPerCache[{i}]"
+        item = _object(item, at)
+        cache_id = _get(item, "cacheID")
+        if isinstance(cache_id, bool) or not isinstance(cache_id, int) or cache_id < 0:
+            raise HookError(f"{at}.cacheID={cache_id!r}: want a non-negative integer")
+        target[cache_id] = parse(_get(item, value_key), at)
 
 
 def l3_mask(cbm: int, start: int, end: int) -> str:
@@ -137,10 +144,10 @@ class Resctrl(RuntimePlugin):
         return self.root / f"{GROUP_PREFIX}{pod_uid}"
 
     def register(self, hooks: Hooks) -> None:
-        hooks.register(Stage.PRE_RUN_POD_SANDBOX, self.name, "create pod resctrl group", self.create_group)
-        hooks.register(Stage.POST_START_CONTAINER, self.name, "add container tasks to pod resctrl group",
-                       self.add_tasks)
-        hooks.register(Stage.POST_STOP_POD_SANDBOX, self.name, "remove pod resctrl group", self.remove_group)
+        hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name, "create pod resctrl group", self.create_group)
+        hooks.register_container(HookPoint.POST_START_CONTAINER, self.name,
+                                 "add container tasks to pod resctrl group", self.add_tasks)
+        hooks.register_pod(HookPoint.POST_STOP_POD_SANDBOX, self.name, "remove pod resctrl group", self.remove_group)
 
     def supported(self) -> bool:
         if (self.root / "schemata").is_file():
@@ -184,8 +191,7 @@ class Resctrl(RuntimePlugin):
         log.info("plugin %s: %s: resctrl group %s schemata %s", self.name, who, group.name, lines)
         return group
 
-    def create_group(self, ctx: HookContext) -> None:
-        assert isinstance(ctx, PodContext)
+    def create_group(self, ctx: PodContext) -> None:
         req = ctx.request
         annotation = req.annotations.get(RESCTRL_ANNOTATION)
         if not annotation or not self.supported():
@@ -195,8 +201,7 @@ class Resctrl(RuntimePlugin):
         except OSError as exc:
             raise HookError(f"resctrl group of pod uid {req.meta.uid}: {exc}") from None
 
-    def add_tasks(self, ctx: HookContext) -> None:
-        assert isinstance(ctx, ContainerContext)
+    def add_tasks(self, ctx: ContainerContext) -> None:
         req = ctx.request
         annotation = req.pod_annotations.get(RESCTRL_ANNOTATION)
         if not annotation or not self.supported():
@@ -228,8 +233,7 @@ class Resctrl(RuntimePlugin):
             os.close(fd)
         return moved
 
-    def remove_group(self, ctx: HookContext) -> None:
-        assert isinstance(ctx, PodContext)
+    def remove_group(self, ctx: PodContext) -> None:
         req = ctx.request
         group = self.group_dir(req.meta.uid)
         if not group.is_dir():
