@@ -313,3 +313,42 @@ def test_out_of_range_answer_from_a_plugin_is_that_plugins_error(short_socket_di
     assert err.value.code() == grpc.StatusCode.INTERNAL
     assert "broken" in err.value.details() and "cpu_quota" in err.value.details()
     assert "Exception calling application" not in err.value.details()
+
+
+RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+# A range of 4e9 cpus used to build a 4e9-element set (OOM); \d used to take Arabic-Indic digits.
+HOSTILE_CPUSETS = ["0-4000000000", "٣-٥", "١", "0-3,٤"]
+
+
+@pytest.mark.parametrize("cpuset", HOSTILE_CPUSETS)
+def test_hostile_allocated_cpuset_is_invalid_argument_without_memory_growth(
+        short_socket_dir, tmp_path, serve, cpuset):
+    import tracemalloc
+
+    hooks, executor = koordlet_hooks(tmp_path, FailurePolicy.FAIL)
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"), executor=executor)
+    request = api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent=PARENT,
+        pod_labels={"koordinator.sh/qosClass": "LSR"},
+        pod_annotations={RESOURCE_STATUS: json.dumps({"cpuset": cpuset})})
+    tracemalloc.start()
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            call(stub, HookPoint.PRE_CREATE_CONTAINER, request)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert RESOURCE_STATUS in err.value.details()
+    assert peak < 1 << 20, f"parsing {cpuset!r} allocated {peak} bytes"
+
+
+@pytest.mark.parametrize("cpuset", HOSTILE_CPUSETS)
+def test_hostile_allocated_cpuset_with_ignore_answers_without_it(short_socket_dir, tmp_path, serve, cpuset):
+    hooks, executor = koordlet_hooks(tmp_path)
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"), executor=executor)
+    request = api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent=PARENT,
+        pod_labels={"koordinator.sh/qosClass": "LSR"},
+        pod_annotations={RESOURCE_STATUS: json.dumps({"cpuset": cpuset})})
+    assert call(stub, HookPoint.PRE_CREATE_CONTAINER, request).container_resources.cpuset_cpus == ""

@@ -172,6 +172,12 @@ VALIDATION_CASES = [
     ("quota below -1", hook.ContainerResourceHookResponse(container_resources=R(cpu_quota=-2)), ["cpu_quota"]),
     ("memory below -1", hook.ContainerResourceHookResponse(container_resources=R(memory_limit_in_bytes=-7)),
      ["memory_limit_in_bytes"]),
+    # Non-ASCII digits used to pass (\d), so StartContainer failed later inside runc.
+    ("arabic-indic cpu", hook.ContainerResourceHookResponse(container_resources=R(cpuset_cpus="١")), ["cpuset_cpus"]),
+    ("arabic-indic range", hook.ContainerResourceHookResponse(container_resources=R(cpuset_mems="٣-٥")),
+     ["cpuset_mems"]),
+    ("huge cpu range", hook.ContainerResourceHookResponse(container_resources=R(cpuset_cpus="0-4000000000")),
+     ["cpuset_cpus"]),
     # What the kernel files accept (koordlet's answer for batch-cpu 1e15 was shares 1.024e15, quota 1e17).
     ("shares above the kernel's", hook.ContainerResourceHookResponse(container_resources=R(cpu_shares=1024 * 10**12)),
      ["cpu_shares"]),

@@ -18,7 +18,7 @@ import logging
 
 from koord.hookapi import HookPoint, format_cpuset, json_annotation, parse_cpuset
 
-from ..hooks import HookError, Hooks, RuntimePlugin
+from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..protocol import ContainerContext, KoordQoS
 from ..rule import CPUSharedPool
 
@@ -28,19 +28,19 @@ RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 
 
 def resource_status_cpuset(annotations: dict[str, str]) -> str | None:
-    """The cpuset the scheduler allocated to a pod, or None; HookError when the annotation is bad."""
-    status = json_annotation(annotations, RESOURCE_STATUS, error=HookError)
+    """The cpuset the scheduler allocated to a pod, or None; InvalidInput when the annotation is bad."""
+    status = json_annotation(annotations, RESOURCE_STATUS, error=InvalidInput)
     if status is None:
         return None
     cpuset = status.get("cpuset")
     if cpuset is None or cpuset == "":
         return None
     if not isinstance(cpuset, str):
-        raise HookError(f"pod annotation {RESOURCE_STATUS}: cpuset={cpuset!r} is not a string")
+        raise InvalidInput(f"pod annotation {RESOURCE_STATUS}: cpuset={cpuset!r} is not a string")
     try:
         parse_cpuset(cpuset)
     except ValueError as exc:
-        raise HookError(f"pod annotation {RESOURCE_STATUS}: {exc}") from None
+        raise InvalidInput(f"pod annotation {RESOURCE_STATUS}: {exc}") from None
     return cpuset
 
 
