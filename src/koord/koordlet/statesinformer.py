@@ -14,10 +14,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
+
+from koord import documents
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ class _WatchedFile:
     def load(self) -> dict | None:
         """The object when the file changed and parses; None otherwise (error logged once)."""
         try:
-            raw: bytes | None = self.path.read_bytes()
+            with self.path.open("rb") as f:
+                raw: bytes | None = f.read(documents.MAX_BYTES + 1)  # enough to say "too large"
         except FileNotFoundError:
             raw = None
         except OSError as exc:
@@ -91,15 +93,9 @@ class _WatchedFile:
             log.error("%s file %s: not found; keeping the last good value", self.kind, self.path)
             return None
         try:
-            obj = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            log.error("%s file %s: invalid YAML/JSON: %s; keeping the last good value",
-                      self.kind, self.path, " ".join(str(exc).split()))
-            return None
-        if not isinstance(obj, dict):
-            log.error("%s file %s: expected a %s object (a mapping), got %s; "
-                      "keeping the last good value", self.kind, self.path, self.kind,
-                      type(obj).__name__ if obj is not None else "an empty file")
+            obj = documents.load_object(raw)
+        except documents.DocumentError as exc:
+            log.error("%s file %s: %s; keeping the last good value", self.kind, self.path, exc)
             return None
         log.info("%s file %s loaded", self.kind, self.path)
         return obj
@@ -153,7 +149,11 @@ class FileStatesInformer(StatesInformer):
                 return
             self._stopping.wait(SETTLE_SECONDS)
             self._dirty.clear()
-            self.reload()
+            try:
+                self.reload()
+            except Exception:  # the watcher must outlive any file: the next change is read again
+                log.exception("states informer: reloading %s failed; keeping the last good values",
+                              ", ".join(str(f.path) for f in self._files.values()))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -223,7 +223,11 @@ class KubeStatesInformer(StatesInformer):
 
     def _run(self) -> None:
         while not self._stopping.wait(self.interval):
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # e.g. the API server unreachable: poll again next interval
+                log.exception("states informer: polling Node/NodeSLO %s failed; keeping the last values",
+                              self.node_name)
 
     def stop(self) -> None:
         self._stopping.set()
