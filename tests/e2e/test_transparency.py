@@ -10,13 +10,10 @@ metadata or deadlines), a tiny fake CRI backend stands in for it.
 from __future__ import annotations
 
 import json
-import queue
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from koord.testing.containerd import Containerd
+from koord.testing.fakecri import ECHO_CODE, FakeCRI
 from koord.testing.kubelet import MAX_MESSAGE_BYTES, KubeletClient, grpc_target, read_cgroup
 from koord.testing.proxy import RuntimeProxy
 
@@ -453,107 +451,10 @@ def test_backend_down_then_back(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ fake backend: metadata, deadlines, events
 
 
-class FakeBackend(grpc.GenericRpcHandler):
-    """A CRI backend that answers just enough for the proxy to start and echoes the rest.
-
-    Any method it doesn't implement fails with FAILED_PRECONDITION whose message is a
-    JSON echo of what arrived: metadata, deadline and request bytes. RunPodSandbox
-    publishes an event to every open GetContainerEvents stream.
-    """
-
-    ECHO_CODE = grpc.StatusCode.FAILED_PRECONDITION
-
-    def __init__(self, socket: Path) -> None:
-        self.socket = socket
-        self.subscribers: list[queue.Queue[cri.ContainerEventResponse | None]] = []
-        self._lock = threading.Lock()
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8),
-            handlers=(self,),
-            options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
-            ],
-        )
-        self._server.add_insecure_port(grpc_target(str(socket)))
-
-    def __enter__(self) -> FakeBackend:
-        self._server.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            for sub in self.subscribers:
-                sub.put(None)
-        self._server.stop(grace=None)
-
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method = details.method
-        if method == "/runtime.v1.RuntimeService/GetContainerEvents":
-            return grpc.unary_stream_rpc_method_handler(self._events)
-        handlers = {
-            "/runtime.v1.RuntimeService/Version": lambda req, ctx: cri.VersionResponse(
-                version="0.1.0", runtime_name="fake", runtime_version="1", runtime_api_version="v1"
-            ).SerializeToString(),
-            "/runtime.v1.RuntimeService/ListPodSandbox": lambda req, ctx: b"",
-            "/runtime.v1.RuntimeService/ListContainers": lambda req, ctx: b"",
-            "/runtime.v1.RuntimeService/RunPodSandbox": self._run_pod,
-        }
-        return grpc.unary_unary_rpc_method_handler(handlers.get(method, self._echo))
-
-    def _echo(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        remaining = context.time_remaining()
-        echo = {
-            "metadata": sorted(
-                [k, v.hex() if isinstance(v, bytes) else v]
-                for k, v in context.invocation_metadata()
-                if not k.startswith((":", "grpc-"))
-            ),
-            "deadline": None if remaining is None or remaining > 1e8 else remaining,
-            "request": request.hex(),
-        }
-        context.set_trailing_metadata((("x-fake-trailer", "kept"),))
-        context.abort(self.ECHO_CODE, json.dumps(echo))
-
-    def _run_pod(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        config = cri.RunPodSandboxRequest.FromString(request).config
-        sandbox_id = "fake-" + uuid.uuid4().hex
-        event = cri.ContainerEventResponse(
-            container_id=sandbox_id,
-            container_event_type=cri.CONTAINER_STARTED_EVENT,
-            created_at=time.time_ns(),
-            pod_sandbox_status=cri.PodSandboxStatus(id=sandbox_id, metadata=config.metadata),
-        )
-        with self._lock:
-            for sub in self.subscribers:
-                sub.put(event)
-        return cri.RunPodSandboxResponse(pod_sandbox_id=sandbox_id).SerializeToString()
-
-    def _events(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        sub: queue.Queue[cri.ContainerEventResponse | None] = queue.Queue()
-        with self._lock:
-            self.subscribers.append(sub)
-        try:
-            while context.is_active():
-                try:
-                    event = sub.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                if event is None:
-                    return
-                yield event.SerializeToString()
-        finally:
-            with self._lock:
-                self.subscribers.remove(sub)
-
-    def subscriber_count(self) -> int:
-        with self._lock:
-            return len(self.subscribers)
-
-
 @pytest.fixture
-def fake_proxy(tmp_path: Path) -> Iterator[tuple[FakeBackend, grpc.Channel]]:
-    with FakeBackend(tmp_path / "fake.sock") as fake:
+def fake_proxy(tmp_path: Path) -> Iterator[tuple[FakeCRI, grpc.Channel]]:
+    with FakeCRI(tmp_path / "fake.sock") as fake:
+        fake.echo.add("StartContainer")  # answered with the echo, like the methods it does not implement
         proxy = RuntimeProxy(tmp_path / "proxy", str(fake.socket))
         proxy.start()
         channel = grpc.insecure_channel(
@@ -573,7 +474,7 @@ def _echo_of(channel: grpc.Channel, path: str, request: bytes, **kwargs: Any) ->
     try:
         call(request, **kwargs)
     except grpc.RpcError as err:
-        assert err.code() == FakeBackend.ECHO_CODE, f"{path}: {err.code()} {err.details()}"
+        assert err.code() == ECHO_CODE, f"{path}: {err.code()} {err.details()}"
         return json.loads(err.details()), dict(err.trailing_metadata() or ())
     pytest.fail(f"{path}: the fake backend always fails this call")
 
@@ -588,7 +489,7 @@ ECHO_PATHS = (
 
 
 @pytest.mark.parametrize("path", ECHO_PATHS)
-def test_metadata_and_request_bytes_pass_unchanged(fake_proxy: tuple[FakeBackend, grpc.Channel], path: str) -> None:
+def test_metadata_and_request_bytes_pass_unchanged(fake_proxy: tuple[FakeCRI, grpc.Channel], path: str) -> None:
     _, channel = fake_proxy
     # Field 2047 is unknown to every CRI message: a transparent proxy keeps it.
     request = cri.StartContainerRequest(container_id="c1").SerializeToString() + b"\xf8\x7f\x01"
@@ -601,7 +502,7 @@ def test_metadata_and_request_bytes_pass_unchanged(fake_proxy: tuple[FakeBackend
 
 
 @pytest.mark.parametrize("path", ECHO_PATHS[:2])
-def test_backend_sees_callers_deadline(fake_proxy: tuple[FakeBackend, grpc.Channel], path: str) -> None:
+def test_backend_sees_callers_deadline(fake_proxy: tuple[FakeCRI, grpc.Channel], path: str) -> None:
     _, channel = fake_proxy
     request = cri.StartContainerRequest(container_id="c1").SerializeToString()
     with_deadline, _ = _echo_of(channel, path, request, timeout=7.0)
@@ -611,7 +512,7 @@ def test_backend_sees_callers_deadline(fake_proxy: tuple[FakeBackend, grpc.Chann
     assert without_deadline["deadline"] is None, "a call with no deadline must reach the backend with none"
 
 
-def test_container_events_stream_through_proxy(fake_proxy: tuple[FakeBackend, grpc.Channel]) -> None:
+def test_container_events_stream_through_proxy(fake_proxy: tuple[FakeCRI, grpc.Channel]) -> None:
     fake, channel = fake_proxy
     events = channel.unary_stream(
         "/runtime.v1.RuntimeService/GetContainerEvents",

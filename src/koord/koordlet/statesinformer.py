@@ -14,11 +14,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver
-
 from koord import documents
+from koord.filewatch import DirWatcher
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +23,9 @@ OnChange = Callable[[dict | None, dict | None], None]
 
 SETTLE_SECONDS = 0.1
 """Editors and ``kubectl cp`` write a file in several steps; wait for the burst to end."""
+
+POLL_SECONDS = 1.0
+"""Re-read anyway this often: catches a directory that appears late or is replaced."""
 
 
 class StatesInformer:
@@ -116,10 +116,7 @@ class FileStatesInformer(StatesInformer):
             self._files["node_slo"] = _WatchedFile(Path(node_slo_file), "NodeSLO")
         if node_file is not None:
             self._files["node"] = _WatchedFile(Path(node_file), "Node")
-        self._observer: BaseObserver | None = None
-        self._dirty = threading.Event()
-        self._stopping = threading.Event()
-        self._worker: threading.Thread | None = None
+        self._watcher: DirWatcher | None = None
 
     def reload(self) -> None:
         """Reads every file now; used at start and after each burst of events."""
@@ -128,52 +125,17 @@ class FileStatesInformer(StatesInformer):
 
     def start(self) -> None:
         self.reload()
-        handler = _DirtyHandler(self._dirty)
-        observer = Observer()
-        for d in {f.path.parent.resolve() for f in self._files.values()}:
-            if not d.is_dir():
-                log.error("states informer: directory %s does not exist; its files are "
-                          "not watched", d)
-                continue
-            observer.schedule(handler, os.fspath(d), recursive=False)
-        observer.daemon = True
-        observer.start()
-        self._observer = observer
-        self._worker = threading.Thread(target=self._run, name="states-informer", daemon=True)
-        self._worker.start()
-
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._dirty.wait()
-            if self._stopping.is_set():
-                return
-            self._stopping.wait(SETTLE_SECONDS)
-            self._dirty.clear()
-            try:
-                self.reload()
-            except Exception:  # the watcher must outlive any file: the next change is read again
-                log.exception("states informer: reloading %s failed; keeping the last good values",
-                              ", ".join(str(f.path) for f in self._files.values()))
+        dirs = {f.path.parent.resolve() for f in self._files.values()}
+        for d in dirs - {d for d in dirs if d.is_dir()}:
+            log.error("states informer: directory %s does not exist; its files are read once it does", d)
+        self._watcher = DirWatcher(dirs, self.reload, name="states-informer", debounce=SETTLE_SECONDS,
+                                   poll_interval=POLL_SECONDS)
+        self._watcher.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._dirty.set()
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join()
-            self._observer = None
-        if self._worker is not None:
-            self._worker.join()
-            self._worker = None
-
-
-class _DirtyHandler(FileSystemEventHandler):
-    def __init__(self, dirty: threading.Event) -> None:
-        self._dirty = dirty
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type not in ("opened", "closed_no_write"):
-            self._dirty.set()
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
 
 
 NODESLO_GROUP, NODESLO_VERSION, NODESLO_PLURAL = "slo.koordinator.sh", "v1alpha1", "nodeslos"

@@ -15,17 +15,13 @@ import logging
 import math
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver, ObservedWatch
-
+from koord.filewatch import DirWatcher
 from koord.hookapi import FailurePolicy, HookPoint, Registration, RegistrationError, display_name
 
 log = logging.getLogger(__name__)
@@ -89,21 +85,6 @@ class _Snapshot:
         return cls(registrations, MappingProxyType(by_hook), MappingProxyType(dict(invalid)))
 
 
-class _Handler(FileSystemEventHandler):
-    def __init__(self, manager: PluginsManager, directory: str) -> None:
-        self._manager = manager
-        self._dir = directory
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type in ("opened", "closed_no_write"):
-            return
-        paths = [os.fsdecode(event.src_path), os.fsdecode(event.dest_path)]
-        if event.event_type == "deleted" and paths[0] == self._dir:
-            self._manager._watch_lost()
-        elif any(p and _is_candidate(os.path.basename(p)) for p in paths):
-            self._manager._request_rescan()
-
-
 class PluginsManager:
     """Keeps the snapshot of valid registrations in step with the config dir."""
 
@@ -118,13 +99,7 @@ class PluginsManager:
         self._fingerprint: tuple[Any, ...] | None = None
         self._reported: dict[str, tuple[str, StatKey]] = {}  # invalid file -> state already logged
         self._scan_lock = threading.Lock()
-        self._cond = threading.Condition()
-        self._due: float | None = None
-        self._stopping = False
-        self._worker: threading.Thread | None = None
-        self._observer: BaseObserver | None = None
-        self._watch: ObservedWatch | None = None
-        self._watched_id: tuple[int, int] | None = None
+        self._watcher: DirWatcher | None = None
 
     # -- public API -------------------------------------------------------------------------
 
@@ -136,34 +111,15 @@ class PluginsManager:
             self._dir.mkdir(mode=0o755, parents=True)
             os.chmod(self._dir, 0o755)  # mkdir's mode is masked by the umask
             log.info("created runtime hook config dir %s", self._dir)
-        self._stopping = False
         self._rescan()
-        observer = Observer()
-        observer.daemon = True
-        try:
-            observer.start()
-        except Exception as e:  # e.g. out of inotify instances: polling still keeps us current
-            log.warning("cannot watch runtime hook config dir %s (%s); checking it every %gs instead",
-                        self._dir, e, POLL_SECONDS)
-        else:
-            self._observer = observer
-            self._arm_watch()
-        self._worker = threading.Thread(target=self._run, name="pluginsmanager", daemon=True)
-        self._worker.start()
+        self._watcher = DirWatcher([self._dir], self._rescan, name="pluginsmanager", accept=_is_candidate,
+                                   on_poll=self._check, debounce=DEBOUNCE_SECONDS, poll_interval=POLL_SECONDS)
+        self._watcher.start()
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._worker is not None:
-            self._worker.join()
-            self._worker = None
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join()
-            self._observer = None
-            self._watch = None
-            self._watched_id = None
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
 
     def plugins_for(self, hook: HookPoint) -> tuple[PluginRegistration, ...]:
         """The plugins to call for ``hook``, in lexical file-name order."""
@@ -176,67 +132,10 @@ class PluginsManager:
         """File name -> reason, for the files currently ignored."""
         return dict(self._snap.invalid)
 
-    # -- watching ---------------------------------------------------------------------------
-
-    def _watch_lost(self) -> None:
-        """The directory was removed: a new one may get the same inode number, so forget the old one."""
-        self._watched_id = None
-        self._request_rescan()
-
-    def _request_rescan(self) -> None:
-        with self._cond:
-            if self._due is None:
-                self._due = time.monotonic() + DEBOUNCE_SECONDS
-                self._cond.notify_all()
-
-    def _run(self) -> None:
-        next_poll = time.monotonic() + POLL_SECONDS
-        while True:
-            with self._cond:
-                deadline = next_poll if self._due is None else min(next_poll, self._due)
-                timeout = deadline - time.monotonic()
-                if timeout > 0 and not self._stopping:
-                    self._cond.wait(timeout)
-                if self._stopping:
-                    return
-                now = time.monotonic()
-                event_due = self._due is not None and now >= self._due
-                if event_due:
-                    self._due = None
-            try:
-                if event_due:
-                    self._rescan()
-                if now >= next_poll:
-                    next_poll = now + POLL_SECONDS
-                    self._arm_watch()
-                    if self._listing()[1] != self._fingerprint:
-                        self._rescan()
-            except Exception:
-                log.exception("plugins manager: rescan of %s failed; retrying in %gs", self._dir, POLL_SECONDS)
-
-    def _arm_watch(self) -> None:
-        """(Re)watch the directory when it appeared or was replaced: inotify watches die with the inode."""
-        try:
-            st = os.stat(self._dir)
-        except OSError:
-            return
-        ident = (st.st_dev, st.st_ino)
-        if ident == self._watched_id or self._observer is None:
-            return
-        if self._watch is not None:
-            try:
-                self._observer.unschedule(self._watch)
-            except Exception:  # the emitter may have stopped itself when the directory went away
-                log.debug("unscheduling the old watch of %s failed", self._dir, exc_info=True)
-            self._watch = None
-        try:
-            self._watch = self._observer.schedule(_Handler(self, str(self._dir)), str(self._dir),
-                                                 recursive=False)
-            self._watched_id = ident
-            log.debug("watching runtime hook config dir %s", self._dir)
-        except Exception as e:
-            log.warning("cannot watch runtime hook config dir %s (%s); checking it every %gs instead",
-                        self._dir, e, POLL_SECONDS)
+    def _check(self) -> None:
+        """The periodic check: rescans only when a file's lstat changed since the last scan."""
+        if self._listing()[1] != self._fingerprint:
+            self._rescan()
 
     # -- scanning ---------------------------------------------------------------------------
 

@@ -1,0 +1,127 @@
+"""The one directory watcher: events, the periodic check, directories that appear late or are replaced."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from koord.filewatch import DirWatcher
+
+DEADLINE = 3.0
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events = 0
+        self.polls = 0
+        self.lock = threading.Lock()
+
+    def event(self) -> None:
+        with self.lock:
+            self.events += 1
+
+    def poll(self) -> None:
+        with self.lock:
+            self.polls += 1
+
+
+@pytest.fixture
+def watch(tmp_path: Path) -> Iterator[Callable[..., tuple[DirWatcher, Recorder]]]:
+    started: list[DirWatcher] = []
+
+    def make(*dirs: Path, **kw) -> tuple[DirWatcher, Recorder]:
+        rec = Recorder()
+        watcher = DirWatcher(dirs, rec.event, name="test-watch", on_poll=rec.poll, **kw)
+        watcher.start()
+        started.append(watcher)
+        return watcher, rec
+
+    yield make
+    for w in started:
+        w.stop()
+
+
+def test_a_burst_of_writes_is_one_event(tmp_path: Path, watch) -> None:
+    _, rec = watch(tmp_path, debounce=0.2, poll_interval=60)
+    for i in range(5):
+        (tmp_path / "a.json").write_text(str(i))
+    wait_for(lambda: rec.events >= 1, "an event")
+    time.sleep(0.4)
+    assert rec.events == 1
+
+
+def test_names_the_filter_rejects_are_not_events(tmp_path: Path, watch) -> None:
+    _, rec = watch(tmp_path, accept=lambda name: name.endswith(".json"), poll_interval=60)
+    (tmp_path / "notes.txt").write_text("x")
+    time.sleep(0.4)
+    assert rec.events == 0
+    (tmp_path / "b.json").write_text("x")
+    wait_for(lambda: rec.events == 1, "the .json event")
+
+
+def test_the_periodic_check_runs_without_events(tmp_path: Path, watch) -> None:
+    _, rec = watch(tmp_path, poll_interval=0.1)
+    wait_for(lambda: rec.polls >= 3, "three periodic checks")
+
+
+def test_a_directory_created_later_is_watched(tmp_path: Path, watch) -> None:
+    late = tmp_path / "late"
+    _, rec = watch(late, poll_interval=0.1)
+    late.mkdir()
+    wait_for(lambda: rec.events >= 1, "the directory's appearance")
+    before = rec.events
+    (late / "x").write_text("1")
+    wait_for(lambda: rec.events > before, "an event in the new directory")
+
+
+def test_a_replaced_directory_is_watched_again(tmp_path: Path, watch) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    _, rec = watch(d, poll_interval=0.1)
+    shutil.rmtree(d)
+    d.mkdir()
+    wait_for(lambda: rec.events >= 1, "the replacement")
+    time.sleep(0.3)
+    before = rec.events
+    (d / "x").write_text("1")
+    wait_for(lambda: rec.events > before, "an event in the replaced directory")
+
+
+def test_a_failing_callback_does_not_end_the_watch(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def boom() -> None:
+        calls.append(1)
+        raise RuntimeError("consumer bug")
+
+    watcher = DirWatcher([tmp_path], boom, name="test-watch", on_poll=lambda: None, poll_interval=60)
+    watcher.start()
+    try:
+        (tmp_path / "a").write_text("1")
+        wait_for(lambda: len(calls) == 1, "the first call")
+        time.sleep(0.2)
+        (tmp_path / "b").write_text("1")
+        wait_for(lambda: len(calls) == 2, "the second call")
+    finally:
+        watcher.stop()
+
+
+def test_stop_returns_promptly(tmp_path: Path) -> None:
+    watcher = DirWatcher([tmp_path], lambda: None, name="test-watch", poll_interval=60)
+    watcher.start()
+    started = time.monotonic()
+    watcher.stop()
+    assert time.monotonic() - started < 2.0
