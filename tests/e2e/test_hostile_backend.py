@@ -16,7 +16,7 @@ import pytest
 from cri_api.v1 import api_pb2 as cri
 from google.protobuf.message import DecodeError
 
-from koord.testing.anybackend import AnyAnswerBackend
+from koord.testing.fakecri import FakeCRI
 from koord.testing.containerd import Containerd
 from koord.testing.hookplugin import RecordingPlugin
 from koord.testing.kubelet import KubeletClient, remove_pod_cgroup
@@ -80,7 +80,7 @@ def _readyz(port: int) -> int:
 
 
 def test_no_hooks_for_calls_that_cannot_succeed(tmp_path: Path) -> None:
-    backend = AnyAnswerBackend(tmp_path / "backend.sock")
+    backend = FakeCRI(tmp_path / "backend.sock").__enter__()
     plugin = RecordingPlugin(tmp_path / "plugin.sock").start()
     port = free_port()
     proxy = RuntimeProxy(tmp_path / "proxy", str(backend.socket), hook_config_dir=tmp_path / "hooks",
@@ -92,14 +92,15 @@ def test_no_hooks_for_calls_that_cannot_succeed(tmp_path: Path) -> None:
         with KubeletClient(proxy.endpoint) as client:
             # No pod / container metadata: the backend must reject it, so no plugin is asked.
             client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(), timeout=10)
-            client.runtime.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id="x"), timeout=10)
+            with pytest.raises(grpc.RpcError):  # no such sandbox: the fake says NOT_FOUND
+                client.runtime.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id="x"), timeout=10)
             assert plugin.hooks_seen() == []
             # The same plugin is called for a call that has metadata (the test can fail).
             config = cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="p", namespace="ns", uid="u"))
             client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=10)
             assert plugin.hooks_seen() == ["PreRunPodSandbox"]
 
-            backend.stop()
+            backend.__exit__()
             eventually(lambda: _readyz(port) == 503, timeout=10, what="/readyz 503 with the backend down")
             with pytest.raises(grpc.RpcError) as err:
                 client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=10)
@@ -107,7 +108,7 @@ def test_no_hooks_for_calls_that_cannot_succeed(tmp_path: Path) -> None:
             assert plugin.hooks_seen() == ["PreRunPodSandbox"], "no plugin call while the backend is down"
             assert proxy.running
 
-            backend = AnyAnswerBackend(tmp_path / "backend.sock")
+            backend = FakeCRI(tmp_path / "backend.sock").__enter__()
 
             def run_pod() -> bool:
                 try:
@@ -123,4 +124,4 @@ def test_no_hooks_for_calls_that_cannot_succeed(tmp_path: Path) -> None:
     finally:
         proxy.stop()
         plugin.stop()
-        backend.stop()
+        backend.__exit__()
