@@ -16,8 +16,8 @@ import pytest
 from cri_api.v1 import api_pb2 as cri
 from google.protobuf.message import DecodeError
 
-from koord.testing.fakecri import FakeCRI
 from koord.testing.containerd import Containerd
+from koord.testing.fakecri import FakeCRI
 from koord.testing.hookplugin import RecordingPlugin
 from koord.testing.kubelet import KubeletClient, remove_pod_cgroup
 from koord.testing.proxy import RuntimeProxy
