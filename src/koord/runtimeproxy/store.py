@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
@@ -78,6 +79,7 @@ class RecoveryError(Exception):
 
 
 _RUNTIME = "/runtime.v1.RuntimeService/"
+_M = TypeVar("_M", bound=Message)
 
 
 class BackendReader:
@@ -90,8 +92,8 @@ class BackendReader:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._channel = channel
 
-    async def call(self, method: str, request: Message, response_type: type[Message],
-                   what: str, timeout: float) -> Message:
+    async def call(self, method: str, request: Message, response_type: type[_M],
+                   what: str, timeout: float) -> _M:
         raw = await self._channel.unary_unary(
             _RUNTIME + method, request_serializer=_serialize)(request, timeout=timeout)
         try:
@@ -174,7 +176,6 @@ async def fetch_pod(runtime: BackendReader, sandbox_id: str,
     resp = await runtime.call("PodSandboxStatus",
                               cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True),
                               cri.PodSandboxStatusResponse, what, timeout)
-    assert isinstance(resp, cri.PodSandboxStatusResponse)
     info = _verbose_info(dict(resp.info), what)
     config = _config_from_info(info, cri.PodSandboxConfig, what)
     return convert.pod_record_from_config(config, info.get("runtimeHandler", ""))
@@ -186,7 +187,6 @@ async def fetch_container(runtime: BackendReader, container_id: str,
     resp = await runtime.call("ContainerStatus",
                               cri.ContainerStatusRequest(container_id=container_id, verbose=True),
                               cri.ContainerStatusResponse, what, timeout)
-    assert isinstance(resp, cri.ContainerStatusResponse)
     info = _verbose_info(dict(resp.info), what)
     config = _config_from_info(info, cri.ContainerConfig, what)
     record = convert.container_record(config, container_id)
