@@ -28,6 +28,9 @@ MAX_MEMORY_BYTES = (1 << 63) - 1
 MIN_BVT, MAX_BVT = -1, 2
 """cpu.bvt_warp_ns (group identity)."""
 
+MIN_OOM_SCORE_ADJ, MAX_OOM_SCORE_ADJ = -1000, 1000
+"""/proc/<pid>/oom_score_adj, which runc writes for the container's first process."""
+
 
 class Kind(enum.Enum):
     SHARES = "cpu shares"
@@ -35,6 +38,7 @@ class Kind(enum.Enum):
     PERIOD = "cfs period"
     MEMORY = "memory limit"
     BVT = "group identity"
+    OOM_SCORE_ADJ = "oom score adjustment"
 
 
 def problem(kind: Kind, value: int) -> str | None:
@@ -56,6 +60,9 @@ def problem(kind: Kind, value: int) -> str | None:
     elif kind is Kind.MEMORY:
         ok = value == UNLIMITED or 0 < value <= MAX_MEMORY_BYTES
         want = f"-1 (unlimited) or [1, {MAX_MEMORY_BYTES}]"
+    elif kind is Kind.OOM_SCORE_ADJ:
+        ok = MIN_OOM_SCORE_ADJ <= value <= MAX_OOM_SCORE_ADJ
+        want = f"[{MIN_OOM_SCORE_ADJ}, {MAX_OOM_SCORE_ADJ}]"
     else:
         ok = MIN_BVT <= value <= MAX_BVT
         want = f"[{MIN_BVT}, {MAX_BVT}]"

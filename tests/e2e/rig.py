@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.hookapi import HookPoint
@@ -17,6 +15,7 @@ from koord.testing.containerd import Containerd
 from koord.testing.hookplugin import ALL_HOOKS, POD_HOOKS, Behaviour, RecordingPlugin
 from koord.testing.kubelet import KubeletClient, read_cgroup
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.sockets import make_short_socket_dir
 
 MiB = 1 << 20
 SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
@@ -33,7 +32,7 @@ class Rig:
 
     def __init__(self, containerd: Containerd) -> None:
         self.containerd = containerd
-        self.root = Path(tempfile.mkdtemp(prefix="kh-", dir="/tmp"))
+        self.root = make_short_socket_dir("kh-")
         self.hook_dir = self.root / "hookserver.d"
         self.hook_dir.mkdir()
         self.plugins: list[RecordingPlugin] = []

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -19,7 +17,9 @@ import pytest
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient, read_cgroup
+from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.sockets import make_short_socket_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ class KoordletProcess:
 
     def __init__(self, workdir: Path, args: Sequence[str]) -> None:
         self.workdir = workdir
-        self.sockdir = Path(tempfile.mkdtemp(prefix="kl-e2e-", dir="/tmp"))
+        self.sockdir = make_short_socket_dir("kl-e2e-")
         self.socket = self.sockdir / "koordlet.sock"
         self.config_dir = workdir / "hookserver.d"
         self.log_path = workdir / "koordlet.log"
@@ -76,13 +76,7 @@ class KoordletProcess:
     def stop(self) -> int | None:
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc)
         self._log.close()
         shutil.rmtree(self.sockdir, ignore_errors=True)
         return self._proc.returncode

@@ -54,6 +54,17 @@ def parse_cpuset(text: str, *, max_cpu: int = MAX_CPU_ID) -> list[int]:
     return sorted(cpus)
 
 
+def cpuset_value(value: object, where: str, error: type[Exception] = ValueError) -> str:
+    """A JSON value that must be a cpu list (from an annotation): the text, validated; ``error`` naming ``where``."""
+    if not isinstance(value, str):
+        raise error(f"{where}={value!r} is not a string; want a cpu list like 0-3,5")
+    try:
+        parse_cpuset(value)
+    except ValueError as exc:
+        raise error(f"{where}: {exc}") from None
+    return value
+
+
 def format_cpuset(cpus: Iterable[int]) -> str:
     """Ids to the compact kernel form: [0, 1, 2, 3, 5] -> ``0-3,5``."""
     ordered = sorted(set(cpus))

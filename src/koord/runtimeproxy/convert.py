@@ -1,16 +1,12 @@
-"""CRI request -> hook request, hook answer -> hook request (merge), hook request -> CRI request.
+"""Hook answer -> hook request (merge), hook request -> CRI request, and answer validation.
 
-Every rule about what a plugin may change lives here, once:
+Every rule about what a plugin may change lives here, once (hook requests are built from
+CRI by ``koord.hookapi.fromcri``, shared with koordlet):
 
-* ``pod_hook_request`` / ``container_hook_request`` build the hook request.
 * ``merge_pod_response`` / ``merge_container_response`` fold one plugin's answer into the
   hook request (so the next plugin sees it) and return the names of the fields that changed.
 * ``apply_to_*`` write the final hook request back into the CRI request.
 * ``validate_*`` reject an answer before it can reach the backend.
-
-CRI's and the hook protocol's ``LinuxContainerResources`` share field numbers 1-10
-(checked by a unit test), so resources convert through the wire format, keeping fields
-either side does not know.
 """
 
 from __future__ import annotations
@@ -22,69 +18,8 @@ from cri_api.v1 import api_pb2 as cri
 
 from koord import cgrouplimits
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
-from koord.hookapi import parse_cpuset
-
-PodHookRequest = hook.PodSandboxHookRequest
-ContainerHookRequest = hook.ContainerResourceHookRequest
-
-
-def to_hook_resources(res: cri.LinuxContainerResources) -> hook.LinuxContainerResources:
-    return hook.LinuxContainerResources.FromString(res.SerializeToString())
-
-
-def to_cri_resources(res: hook.LinuxContainerResources) -> cri.LinuxContainerResources:
-    return cri.LinuxContainerResources.FromString(res.SerializeToString())
-
-
-# ---------------------------------------------------------------- CRI -> hook request
-
-def pod_hook_request(req: cri.RunPodSandboxRequest) -> PodHookRequest:
-    cfg = req.config
-    out = PodHookRequest(
-        pod_meta=hook.PodSandboxMetadata(
-            name=cfg.metadata.name, uid=cfg.metadata.uid,
-            namespace=cfg.metadata.namespace, attempt=cfg.metadata.attempt),
-        runtime_handler=req.runtime_handler,
-        labels=cfg.labels,
-        annotations=cfg.annotations,
-        cgroup_parent=cfg.linux.cgroup_parent,
-    )
-    if cfg.linux.HasField("overhead"):
-        out.overhead.CopyFrom(to_hook_resources(cfg.linux.overhead))
-    if cfg.linux.HasField("resources"):
-        out.resources.CopyFrom(to_hook_resources(cfg.linux.resources))
-    return out
-
-
-def container_record(config: cri.ContainerConfig, container_id: str = "") -> ContainerHookRequest:
-    """The container's own half of a hook request (no pod fields): what the store keeps."""
-    out = ContainerHookRequest(
-        container_meta=hook.ContainerMetadata(
-            name=config.metadata.name, attempt=config.metadata.attempt, id=container_id),
-        container_annotations=config.annotations,
-        container_envs={kv.key: kv.value for kv in config.envs},
-    )
-    if config.linux.HasField("resources"):
-        out.container_resources.CopyFrom(to_hook_resources(config.linux.resources))
-    return out
-
-
-def container_hook_request(pod: PodHookRequest, container: ContainerHookRequest) -> ContainerHookRequest:
-    """Joins the pod's info (from the store) with the container's."""
-    out = ContainerHookRequest()
-    out.CopyFrom(container)
-    out.pod_meta.CopyFrom(pod.pod_meta)
-    if pod.HasField("resources"):
-        out.pod_resources.CopyFrom(pod.resources)
-    out.pod_annotations.update(pod.annotations)
-    out.pod_labels.update(pod.labels)
-    out.pod_cgroup_parent = pod.cgroup_parent
-    return out
-
-
-def pod_record_from_config(config: cri.PodSandboxConfig, runtime_handler: str = "") -> PodHookRequest:
-    return pod_hook_request(cri.RunPodSandboxRequest(config=config, runtime_handler=runtime_handler))
-
+from koord.hookapi import ContainerHookRequest, PodHookRequest, parse_cpuset
+from koord.hookapi.fromcri import to_cri_resources
 
 # ---------------------------------------------------------------- merge rules
 
@@ -205,6 +140,7 @@ _KERNEL_LIMITS = (
     ("cpu_shares", cgrouplimits.Kind.SHARES),
     ("memory_limit_in_bytes", cgrouplimits.Kind.MEMORY),
     ("memory_swap_limit_in_bytes", cgrouplimits.Kind.MEMORY),
+    ("oom_score_adj", cgrouplimits.Kind.OOM_SCORE_ADJ),
 )
 _UNIFIED_KEY = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_.]+$")
 _ENV_KEY_FORBIDDEN = re.compile(r"[=\x00]")
@@ -218,8 +154,6 @@ def validate_resources(res: hook.LinuxContainerResources, prefix: str) -> list[s
         why = cgrouplimits.problem(kind, value) if value else None  # 0 means "not specified"
         if why:
             problems.append(f"{prefix}.{name}: {why}")
-    if not -1000 <= res.oom_score_adj <= 1000:
-        problems.append(f"{prefix}.oom_score_adj must be in [-1000, 1000], got {res.oom_score_adj}")
     for name in ("cpuset_cpus", "cpuset_mems"):
         value = getattr(res, name)
         if value:

@@ -25,7 +25,8 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 from cri_api.v1alpha2 import api_pb2 as cri_v1alpha2
 from google.protobuf.message import DecodeError, Message
 
-from koord.hookapi import HookPoint
+from koord.hookapi import HookPoint, PodHookRequest, fromcri
+from koord.hookapi.fromcri import StatusError
 
 from . import convert
 from . import store as store_mod
@@ -303,7 +304,7 @@ class CRIServer(grpc.GenericRpcHandler):
         return True
 
     async def run_pod_sandbox(self, req: cri.RunPodSandboxRequest, call: Call) -> bytes:
-        pod = convert.pod_hook_request(req)
+        pod = fromcri.pod_hook_request(req)
         changed = False
         if self._hooked(pod) and await self._backend_up(_pod_target(pod)):
             changed = await self.dispatcher.run_pre(HookPoint.PRE_RUN_POD_SANDBOX, pod, _pod_target(pod))
@@ -315,15 +316,15 @@ class CRIServer(grpc.GenericRpcHandler):
 
     async def create_container(self, req: cri.CreateContainerRequest, call: Call) -> bytes:
         pod = await self._pod(req.pod_sandbox_id, req.sandbox_config)
-        container = convert.container_record(req.config)
+        container = fromcri.container_record(req.config)
         changed = False
         name = req.config.metadata.name
         if self._hooked(pod, name) and await self._backend_up(target := _pod_target(pod, name)):
-            request = convert.container_hook_request(pod, container)
+            request = fromcri.container_hook_request(pod, container)
             changed = await self.dispatcher.run_pre(HookPoint.PRE_CREATE_CONTAINER, request, target)
             if changed:
                 convert.apply_to_create_container(req, request)
-                container = convert.container_record(req.config)
+                container = fromcri.container_record(req.config)
         raw = await call.forward(req if changed else None)
         container_id = cri.CreateContainerResponse.FromString(raw).container_id
         container.container_meta.id = container_id
@@ -339,7 +340,7 @@ class CRIServer(grpc.GenericRpcHandler):
         record, pod = found
         if not self._hooked(pod):
             return await call.forward()
-        request = convert.container_hook_request(pod, record.info)
+        request = fromcri.container_hook_request(pod, record.info)
         target = _pod_target(pod, record.info.container_meta.name)
         if not await self._backend_up(target):
             return await call.forward()
@@ -349,7 +350,7 @@ class CRIServer(grpc.GenericRpcHandler):
                 await self.backend.runtime.UpdateContainerResources(
                     cri.UpdateContainerResourcesRequest(
                         container_id=req.container_id,
-                        linux=convert.to_cri_resources(request.container_resources)),
+                        linux=fromcri.to_cri_resources(request.container_resources)),
                     timeout=call.timeout, metadata=call.metadata)
                 record.info.container_resources.CopyFrom(request.container_resources)
         raw = await call.forward()
@@ -363,8 +364,8 @@ class CRIServer(grpc.GenericRpcHandler):
             record, pod = found if found is not None else (None, None)
             if record is not None and self._hooked(pod) and await self._backend_up(
                     target := _pod_target(pod, record.info.container_meta.name)):
-                request = convert.container_hook_request(pod, record.info)
-                request.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+                request = fromcri.container_hook_request(pod, record.info)
+                request.container_resources.CopyFrom(fromcri.to_hook_resources(req.linux))
                 request.container_annotations.update(req.annotations)
                 changed = await self.dispatcher.run_pre(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, request, target)
                 if changed:
@@ -372,7 +373,7 @@ class CRIServer(grpc.GenericRpcHandler):
         raw = await call.forward(req if changed else None)
         stored = self.store.get_container(req.container_id)
         if stored is not None:
-            stored.info.container_resources.CopyFrom(convert.to_hook_resources(req.linux))
+            stored.info.container_resources.CopyFrom(fromcri.to_hook_resources(req.linux))
         return raw
 
     async def stop_container(self, req: cri.StopContainerRequest, call: Call) -> bytes:
@@ -383,7 +384,7 @@ class CRIServer(grpc.GenericRpcHandler):
         record, pod = found if found is not None else (None, None)
         if record is not None and self._hooked(pod):
             await self.dispatcher.run_post(HookPoint.POST_STOP_CONTAINER,
-                                           convert.container_hook_request(pod, record.info),
+                                           fromcri.container_hook_request(pod, record.info),
                                            _pod_target(pod, record.info.container_meta.name))
         return raw
 
@@ -409,28 +410,28 @@ class CRIServer(grpc.GenericRpcHandler):
     # ------------------------------------------------------------ store look-ups
 
     async def _pod(self, sandbox_id: str,
-                   fallback: cri.PodSandboxConfig | None = None) -> convert.PodHookRequest | None:
+                   fallback: cri.PodSandboxConfig | None = None) -> PodHookRequest | None:
         """From the store, else from the backend (and kept), else from kubelet's copy of the config."""
         pod = self.store.get_pod(sandbox_id)
         if pod is not None:
             return pod
         try:
             pod = await store_mod.fetch_pod(self.backend.reader, sandbox_id)
-        except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
+        except (StatusError, grpc.aio.AioRpcError) as exc:
             if fallback is not None and fallback.ByteSize():
-                return convert.pod_record_from_config(fallback)
+                return fromcri.pod_record_from_config(fallback)
             log.warning("no info for sandbox %s, hooks skipped: %s", sandbox_id, store_mod.describe_error(exc))
             return None
         self.store.put_pod(sandbox_id, pod)
         return pod
 
-    async def _container(self, container_id: str) -> tuple[ContainerRecord, convert.PodHookRequest | None] | None:
+    async def _container(self, container_id: str) -> tuple[ContainerRecord, PodHookRequest | None] | None:
         """The container's record and its pod's info, each from the store or else from the backend."""
         record = self.store.get_container(container_id)
         if record is None:
             try:
                 record = await store_mod.fetch_container(self.backend.reader, container_id)
-            except (store_mod.RecoveryError, grpc.aio.AioRpcError) as exc:
+            except (StatusError, grpc.aio.AioRpcError) as exc:
                 log.warning("no info for container %s, hooks skipped: %s",
                             container_id, store_mod.describe_error(exc))
                 return None
@@ -438,6 +439,6 @@ class CRIServer(grpc.GenericRpcHandler):
         return record, await self._pod(record.sandbox_id)
 
 
-def _pod_target(pod: convert.PodHookRequest, container: str = "") -> Target:
+def _pod_target(pod: PodHookRequest, container: str = "") -> Target:
     return Target(f"{pod.pod_meta.namespace}/{pod.pod_meta.name}", container)
 

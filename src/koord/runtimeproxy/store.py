@@ -6,8 +6,8 @@ every later hook request.  Records are hook-protocol messages, so building a hoo
 request from them is a copy.
 
 The store is rebuilt from the backend before the proxy serves (``rebuild``), and a
-record it lacks is fetched on demand (``fetch_pod`` / ``fetch_container``): containerd's
-verbose status ``info`` holds the original config.  All access happens on the proxy's
+record it lacks is fetched on demand (``fetch_pod`` / ``fetch_container``) from the
+backend's verbose status, by the builder koordlet's reconciler uses too.  All access happens on the proxy's
 event loop, so no lock is needed.
 
 The backend's answers are data from outside: containerd stores whatever bytes a client
@@ -20,19 +20,18 @@ rebuild (and with it every start of the proxy).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
-from google.protobuf import empty_pb2, json_format
+from google.protobuf import empty_pb2
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from . import convert
-from .convert import ContainerHookRequest, PodHookRequest
+from koord.hookapi import ContainerHookRequest, PodHookRequest, fromcri
+from koord.hookapi.fromcri import StatusError
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +73,6 @@ class Store:
         return len(self._pods), len(self._containers)
 
 
-class RecoveryError(Exception):
-    """The backend's answer cannot be turned into a store record."""
-
-
 _RUNTIME = "/runtime.v1.RuntimeService/"
 _M = TypeVar("_M", bound=Message)
 
@@ -86,7 +81,7 @@ class BackendReader:
     """The backend calls the store makes, with answers decoded here, never by grpc.
 
     grpc-python turns an answer its deserializer rejects into ``None`` (and an ERROR log
-    line of its own); decoding here makes it a RecoveryError naming the record instead.
+    line of its own); decoding here makes it a StatusError naming the record instead.
     """
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
@@ -99,7 +94,7 @@ class BackendReader:
         try:
             return response_type.FromString(raw)
         except DecodeError:
-            raise RecoveryError(f"{what}: the backend's {method} answer does not decode "
+            raise StatusError(f"{what}: the backend's {method} answer does not decode "
                                 "(a field that is not valid UTF-8?)") from None
 
     async def list_ids(self, method: str, request: Message,
@@ -110,7 +105,7 @@ class BackendReader:
         try:
             empty_pb2.Empty.FromString(raw)
         except DecodeError:
-            raise RecoveryError(f"the backend's {method} answer is not a protobuf message") from None
+            raise StatusError(f"the backend's {method} answer is not a protobuf message") from None
         all_ids = _item_ids(raw, item_type)
         ids = [i for i in all_ids if i]
         if len(ids) < len(all_ids):
@@ -150,59 +145,20 @@ def _item_ids(envelope: bytes, item_type: type[cri.PodSandbox] | type[cri.Contai
     return ids
 
 
-def _verbose_info(info: dict[str, str], what: str) -> dict:
-    raw = info.get("info")
-    if not raw:
-        raise RecoveryError(f"{what}: the backend returned no verbose info")
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise RecoveryError(f"{what}: verbose info is not JSON: {exc}") from None
-
-
-def _config_from_info(info: dict, message: type, what: str):
-    config = info.get("config")
-    if not isinstance(config, dict):
-        raise RecoveryError(f"{what}: verbose info has no config")
-    try:
-        return json_format.ParseDict(config, message(), ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        raise RecoveryError(f"{what}: config in verbose info does not parse: {exc}") from None
-
-
 async def fetch_pod(runtime: BackendReader, sandbox_id: str,
                     timeout: float = 10.0) -> PodHookRequest:
-    what = f"sandbox {sandbox_id}"
     resp = await runtime.call("PodSandboxStatus",
                               cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True),
-                              cri.PodSandboxStatusResponse, what, timeout)
-    info = _verbose_info(dict(resp.info), what)
-    config = _config_from_info(info, cri.PodSandboxConfig, what)
-    return convert.pod_record_from_config(config, info.get("runtimeHandler", ""))
+                              cri.PodSandboxStatusResponse, f"sandbox {sandbox_id}", timeout)
+    return fromcri.pod_record_from_status(resp, sandbox_id)
 
 
 async def fetch_container(runtime: BackendReader, container_id: str,
                           timeout: float = 10.0) -> ContainerRecord:
-    what = f"container {container_id}"
     resp = await runtime.call("ContainerStatus",
                               cri.ContainerStatusRequest(container_id=container_id, verbose=True),
-                              cri.ContainerStatusResponse, what, timeout)
-    info = _verbose_info(dict(resp.info), what)
-    config = _config_from_info(info, cri.ContainerConfig, what)
-    record = convert.container_record(config, container_id)
-    current = resp.status.resources.linux if resp.status.HasField("resources") else None
-    if current is not None and current.ByteSize():
-        # Updates since creation live in the status, not in the creation config.
-        record.container_resources.CopyFrom(convert.to_hook_resources(current))
-        swap = record.container_resources.memory_swap_limit_in_bytes
-        if (not config.linux.resources.memory_swap_limit_in_bytes
-                and swap == record.container_resources.memory_limit_in_bytes):
-            # containerd reports "no swap" as swap == memory limit; kubelet sent none, and
-            # replaying it after a plugin raises the memory limit makes runc fail.
-            record.container_resources.memory_swap_limit_in_bytes = 0
-    sandbox_id = info.get("sandboxID", "")
-    if not sandbox_id:
-        raise RecoveryError(f"{what}: verbose info names no sandboxID")
+                              cri.ContainerStatusResponse, f"container {container_id}", timeout)
+    sandbox_id, record = fromcri.container_record_from_status(resp, container_id)
     return ContainerRecord(sandbox_id=sandbox_id, info=record)
 
 
@@ -217,7 +173,7 @@ async def rebuild(store: Store, runtime: BackendReader, parallel: int = 16) -> N
     try:
         pods = await runtime.list_ids("ListPodSandbox", cri.ListPodSandboxRequest(), cri.PodSandbox, 30)
         containers = await runtime.list_ids("ListContainers", cri.ListContainersRequest(), cri.Container, 30)
-    except RecoveryError as exc:
+    except StatusError as exc:
         log.error("store rebuild: %s; starting with an empty store (records are fetched on demand)", exc)
         return
     limit = asyncio.Semaphore(parallel)
@@ -226,14 +182,14 @@ async def rebuild(store: Store, runtime: BackendReader, parallel: int = 16) -> N
         async with limit:
             try:
                 store.put_pod(sandbox_id, await fetch_pod(runtime, sandbox_id))
-            except (RecoveryError, grpc.aio.AioRpcError) as exc:
+            except (StatusError, grpc.aio.AioRpcError) as exc:
                 log.warning("store rebuild: skipping %s", describe_error(exc, f"sandbox {sandbox_id}"))
 
     async def load_container(container_id: str) -> None:
         async with limit:
             try:
                 store.put_container(container_id, await fetch_container(runtime, container_id))
-            except (RecoveryError, grpc.aio.AioRpcError) as exc:
+            except (StatusError, grpc.aio.AioRpcError) as exc:
                 log.warning("store rebuild: skipping %s", describe_error(exc, f"container {container_id}"))
 
     await asyncio.gather(*(load_pod(p) for p in pods), *(load_container(c) for c in containers))

@@ -25,6 +25,7 @@ import grpc
 
 from koord.testing.image import DEFAULT_REF, build_pause_image
 from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target, remove_pod_cgroup
+from koord.testing.processes import stop_process
 
 log = logging.getLogger(__name__)
 
@@ -247,13 +248,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         """Stops only the containerd process (pods and shims stay): a backend outage."""
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc, timeout=10)
         self._proc = None
         if self._log_file is not None:
             self._log_file.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -355,15 +354,6 @@ class KubeletClient:
         container_id = self.create_container(sandbox_id, name, image, **kwargs)
         self.start_container(container_id)
         return container_id
-
-    def wait_container_state(self, container_id: str, state: int, timeout: float = 10.0) -> Any:
-        """Polls ContainerStatus until the container reaches ``state`` (a ContainerState value)."""
-        end = time.monotonic() + timeout
-        while True:
-            status = self.container_status(container_id).status
-            if status.state == state or time.monotonic() > end:
-                return status
-            time.sleep(0.05)
 
     def cleanup(self) -> list[str]:
         """Stops and removes every pod this client ran; returns the errors instead of raising.

@@ -6,7 +6,6 @@ the real flag parsing, the socket file, signal handling and restarts.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from koord.testing.containerd import wait_cri_ready
+from koord.testing.processes import stop_process
 
 START_TIMEOUT = 20.0
 
@@ -95,13 +95,7 @@ class RuntimeProxy:
         """SIGTERM and wait (SIGKILL after ``timeout``); returns the exit code."""
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc, timeout)
         return self._finish()
 
     def kill(self) -> int | None:
@@ -112,10 +106,6 @@ class RuntimeProxy:
             self._proc.kill()
             self._proc.wait()
         return self._finish()
-
-    def restart(self, timeout: float = START_TIMEOUT) -> RuntimeProxy:
-        self.stop()
-        return self.start(timeout)
 
     def _finish(self) -> int | None:
         rc = self._proc.returncode if self._proc is not None else None

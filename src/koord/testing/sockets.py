@@ -14,10 +14,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def make_short_socket_dir(prefix: str = "ks-") -> Path:
+    """A new private directory under /tmp; the caller removes it (``shutil.rmtree``)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
 @contextmanager
 def short_socket_dir(prefix: str = "ks-") -> Iterator[Path]:
     """A new private directory under /tmp, removed with everything in it on exit."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path = make_short_socket_dir(prefix)
     try:
         yield path
     finally:

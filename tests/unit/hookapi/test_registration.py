@@ -85,3 +85,18 @@ def test_what_plugins_write_the_proxy_reads_back(hooks, policy, timeout, tail) -
 def test_bad_plugin_names_are_rejected(name: str) -> None:
     with pytest.raises(ValueError, match="plain file stem"):
         Registration.of(name, "/s", "Ignore", [])
+
+
+@given(st.binary(max_size=300) | st.dictionaries(st.sampled_from(
+    ["remote-endpoint", "failure-policy", "runtime-hooks", "timeout-seconds", "Remote-Endpoint", "x"]),
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    | st.lists(st.sampled_from([*HookPoint, "Nope", ""]), max_size=8), max_size=5).map(
+    lambda d: json.dumps(d).encode()))
+def test_any_content_is_a_registration_or_an_error_naming_the_file(data: bytes) -> None:
+    try:
+        reg = Registration.parse(data, "10-fuzz.json")
+    except registration.RegistrationError as exc:
+        assert exc.file == "10-fuzz.json" and str(exc).startswith("10-fuzz.json: ")
+        return
+    assert reg.name == "10-fuzz" and reg.endpoint.startswith("/")
+    assert set(reg.hooks) <= set(HookPoint) and (reg.timeout is None or 0 < reg.timeout <= 3600)

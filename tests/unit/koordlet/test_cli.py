@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import cli
 from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord.testing.processes import stop_process
 
 WAIT = 20.0
 
@@ -176,12 +176,9 @@ def test_koordlet_binary_answers_every_rpc_and_cleans_up(short_socket_dir, tmp_p
             for rpc in ("PreStartContainerHook", "PostStartContainerHook", "PostStopContainerHook"):
                 assert getattr(stub, rpc)(LSR_CONTAINER, timeout=10).ByteSize() == 0
             assert stub.PostStopPodSandboxHook(BE_SANDBOX, timeout=10).ByteSize() == 0
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=WAIT) == 0
+        assert stop_process(proc, timeout=WAIT) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=0)
         stderr = proc.stderr.read()
     assert not (config / "koordlet.json").exists(), stderr
     assert not sock.exists()

@@ -140,3 +140,25 @@ def test_kube_qos(parent, qos):
 
 def test_pod_meta_str_names_namespace_and_name():
     assert str(PodMeta.from_proto(META)) == "prod/web"
+
+
+EVERY_FIELD = api_pb2.LinuxContainerResources(
+    cpu_period=100000, cpu_quota=50000, cpu_shares=512, memory_limit_in_bytes=1 << 30, oom_score_adj=-998,
+    cpuset_cpus="0-3", cpuset_mems="0", unified={"memory.high": "1G"}, memory_swap_limit_in_bytes=2 << 30,
+    hugepage_limits=[api_pb2.HugepageLimit(page_size="2MB", limit=1 << 21),
+                     api_pb2.HugepageLimit(page_size="1GB", limit=1 << 30)])
+
+
+def test_resources_carry_every_field_of_the_protocol():
+    unset = [f.name for f in EVERY_FIELD.DESCRIPTOR.fields if not getattr(EVERY_FIELD, f.name)]
+    assert unset == [], "EVERY_FIELD must set every field of the message"
+    res = Resources.from_proto(EVERY_FIELD)
+    assert (res.memory_swap_limit, res.oom_score_adj) == (2 << 30, -998)
+    assert res.hugepage_limits == {"2MB": 1 << 21, "1GB": 1 << 30}
+    assert res.to_proto() == EVERY_FIELD
+
+
+def test_a_later_plugin_refines_hugepages_and_keeps_the_rest():
+    a = Resources(hugepage_limits={"2MB": 1}, memory_swap_limit=5)
+    a.update(Resources(hugepage_limits={"1GB": 2}, oom_score_adj=7))
+    assert (a.hugepage_limits, a.memory_swap_limit, a.oom_score_adj) == ({"2MB": 1, "1GB": 2}, 5, 7)

@@ -1,7 +1,6 @@
 """koord.pluginsdk: decorators -> registration; typed requests -> responses over a socket."""
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from koord.pluginsdk import (
     Resources,
     RuntimePluginServer,
 )
+from koord.testing.processes import stop_process
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpu_env_plugin.py"
 WAIT = 20.0
@@ -153,12 +153,33 @@ def test_example_gpu_env_plugin_end_to_end(short_socket_dir):
             assert dict(response.container_envs) == {"NVIDIA_VISIBLE_DEVICES": "0,3"}
             plain = api_pb2.ContainerResourceHookRequest(pod_meta=CONTAINER.pod_meta)
             assert stub.PreCreateContainerHook(plain, timeout=5).ByteSize() == 0
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=WAIT) == 0
+        assert stop_process(proc, timeout=WAIT) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=0)
         proc.stderr.close()
     assert not (config / "gpu-env.json").exists()
     assert not sock.exists()
+
+
+def test_handlers_see_and_answer_every_resource_field(short_socket_dir, running):
+    """Swap, oom_score_adj and hugepages travel both ways, not only the fields koordlet writes."""
+    plugin = RuntimePluginServer("full", endpoint=str(short_socket_dir / "full.sock"))
+    seen = []
+
+    @plugin.pre_update_container_resources
+    def double_swap(req: ContainerRequest) -> ContainerResponse:
+        seen.append(req.resources)
+        return ContainerResponse(resources=Resources(memory_swap_limit=2 * (req.resources.memory_swap_limit or 0),
+                                                     oom_score_adj=-10, hugepage_limits={"1GB": 1 << 30}))
+
+    request = api_pb2.ContainerResourceHookRequest()
+    request.CopyFrom(CONTAINER)
+    request.container_resources.memory_swap_limit_in_bytes = 4096
+    request.container_resources.oom_score_adj = 500
+    request.container_resources.hugepage_limits.add(page_size="2MB", limit=1 << 21)
+    response = running(plugin).PreUpdateContainerResourcesHook(request, timeout=5)
+    assert (seen[0].memory_swap_limit, seen[0].oom_score_adj, seen[0].hugepage_limits) == (4096, 500,
+                                                                                          {"2MB": 1 << 21})
+    res = response.container_resources
+    assert (res.memory_swap_limit_in_bytes, res.oom_score_adj) == (8192, -10)
+    assert [(h.page_size, h.limit) for h in res.hugepage_limits] == [("1GB", 1 << 30)]

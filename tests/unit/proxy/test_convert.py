@@ -6,6 +6,7 @@ import pytest
 from cri_api.v1 import api_pb2 as cri
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.hookapi import fromcri
 from koord.runtimeproxy import convert
 
 
@@ -29,7 +30,7 @@ def _run_pod_request() -> cri.RunPodSandboxRequest:
 
 
 def test_pod_hook_request_carries_every_field() -> None:
-    got = convert.pod_hook_request(_run_pod_request())
+    got = fromcri.pod_hook_request(_run_pod_request())
     assert got == hook.PodSandboxHookRequest(
         pod_meta=hook.PodSandboxMetadata(name="web", uid="u1", namespace="ns", attempt=2),
         runtime_handler="runc", labels={"app": "web"}, annotations={"a": "1"},
@@ -39,12 +40,12 @@ def test_pod_hook_request_carries_every_field() -> None:
 
 
 def test_container_hook_request_joins_pod_and_container() -> None:
-    pod = convert.pod_hook_request(_run_pod_request())
+    pod = fromcri.pod_hook_request(_run_pod_request())
     config = cri.ContainerConfig(
         metadata=cri.ContainerMetadata(name="c1", attempt=1), annotations={"ca": "x"},
         envs=[cri.KeyValue(key="A", value="1"), cri.KeyValue(key="B", value="2")],
         linux=cri.LinuxContainerConfig(resources=cri.LinuxContainerResources(cpu_shares=512)))
-    got = convert.container_hook_request(pod, convert.container_record(config, "cid"))
+    got = fromcri.container_hook_request(pod, fromcri.container_record(config, "cid"))
     assert got.pod_meta == pod.pod_meta
     assert got.container_meta == hook.ContainerMetadata(name="c1", attempt=1, id="cid")
     assert dict(got.container_annotations) == {"ca": "x"}
@@ -87,7 +88,7 @@ def test_merge_resources(name, before, answer, after, changed) -> None:
 
 
 def test_merge_pod_response() -> None:
-    req = convert.pod_hook_request(_run_pod_request())
+    req = fromcri.pod_hook_request(_run_pod_request())
     changed = convert.merge_pod_response(req, hook.PodSandboxHookResponse(
         labels={"app": "web", "new": "1"}, annotations={"a": "2"}, cgroup_parent="/kubepods/x",
         resources=R(cpu_shares=100)))
@@ -125,7 +126,7 @@ def test_merge_envs(name, envs, wanted, after) -> None:
 
 def test_apply_to_run_pod_sandbox_round_trip() -> None:
     req = _run_pod_request()
-    pod = convert.pod_hook_request(req)
+    pod = fromcri.pod_hook_request(req)
     convert.merge_pod_response(pod, hook.PodSandboxHookResponse(
         labels={"l": "1"}, cgroup_parent="/kubepods/y", resources=R(cpuset_cpus="3")))
     convert.apply_to_run_pod_sandbox(req, pod)
@@ -133,7 +134,7 @@ def test_apply_to_run_pod_sandbox_round_trip() -> None:
     assert req.config.linux.cgroup_parent == "/kubepods/y"
     assert req.config.linux.resources.cpuset_cpus == "3" and req.config.linux.resources.cpu_quota == 50000
     assert req.config.linux.overhead.cpu_shares == 10
-    assert convert.pod_hook_request(req) == pod
+    assert fromcri.pod_hook_request(req) == pod
 
 
 def test_apply_to_create_container() -> None:
@@ -142,8 +143,8 @@ def test_apply_to_create_container() -> None:
             metadata=cri.ContainerMetadata(name="c"), envs=[cri.KeyValue(key="PATH", value="/bin")],
             annotations={"x": "1"}),
         sandbox_config=cri.PodSandboxConfig(linux=cri.LinuxPodSandboxConfig(cgroup_parent="/a")))
-    request = convert.container_hook_request(
-        convert.pod_record_from_config(req.sandbox_config), convert.container_record(req.config))
+    request = fromcri.container_hook_request(
+        fromcri.pod_record_from_config(req.sandbox_config), fromcri.container_record(req.config))
     convert.merge_container_response(request, hook.ContainerResourceHookResponse(
         container_envs={"NVIDIA_VISIBLE_DEVICES": "0,1"}, container_resources=R(cpu_shares=512),
         container_annotations={"y": "2"}, pod_cgroup_parent="/b"))

@@ -297,3 +297,11 @@ class CgroupExecutor:
             return int(text)
         except ValueError:
             return text
+
+
+def cgroup_dir_exists(executor: CgroupExecutor, cgroup_dir: str, resources: Resources) -> bool:
+    """Whether the cgroup of the first resource to write exists (v1 checks that subsystem)."""
+    for name in _APPLY_ORDER:
+        if getattr(resources, name) is not None:
+            return executor.path(cgroup_dir, name).parent.is_dir()
+    return executor.path(cgroup_dir, "cpu_shares").parent.is_dir()

@@ -2,20 +2,24 @@
 
 A hook request is converted to a context once, plugins change only ``context.response``,
 and the response is converted to the protocol message once.  The reconciler (Standalone
-mode) builds the same contexts from CRI status, so a plugin never knows which mode it
-runs in.
+mode) builds the same hook requests from CRI status (``koord.hookapi.fromcri``, as the
+proxy does), so a plugin never knows which mode it runs in.  After the plugins ran, a
+context says what koordlet must write to cgroups itself (``cgroup_update``).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import Message
 
 from koord import cgrouplimits
 from koord.apis.runtime.v1alpha1 import api_pb2
+
+if TYPE_CHECKING:
+    from .executor import CgroupExecutor
 
 QOS_LABEL = "koordinator.sh/qosClass"
 
@@ -56,7 +60,8 @@ class KubeQoS(enum.StrEnum):
 
 @dataclass
 class Resources:
-    """Resource values; None means "not set by anyone" (the protocol's zero value).
+    """Resource values, every field of the protocol's LinuxContainerResources; None means
+    "not set by anyone" (the protocol's zero value).
 
     cpu_bvt_warp_ns is koordlet-only (group identity): it is written to cgroup files
     and never travels on the wire.
@@ -70,6 +75,10 @@ class Resources:
     cpuset_mems: str | None = None
     cpu_bvt_warp_ns: int | None = None
     unified: dict[str, str] = field(default_factory=dict)
+    memory_swap_limit: int | None = None
+    oom_score_adj: int | None = None
+    hugepage_limits: dict[str, int] = field(default_factory=dict)
+    """Page size (``2MB``, ``1GB``) -> limit in bytes."""
 
     def is_empty(self) -> bool:
         return all(getattr(self, f.name) in (None, {}) for f in fields(self))
@@ -88,8 +97,8 @@ class Resources:
         """Takes every value ``other`` sets; used when a later plugin refines an earlier one."""
         for f in fields(self):
             value = getattr(other, f.name)
-            if f.name == "unified":
-                self.unified.update(value)
+            if isinstance(value, dict):
+                getattr(self, f.name).update(value)
             elif value is not None:
                 setattr(self, f.name, value)
 
@@ -103,6 +112,9 @@ class Resources:
             cpuset_cpus=msg.cpuset_cpus or None,
             cpuset_mems=msg.cpuset_mems or None,
             unified=dict(msg.unified),
+            memory_swap_limit=msg.memory_swap_limit_in_bytes or None,
+            oom_score_adj=msg.oom_score_adj or None,
+            hugepage_limits={h.page_size: h.limit for h in msg.hugepage_limits},
         )
 
     def to_proto(self) -> api_pb2.LinuxContainerResources | None:
@@ -115,6 +127,10 @@ class Resources:
             cpuset_cpus=self.cpuset_cpus or "",
             cpuset_mems=self.cpuset_mems or "",
             unified=self.unified,
+            memory_swap_limit_in_bytes=self.memory_swap_limit or 0,
+            oom_score_adj=self.oom_score_adj or 0,
+            hugepage_limits=[api_pb2.HugepageLimit(page_size=size, limit=limit)
+                             for size, limit in self.hugepage_limits.items()],
         ))
 
 
@@ -123,7 +139,9 @@ _KERNEL_LIMITS = (
     ("cpu_quota", cgrouplimits.Kind.QUOTA),
     ("cpu_shares", cgrouplimits.Kind.SHARES),
     ("memory_limit", cgrouplimits.Kind.MEMORY),
+    ("memory_swap_limit", cgrouplimits.Kind.MEMORY),
     ("cpu_bvt_warp_ns", cgrouplimits.Kind.BVT),
+    ("oom_score_adj", cgrouplimits.Kind.OOM_SCORE_ADJ),
 )
 
 
@@ -239,6 +257,14 @@ class PodResponse:
         self.resources.update(other.resources)
 
 
+@dataclass(frozen=True)
+class CgroupUpdate:
+    """What koordlet writes itself once the plugins ran: ``resources`` into ``cgroup_dir``."""
+
+    cgroup_dir: str
+    resources: Resources
+
+
 @dataclass
 class PodContext:
     request: PodRequest
@@ -250,6 +276,16 @@ class PodContext:
 
     def to_proto(self) -> api_pb2.PodSandboxHookResponse:
         return self.response.to_proto()
+
+    def cgroup_update(self, executor: CgroupExecutor, *, through_proxy: bool) -> CgroupUpdate | None:
+        """The pod's resources go to its cgroup in both modes: the proxy drops pod-level resources.
+
+        Through the proxy the pod may be moved to the cgroup parent the answer names.
+        """
+        parent = (self.response.cgroup_parent if through_proxy else None) or self.request.cgroup_parent
+        if self.response.resources.is_empty() or not parent:
+            return None
+        return CgroupUpdate(executor.pod_dir(parent), self.response.resources)
 
 
 @dataclass
@@ -356,6 +392,17 @@ class ContainerContext:
 
     def to_proto(self) -> api_pb2.ContainerResourceHookResponse:
         return self.response.to_proto()
+
+    def cgroup_update(self, executor: CgroupExecutor, *, through_proxy: bool) -> CgroupUpdate | None:
+        """Through the proxy only what CRI cannot carry (group identity's bvt); without it, everything."""
+        resources = self.response.resources
+        if through_proxy:
+            bvt = resources.cpu_bvt_warp_ns
+            resources = Resources(cpu_bvt_warp_ns=bvt) if bvt is not None else Resources()
+        if resources.is_empty() or not self.request.container_id:
+            return None
+        return CgroupUpdate(executor.container_dir(self.request.pod_cgroup_parent, self.request.container_id),
+                            resources)
 
 
 HookContext = PodContext | ContainerContext

@@ -14,39 +14,27 @@ container (RUNNING)    PreCreateContainer       ``container_dir(cgroup_parent, i
 pod gone since last    PostStopPodSandbox       nothing (plugins clean up, e.g. resctrl)
 =====================  =======================  ===========================================
 
-The contexts are built from verbose CRI status exactly as the proxy would build the
-hook request, so a plugin computes the same values in both modes. Changes a cgroup
+The hook requests are built from verbose CRI status by the builder the proxy uses too
+(``koord.hookapi.fromcri``), so a plugin computes the same values in both modes. Changes a cgroup
 cannot carry (envs, annotations) are ignored here.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 
-from koord.hookapi import HookPoint
+from koord.hookapi import HookPoint, PodHookRequest, fromcri
 
-from .executor import CgroupError, CgroupExecutor
+from .executor import CgroupError, CgroupExecutor, cgroup_dir_exists
 from .hooks import Hooks, RuntimePlugin, describe
-from .protocol import (
-    ContainerContext,
-    ContainerRequest,
-    HookContext,
-    KubeQoS,
-    PodContext,
-    PodMeta,
-    PodRequest,
-    Resources,
-)
-from .server import cgroup_dir_exists
+from .protocol import CgroupUpdate, ContainerContext, HookContext, KubeQoS, PodContext, Resources
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +62,7 @@ class Reconciler:
         self.interval = interval
         self._channel = grpc.insecure_channel("unix:" + self.cri_endpoint)
         self._cri = cri_grpc.RuntimeServiceStub(self._channel)
-        self._known_pods: dict[str, PodRequest] = {}
+        self._known_pods: dict[str, PodHookRequest] = {}
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -146,49 +134,51 @@ class Reconciler:
                 continue
             cgroup_dir = self.executor.kube_qos_dir(qos)
             if cgroup_dir_exists(self.executor, cgroup_dir, merged):
-                self._apply(cgroup_dir, merged, f"kube-QoS {qos}", report)
+                self._apply(CgroupUpdate(cgroup_dir, merged), f"kube-QoS {qos}", report)
             else:
                 log.debug("reconciler: kube-QoS %s: no cgroup %s", qos, cgroup_dir)
 
-    def _reconcile_pods(self, sandboxes, report: ReconcileReport) -> dict[str, PodRequest]:
-        pods: dict[str, PodRequest] = {}
+    def _reconcile_pods(self, sandboxes, report: ReconcileReport) -> dict[str, PodHookRequest]:
+        pods: dict[str, PodHookRequest] = {}
         for sandbox in sandboxes:
             who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"
             try:
                 status = self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
                     pod_sandbox_id=sandbox.id, verbose=True), timeout=CRI_TIMEOUT)
-                request = pod_request_from_status(status)
-                pods[sandbox.id] = request
-                ctx = PodContext(request)
+                pod = fromcri.pod_record_from_status(status, sandbox.id)
+                if not pod.cgroup_parent:
+                    raise ValueError(f"sandbox {sandbox.id}: no cgroup parent in the verbose status "
+                                     "(is the runtime containerd with the CRI plugin?)")
+                pods[sandbox.id] = pod
+                ctx = PodContext.from_proto(pod)
                 if self._run_hooks(HookPoint.PRE_RUN_POD_SANDBOX, ctx, report):
                     report.pods += 1
-                    self._apply(self.executor.pod_dir(request.cgroup_parent),
-                                ctx.response.resources, who, report)
+                    self._apply(ctx.cgroup_update(self.executor, through_proxy=False), who, report)
             except Exception as exc:  # one broken pod must not stop the round
                 self._error(report, who, exc)
         return pods
 
-    def _reconcile_containers(self, containers, pods: dict[str, PodRequest],
+    def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest],
                               report: ReconcileReport) -> None:
         for container in containers:
             pod = pods.get(container.pod_sandbox_id)
             if pod is None:
                 continue
-            who = f"pod {pod.meta} container {container.metadata.name}"
+            who = f"pod {pod.pod_meta.namespace}/{pod.pod_meta.name} container {container.metadata.name}"
             try:
                 status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
                     container_id=container.id, verbose=True), timeout=CRI_TIMEOUT)
-                ctx = ContainerContext(container_request_from_status(pod, container, status))
+                _, record = fromcri.container_record_from_status(status, container.id)
+                ctx = ContainerContext.from_proto(fromcri.container_hook_request(pod, record))
                 if self._run_hooks(HookPoint.PRE_CREATE_CONTAINER, ctx, report):
                     report.containers += 1
-                    cgroup_dir = self.executor.container_dir(pod.cgroup_parent, container.id)
-                    self._apply(cgroup_dir, ctx.response.resources, who, report)
+                    self._apply(ctx.cgroup_update(self.executor, through_proxy=False), who, report)
             except Exception as exc:  # one broken container must not stop the round
                 self._error(report, who, exc)
 
-    def _forget_stopped_pods(self, pods: dict[str, PodRequest], report: ReconcileReport) -> None:
+    def _forget_stopped_pods(self, pods: dict[str, PodHookRequest], report: ReconcileReport) -> None:
         for sandbox_id in self._known_pods.keys() - pods.keys():
-            ctx = PodContext(self._known_pods[sandbox_id])
+            ctx = PodContext.from_proto(self._known_pods[sandbox_id])
             if self._run_hooks(HookPoint.POST_STOP_POD_SANDBOX, ctx, report):
                 report.stopped_pods += 1
         self._known_pods = pods
@@ -204,12 +194,12 @@ class Reconciler:
                              for plugin, exc in errors)
         return True
 
-    def _apply(self, cgroup_dir: str, resources: Resources, who: str,
-               report: ReconcileReport) -> None:
-        if resources.is_empty():
+    def _apply(self, update: CgroupUpdate | None, who: str, report: ReconcileReport) -> None:
+        if update is None:
             return
+        cgroup_dir = update.cgroup_dir
         try:
-            written = self.executor.apply(cgroup_dir, resources)
+            written = self.executor.apply(cgroup_dir, update.resources)
         except CgroupError as exc:
             self._error(report, who, exc)
             return
@@ -222,73 +212,3 @@ class Reconciler:
         log.warning("reconciler: %s: %s", who, exc)
         report.errors.append(f"{who}: {exc}")
 
-
-def _info(status_response) -> dict[str, Any]:
-    """containerd's verbose ``info`` JSON; it holds the original CRI config under ``config``."""
-    raw = status_response.info.get("info")
-    return json.loads(raw) if raw else {}
-
-
-def _field(obj: dict[str, Any] | None, snake: str) -> Any:
-    """A field of a CRI object in containerd's JSON (Go json tags are snake_case; accept camelCase)."""
-    if not obj:
-        return None
-    if snake in obj:
-        return obj[snake]
-    head, *rest = snake.split("_")
-    return obj.get(head + "".join(p.title() for p in rest))
-
-
-def resources_from_json(obj: dict[str, Any] | None) -> Resources:
-    """LinuxContainerResources as containerd prints it in the verbose config."""
-    return Resources(
-        cpu_period=int(_field(obj, "cpu_period") or 0) or None,
-        cpu_quota=int(_field(obj, "cpu_quota") or 0) or None,
-        cpu_shares=int(_field(obj, "cpu_shares") or 0) or None,
-        memory_limit=int(_field(obj, "memory_limit_in_bytes") or 0) or None,
-        cpuset_cpus=_field(obj, "cpuset_cpus") or None,
-        cpuset_mems=_field(obj, "cpuset_mems") or None,
-        unified=dict(_field(obj, "unified") or {}),
-    )
-
-
-def pod_request_from_status(response: cri.PodSandboxStatusResponse) -> PodRequest:
-    """The PreRunPodSandbox request the proxy sent for this pod, rebuilt from CRI status."""
-    status = response.status
-    config = _info(response).get("config") or {}
-    linux = _field(config, "linux") or {}
-    cgroup_parent = _field(linux, "cgroup_parent") or ""
-    if not cgroup_parent:
-        raise ValueError(f"sandbox {status.id}: no cgroup parent in the verbose status "
-                         "(is the runtime containerd with the CRI plugin?)")
-    return PodRequest(
-        meta=PodMeta(name=status.metadata.name, namespace=status.metadata.namespace,
-                     uid=status.metadata.uid, attempt=status.metadata.attempt),
-        labels=dict(status.labels),
-        annotations=dict(status.annotations),
-        cgroup_parent=cgroup_parent,
-        resources=resources_from_json(_field(linux, "resources")),
-        overhead=resources_from_json(_field(linux, "overhead")),
-        runtime_handler=status.runtime_handler,
-    )
-
-
-def container_request_from_status(pod: PodRequest, container: cri.Container,
-                                  response: cri.ContainerStatusResponse) -> ContainerRequest:
-    """The PreCreateContainer request the proxy sent for this container, rebuilt from CRI status."""
-    config = _info(response).get("config") or {}
-    envs = {kv.get("key", ""): kv.get("value", "") for kv in _field(config, "envs") or []}
-    linux = _field(config, "linux") or {}
-    return ContainerRequest(
-        pod_meta=pod.meta,
-        container_name=container.metadata.name,
-        container_id=container.id,
-        attempt=container.metadata.attempt,
-        pod_labels=dict(pod.labels),
-        pod_annotations=dict(pod.annotations),
-        container_annotations=dict(container.annotations),
-        pod_cgroup_parent=pod.cgroup_parent,
-        envs=envs,
-        resources=resources_from_json(_field(linux, "resources")),
-        pod_resources=pod.resources,
-    )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from koord.hookapi import json_annotation, json_object, parse_cpuset
+from koord.hookapi import cpuset_value, json_annotation, json_object
 
 from .protocol import KoordQoS, KubeQoS
 
@@ -191,13 +191,7 @@ def _shared_pools(annotations: dict[str, str], key: str) -> tuple[CPUSharedPool,
         for name, number in (("socket", socket), ("node", numa)):
             if isinstance(number, bool) or not isinstance(number, int) or number < 0:
                 raise RuleError(f"{where}.{name}={number!r}: want a non-negative integer")
-        cpuset = item.get("cpuset")
-        if not isinstance(cpuset, str):
-            raise RuleError(f"{where}.cpuset={cpuset!r}: want a cpu list string")
-        try:
-            parse_cpuset(cpuset)
-        except ValueError as exc:
-            raise RuleError(f"{where}.cpuset: {exc}") from None
+        cpuset = cpuset_value(item.get("cpuset"), f"{where}.cpuset", RuleError)
         pools.append(CPUSharedPool(socket=socket, node=numa, cpuset=cpuset))
     return tuple(pools)
 

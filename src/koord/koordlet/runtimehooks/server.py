@@ -13,7 +13,6 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from concurrent import futures
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,9 @@ import grpc
 
 from koord.hookapi import SERVICE, HookPoint, prepare_socket
 
-from .executor import CgroupError, CgroupExecutor
+from .executor import CgroupError, CgroupExecutor, cgroup_dir_exists
 from .hooks import HookError, Hooks, InvalidInput, describe
-from .protocol import ContainerContext, HookContext, PodContext, Resources
+from .protocol import ContainerContext, HookContext, PodContext
 
 log = logging.getLogger(__name__)
 
@@ -142,31 +141,21 @@ class RuntimeHookServer:
     def _write_node_side(self, stage: HookPoint, ctx: HookContext) -> None:
         """Cgroup writes the proxy cannot do; best effort, the reconciler retries them."""
         assert self.executor is not None
-        if isinstance(ctx, PodContext):
-            resources = ctx.response.resources
-            parent = ctx.response.cgroup_parent or ctx.request.cgroup_parent
-            if resources.is_empty() or not parent:
-                return
-            cgroup_dir = self.executor.pod_dir(parent)
-        else:
-            bvt = ctx.response.resources.cpu_bvt_warp_ns
-            if bvt is None or not ctx.request.container_id:
-                return
-            resources = Resources(cpu_bvt_warp_ns=bvt)
-            cgroup_dir = self.executor.container_dir(ctx.request.pod_cgroup_parent,
-                                                     ctx.request.container_id)
-        if not cgroup_dir_exists(self.executor, cgroup_dir, resources):
+        update = ctx.cgroup_update(self.executor, through_proxy=True)
+        if update is None:
+            return
+        if not cgroup_dir_exists(self.executor, update.cgroup_dir, update.resources):
             log.debug("%s for %s: cgroup %s does not exist yet, left to the reconciler",
-                      stage, describe(ctx), cgroup_dir)
+                      stage, describe(ctx), update.cgroup_dir)
             return
         try:
-            written = self.executor.apply(cgroup_dir, resources)
+            written = self.executor.apply(update.cgroup_dir, update.resources)
         except CgroupError as exc:
             log.warning("%s for %s: %s; the reconciler retries", stage, describe(ctx), exc)
             return
         if written:
             log.info("%s for %s: wrote %s to cgroup %s", stage, describe(ctx),
-                     ", ".join(written), cgroup_dir)
+                     ", ".join(written), update.cgroup_dir)
 
 
 class _Refused(Exception):
@@ -175,14 +164,6 @@ class _Refused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def cgroup_dir_exists(executor: CgroupExecutor, cgroup_dir: str, resources: Resources) -> bool:
-    """Whether the cgroup of the first resource to write exists (v1 checks that subsystem)."""
-    for f in fields(resources):
-        if f.name != "unified" and getattr(resources, f.name) is not None:
-            return executor.path(cgroup_dir, f.name).parent.is_dir()
-    return executor.path(cgroup_dir, "cpu_shares").parent.is_dir()
 
 
 def _generic_handler(server: RuntimeHookServer) -> grpc.GenericRpcHandler:

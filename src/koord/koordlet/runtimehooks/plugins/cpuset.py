@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from koord.hookapi import HookPoint, format_cpuset, json_annotation, parse_cpuset
+from koord.hookapi import HookPoint, cpuset_value, format_cpuset, json_annotation, parse_cpuset
 
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..protocol import ContainerContext, KoordQoS
@@ -35,13 +35,7 @@ def resource_status_cpuset(annotations: dict[str, str]) -> str | None:
     cpuset = status.get("cpuset")
     if cpuset is None or cpuset == "":
         return None
-    if not isinstance(cpuset, str):
-        raise InvalidInput(f"pod annotation {RESOURCE_STATUS}: cpuset={cpuset!r} is not a string")
-    try:
-        parse_cpuset(cpuset)
-    except ValueError as exc:
-        raise InvalidInput(f"pod annotation {RESOURCE_STATUS}: {exc}") from None
-    return cpuset
+    return cpuset_value(cpuset, f"pod annotation {RESOURCE_STATUS}: cpuset", InvalidInput)
 
 
 def join_pools(pools: tuple[CPUSharedPool, ...]) -> str:
