@@ -7,6 +7,7 @@ it, so the proxy must skip that one record (one log line) and serve the rest.
 
 from __future__ import annotations
 
+import logging
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,10 @@ import pytest
 from cri_api.v1 import api_pb2 as cri
 from google.protobuf.message import DecodeError
 
+from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.runtimehooks.hooks import Hooks
+from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.testing.containerd import Containerd
 from koord.testing.fakecri import FakeCRI
 from koord.testing.hookplugin import RecordingPlugin
@@ -58,7 +63,8 @@ def test_unreadable_sandbox_is_skipped_once_and_the_proxy_serves(
                 raw = channel.unary_unary("/runtime.v1.RuntimeService/ListPodSandbox")(
                     cri.ListPodSandboxRequest().SerializeToString(), timeout=10)
             assert BAD_NAME in raw and good.encode() in raw
-        proxy.restart()  # and again: no crash loop
+        proxy.stop()
+        proxy.start()  # and again: no crash loop
         logs = proxy.logs()
         skipped = [line for line in logs.splitlines() if f"skipping sandbox {bad_id}" in line]
         assert len(skipped) == 2, f"one line per start, naming the sandbox:\n{logs}"
@@ -66,6 +72,31 @@ def test_unreadable_sandbox_is_skipped_once_and_the_proxy_serves(
         assert f"skipping sandbox {good}" not in logs
     finally:
         proxy.stop()
+        kubelet.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
+        kubelet.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
+        remove_pod_cgroup(bad_parent)
+
+
+def test_reconciler_skips_an_unreadable_sandbox_and_reconciles_the_rest(
+        containerd: Containerd, kubelet: KubeletClient, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """koordlet's Standalone reconciler lists pods the same way: one bad record must not stop it."""
+    good = kubelet.run_pod("good", namespace="hostile")
+    bad_id, bad_parent = run_sandbox_with_undecodable_name(kubelet)
+    seen: list[str] = []
+    hooks = Hooks(FailurePolicy.IGNORE)
+    hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, "recorder", "", lambda ctx: seen.append(ctx.request.meta.name))
+    reconciler = Reconciler(hooks, CgroupExecutor(tmp_path / "cgroup", version=1), [], containerd.endpoint,
+                            interval=3600)
+    try:
+        with caplog.at_level(logging.WARNING):
+            first, second = reconciler.reconcile_once(), reconciler.reconcile_once()
+        # Before: every round ended at once with "cannot list pods: INTERNAL: Exception deserializing response!"
+        assert "good" in seen, first.errors
+        assert any(bad_id in e for e in first.errors) and any(bad_id in e for e in second.errors)
+        assert sum(bad_id in r.getMessage() for r in caplog.records) == 1, "logged once, not every round"
+        assert kubelet.pods == [good]
+    finally:
+        reconciler.stop()
         kubelet.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
         kubelet.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
         remove_pod_cgroup(bad_parent)

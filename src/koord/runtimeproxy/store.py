@@ -26,11 +26,9 @@ from typing import TypeVar
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
-from google.protobuf import empty_pb2
 from google.protobuf.message import DecodeError, Message
-from google.protobuf.unknown_fields import UnknownFieldSet
 
-from koord.hookapi import ContainerHookRequest, PodHookRequest, fromcri
+from koord.hookapi import ContainerHookRequest, PodHookRequest, crilist, fromcri
 from koord.hookapi.fromcri import StatusError
 
 log = logging.getLogger(__name__)
@@ -75,6 +73,7 @@ class Store:
 
 _RUNTIME = "/runtime.v1.RuntimeService/"
 _M = TypeVar("_M", bound=Message)
+_Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
 
 
 class BackendReader:
@@ -97,52 +96,22 @@ class BackendReader:
             raise StatusError(f"{what}: the backend's {method} answer does not decode "
                                 "(a field that is not valid UTF-8?)") from None
 
-    async def list_ids(self, method: str, request: Message,
-                       item_type: type[cri.PodSandbox] | type[cri.Container], timeout: float) -> list[str]:
-        """Ids of every item of a List* answer (field 1), including items that do not decode."""
+    async def list_ids(self, method: str, request: Message, item_type: type[_Item], timeout: float) -> list[str]:
+        """Ids of every item of a List* answer, including items that do not decode as a whole."""
         raw = await self._channel.unary_unary(
             _RUNTIME + method, request_serializer=_serialize)(request, timeout=timeout)
         try:
-            empty_pb2.Empty.FromString(raw)
-        except DecodeError:
-            raise StatusError(f"the backend's {method} answer is not a protobuf message") from None
-        all_ids = _item_ids(raw, item_type)
-        ids = [i for i in all_ids if i]
-        if len(ids) < len(all_ids):
+            items, unreadable = crilist.decode_items(raw, item_type)
+        except crilist.ListError as exc:
+            raise StatusError(f"the backend's {method} answer: {exc}") from None
+        if "" in unreadable:
             log.warning("store rebuild: %d item(s) of the backend's %s answer have no readable id; "
-                        "skipped", len(all_ids) - len(ids), method)
-        return ids
+                        "skipped", unreadable.count(""), method)
+        return [item.id for item in items] + [i for i in unreadable if i]
 
 
 def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
-
-
-def _fields(data: bytes) -> list:
-    """The top-level fields of a serialized message, undecoded; [] when it is not protobuf."""
-    try:
-        fields = UnknownFieldSet(empty_pb2.Empty.FromString(data))
-    except DecodeError:
-        return []
-    return [fields[i] for i in range(len(fields))]
-
-
-def _item_ids(envelope: bytes, item_type: type[cri.PodSandbox] | type[cri.Container]) -> list[str]:
-    """Field ``id`` (number 1) of every item of a List* answer (field 1), each item read alone.
-
-    An item that does not decode as a whole (a name that is not UTF-8) still yields its id,
-    so its record is skipped with one line at fetch time instead of failing the list.
-    """
-    ids = []
-    for item in _fields(envelope):
-        if item.field_number != 1 or not isinstance(item.data, bytes):
-            continue
-        try:
-            ids.append(item_type.FromString(item.data).id)
-        except DecodeError:
-            ids.append(next((f.data.decode("utf-8", "replace") for f in _fields(item.data)
-                             if f.field_number == 1 and isinstance(f.data, bytes)), ""))
-    return ids
 
 
 async def fetch_pod(runtime: BackendReader, sandbox_id: str,
