@@ -17,6 +17,7 @@ from typing import Any
 
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient, read_cgroup
+from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
 
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -61,7 +62,7 @@ def main() -> int:
         stack.callback(backend.stop)
         koordlet = start_koordlet(work, hook_dir, backend)
         stack.callback(koordlet.wait, 15)
-        stack.callback(koordlet.terminate)
+        stack.callback(stop_process, koordlet)
         proxy = RuntimeProxy(work / "proxy", backend.endpoint, hook_config_dir=hook_dir).start()
         stack.callback(proxy.stop)
         say(f"koord-runtime-proxy serves CRI on {proxy.endpoint}, forwarding to {backend.endpoint}")

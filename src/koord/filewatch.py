@@ -93,22 +93,25 @@ class DirWatcher:
 
     async def _watch(self, identity: DirIdentity) -> None:
         """Watches until stopped or until a directory appears, disappears or is replaced."""
-        self._reported = None
         self._lost = False
         log.debug("%s: watching %s", self.name, ", ".join(d for d, _, _ in identity))
         assert self._loop is not None
         # awatch sets up inotify before its first await; this runs right after that, so anything
         # changed from here on is reported, and the poll catches what changed before.
-        self._loop.call_soon(self._watching)
-        async for changes in awatch(*(d for d, _, _ in identity), watch_filter=self._filter,
-                                    debounce=self._debounce_ms, step=min(50, self._debounce_ms),
-                                    stop_event=self._stop, rust_timeout=round(self._poll * 1000),
-                                    yield_on_timeout=True, recursive=False, force_polling=False,
-                                    ignore_permission_denied=True):
-            self._call(self._on_event if changes else self._on_poll)
-            if self._lost or self._identity() != identity:
-                # Re-watch; after a delete always, since a new directory may reuse the inode number.
-                return
+        watching = self._loop.call_soon(self._watching)
+        try:
+            async for changes in awatch(*(d for d, _, _ in identity), watch_filter=self._filter,
+                                        debounce=self._debounce_ms, step=min(50, self._debounce_ms),
+                                        stop_event=self._stop, rust_timeout=round(self._poll * 1000),
+                                        yield_on_timeout=True, recursive=False, force_polling=False,
+                                        ignore_permission_denied=True):
+                self._call(self._on_event if changes else self._on_poll)
+                if self._lost or self._identity() != identity:
+                    # Re-watch; after a delete always, since a new directory may reuse the inode number.
+                    return
+        except BaseException:
+            watching.cancel()  # inotify could not be set up: not watching after all
+            raise
 
     async def _poll_once(self) -> None:
         assert self._stop is not None
@@ -119,6 +122,7 @@ class DirWatcher:
             self._call(self._on_poll)
 
     def _watching(self) -> None:
+        self._reported = None  # watching again: a new problem is worth a new warning
         if not self._ready.is_set():
             self._call(self._on_poll)
             self._ready.set()

@@ -54,12 +54,15 @@ def watch(tmp_path: Path) -> Iterator[Callable[..., tuple[DirWatcher, Recorder]]
         w.stop()
 
 
-def test_a_burst_of_writes_is_one_event(tmp_path: Path, watch) -> None:
-    _, rec = watch(tmp_path, debounce=0.2, poll_interval=60)
-    for i in range(5):
-        (tmp_path / "a.json").write_text(str(i))
+def test_a_file_renamed_into_place_is_one_event(tmp_path: Path, watch) -> None:
+    """How careful writers (and plugins) replace a file: the temp file's events are filtered out and
+    the rename's two inotify events (one syscall) become one call."""
+    _, rec = watch(tmp_path, accept=lambda name: name.endswith(".json"), poll_interval=60)
+    tmp = tmp_path / ".a.json.tmp"
+    tmp.write_text("{}")
+    tmp.rename(tmp_path / "a.json")
     wait_for(lambda: rec.events >= 1, "an event")
-    time.sleep(0.4)
+    time.sleep(0.3)
     assert rec.events == 1
 
 
@@ -69,7 +72,7 @@ def test_names_the_filter_rejects_are_not_events(tmp_path: Path, watch) -> None:
     time.sleep(0.4)
     assert rec.events == 0
     (tmp_path / "b.json").write_text("x")
-    wait_for(lambda: rec.events == 1, "the .json event")
+    wait_for(lambda: rec.events >= 1, "the .json event")
 
 
 def test_the_periodic_check_runs_without_events(tmp_path: Path, watch) -> None:
@@ -111,17 +114,35 @@ def test_a_failing_callback_does_not_end_the_watch(tmp_path: Path) -> None:
     watcher.start()
     try:
         (tmp_path / "a").write_text("1")
-        wait_for(lambda: len(calls) == 1, "the first call")
+        wait_for(lambda: len(calls) >= 1, "the first call")
         time.sleep(0.2)
+        before = len(calls)
         (tmp_path / "b").write_text("1")
-        wait_for(lambda: len(calls) == 2, "the second call")
+        wait_for(lambda: len(calls) > before, "a call after the failing one")
     finally:
         watcher.stop()
 
 
-def test_stop_returns_promptly(tmp_path: Path) -> None:
-    watcher = DirWatcher([tmp_path], lambda: None, name="test-watch", poll_interval=60)
+def test_stop_ends_the_watch_without_waiting_for_the_periodic_check(tmp_path: Path) -> None:
+    """The check runs every hour here: only the stop event can end the watch (pytest's timeout guards a hang)."""
+    watcher = DirWatcher([tmp_path], lambda: None, name="test-watch", poll_interval=3600)
     watcher.start()
-    started = time.monotonic()
+    thread = watcher._thread
     watcher.stop()
-    assert time.monotonic() - started < 2.0
+    assert thread is not None and not thread.is_alive()
+
+
+def test_without_inotify_the_periodic_check_is_all_there_is(tmp_path: Path, monkeypatch, caplog) -> None:
+    def no_inotify(*args, **kwargs):
+        raise OSError("OS file watch limit reached")
+
+    monkeypatch.setattr("koord.filewatch.awatch", no_inotify)
+    rec = Recorder()
+    watcher = DirWatcher([tmp_path], rec.event, name="test-watch", on_poll=rec.poll, poll_interval=0.05)
+    watcher.start()
+    try:
+        wait_for(lambda: rec.polls >= 5, "five periodic checks")
+    finally:
+        watcher.stop()
+    warnings = [r for r in caplog.records if r.name == "koord.filewatch" and "watch limit" in r.getMessage()]
+    assert len(warnings) == 1, "the problem is logged once, not on every retry"

@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 UNIX_PATH_MAX = 107
 """sun_path holds 108 bytes including the terminating NUL."""
 
+SOCKET_MODE = 0o660
+"""Mode of the sockets the proxy and koordlet serve on (set after listening: grpc creates them
+with the umask's mode): root and the socket's group may connect, nobody else."""
+
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -77,6 +81,7 @@ def prepare_socket(path: Path) -> None:
     """Creates the socket's directory and removes a socket left by a previous (killed) run.
 
     Anything at ``path`` that is not a socket is refused: a typo in a flag must not delete a file.
+    Once listening, the caller sets ``SOCKET_MODE``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 from cri_api.v1 import api_pb2 as cri
 
-from koord.hookapi import prepare_socket
+from koord.hookapi import SOCKET_MODE, prepare_socket
 
 from . import memtrim
 from . import store as store_mod
@@ -29,7 +29,6 @@ from .pluginsmanager import PluginsManager
 log = logging.getLogger("koord-runtime-proxy")
 
 SHUTDOWN_GRACE_SECONDS = 10.0
-SOCKET_MODE = 0o660
 BACKEND_PROBE_SECONDS = 2.0
 
 

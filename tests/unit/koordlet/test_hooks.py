@@ -73,3 +73,18 @@ def test_stage_names_match_registration_and_rpc_names():
     assert [s.value for s in HookPoint if s.is_pod] == ["PreRunPodSandbox", "PostStopPodSandbox"]
     assert HookPoint.PRE_UPDATE_CONTAINER_RESOURCES.rpc == "PreUpdateContainerResourcesHook"
     assert len(HookPoint) == 7
+
+
+@pytest.mark.parametrize("stage", list(HookPoint), ids=lambda s: s.value)
+def test_a_function_of_the_wrong_kind_is_refused_at_registration(stage):
+    hooks = Hooks()
+    wrong = hooks.register_container if stage.is_pod else hooks.register_pod
+    with pytest.raises(ValueError, match=f"plugin p: {stage.value} is a {'pod' if stage.is_pod else 'container'}"):
+        wrong(stage, "p", "", lambda ctx: None)
+    assert hooks.stages() == set()
+
+
+def test_running_a_stage_on_the_wrong_context_is_a_type_error():
+    hooks = Hooks()
+    with pytest.raises(TypeError, match="PreRunPodSandbox runs on a PodContext"):
+        hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, _ctx())

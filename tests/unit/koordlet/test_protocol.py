@@ -3,6 +3,7 @@
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2
+from koord.koordlet.runtimehooks.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
@@ -162,3 +163,33 @@ def test_a_later_plugin_refines_hugepages_and_keeps_the_rest():
     a = Resources(hugepage_limits={"2MB": 1}, memory_swap_limit=5)
     a.update(Resources(hugepage_limits={"1GB": 2}, oom_score_adj=7))
     assert (a.hugepage_limits, a.memory_swap_limit, a.oom_score_adj) == ({"2MB": 1, "1GB": 2}, 5, 7)
+
+
+@pytest.mark.parametrize("through_proxy, answer_parent, want_dir", [
+    (True, "", "kubepods/besteffort/podu1"),
+    (True, "/kubepods/burstable/podu1", "kubepods/burstable/podu1"),
+    (False, "/kubepods/burstable/podu1", "kubepods/besteffort/podu1"),  # the cgroup exists already
+])
+def test_pod_cgroup_update_is_the_pods_resources_in_its_cgroup(tmp_path, through_proxy, answer_parent, want_dir):
+    ctx = PodContext(PodRequest(cgroup_parent="/kubepods/besteffort/podu1"))
+    executor = CgroupExecutor(tmp_path, version=1)
+    assert ctx.cgroup_update(executor, through_proxy=through_proxy) is None, "nothing to write"
+    ctx.response.cgroup_parent = answer_parent or None
+    ctx.response.resources = Resources(cpu_shares=512, cpu_bvt_warp_ns=-1)
+    update = ctx.cgroup_update(executor, through_proxy=through_proxy)
+    assert update is not None and update.cgroup_dir == want_dir
+    assert update.resources == Resources(cpu_shares=512, cpu_bvt_warp_ns=-1)
+
+
+@pytest.mark.parametrize("through_proxy, want", [
+    (True, Resources(cpu_bvt_warp_ns=-1)),                     # the proxy applies the rest through CRI
+    (False, Resources(cpu_shares=512, cpu_bvt_warp_ns=-1)),    # nobody else writes it in Standalone mode
+])
+def test_container_cgroup_update(tmp_path, through_proxy, want):
+    ctx = ContainerContext(ContainerRequest(pod_cgroup_parent="/kubepods/besteffort/podu1", container_id="c1"))
+    ctx.response.resources = Resources(cpu_shares=512, cpu_bvt_warp_ns=-1)
+    update = ctx.cgroup_update(CgroupExecutor(tmp_path, version=1), through_proxy=through_proxy)
+    assert update is not None and update.resources == want
+    assert update.cgroup_dir.endswith("podu1/c1")
+    ctx.request.container_id = ""
+    assert ctx.cgroup_update(CgroupExecutor(tmp_path, version=1), through_proxy=through_proxy) is None

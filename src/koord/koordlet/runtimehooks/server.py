@@ -18,15 +18,13 @@ from typing import Any
 
 import grpc
 
-from koord.hookapi import SERVICE, HookPoint, prepare_socket
+from koord.hookapi import SERVICE, SOCKET_MODE, HookPoint, prepare_socket
 
 from .executor import CgroupError, CgroupExecutor, cgroup_dir_exists
 from .hooks import HookError, Hooks, InvalidInput, describe
 from .protocol import ContainerContext, HookContext, PodContext
 
 log = logging.getLogger(__name__)
-
-SOCKET_MODE = 0o660
 
 
 class Network:
