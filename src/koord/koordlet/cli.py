@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from koord import rlimits
 from koord.hookapi import FailurePolicy, HookPoint, Registration, parse_duration, unix_socket_path
 
 from .runtimehooks.executor import CgroupExecutor
@@ -242,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rlimits.raise_open_file_limit()
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 from cri_api.v1 import api_pb2 as cri
 
+from koord import rlimits
 from koord.hookapi import SOCKET_MODE, prepare_socket
 
 from . import memtrim
@@ -34,6 +35,7 @@ BACKEND_PROBE_SECONDS = 2.0
 
 def main(argv: list[str] | None = None) -> int:
     memtrim.limit_arenas()  # before grpc starts its threads
+    rlimits.raise_open_file_limit()
     try:
         options = parse_options(argv)
     except OptionError as exc:
