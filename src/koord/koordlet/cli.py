@@ -154,7 +154,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             args.runtime_hooks_addr = socket_path(args.runtime_hooks_addr)
         except argparse.ArgumentTypeError as exc:
             parser.error(f"argument --runtime-hooks-addr: {exc}")
-    elif not re.fullmatch(r".*:\d{1,5}", args.runtime_hooks_addr):
+    elif not re.fullmatch(r".*:[0-9]{1,5}", args.runtime_hooks_addr):
         parser.error(f"argument --runtime-hooks-addr: {args.runtime_hooks_addr!r}: "
                      "want host:port with --runtime-hooks-network=tcp")
     return args

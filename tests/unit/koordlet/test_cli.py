@@ -51,6 +51,7 @@ def test_go_durations(text, seconds):
     (["--containerd-endpoint", "relative.sock"], "--containerd-endpoint"),
     (["--runtime-hooks-addr", "relative.sock"], "--runtime-hooks-addr"),
     (["--runtime-hooks-network", "tcp", "--runtime-hooks-addr", "/a.sock"], "--runtime-hooks-addr"),
+    (["--runtime-hooks-network", "tcp", "--runtime-hooks-addr", "127.0.0.1:٩٣١٨"], "--runtime-hooks-addr"),
 ])
 def test_bad_flag_exits_2_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exc:
