@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from koord import rlimits
 from koord.hookapi import FailurePolicy, HookPoint, Registration, parse_duration, unix_socket_path
 
 from ..runtimeproxy.metrics import HealthServer
@@ -165,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cgroup-driver", type=choice("cgroupfs", "systemd", "auto"), default="auto",
       metavar="cgroupfs|systemd|auto",
       help="cgroupfs, systemd or auto (from each pod's cgroup parent) (default: %(default)s)")
-    a("--sys-fs-root-dir", type=Path, default=Path("/sys"), metavar="DIR",
-      help="sysfs root; resctrl lives under <it>/fs/resctrl (default: %(default)s)")
+    a("--sys-fs-root-dir", type=Path, default=Path("/sys/fs"), metavar="DIR",
+      help="host /sys/fs; resctrl lives under <it>/resctrl (default: %(default)s)")
     a("--proc-root-dir", type=Path, default=Path("/proc"), metavar="DIR", help="procfs root (default: %(default)s)")
     a("--feature-gates", type=feature_gates, default=dict(DEFAULT_FEATURE_GATES), metavar="GATES",
       help="plugin gates, e.g. GPUEnvInject=true,Resctrl=false (defaults: "
@@ -221,7 +222,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             args.runtime_hooks_addr = socket_path(args.runtime_hooks_addr)
         except argparse.ArgumentTypeError as exc:
             parser.error(f"argument --runtime-hooks-addr: {exc}")
-    elif not re.fullmatch(r".*:\d{1,5}", args.runtime_hooks_addr):
+    elif not re.fullmatch(r".*:[0-9]{1,5}", args.runtime_hooks_addr):
         parser.error(f"argument --runtime-hooks-addr: {args.runtime_hooks_addr!r}: "
                      "want host:port with --runtime-hooks-network=tcp")
     return args
@@ -454,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rlimits.raise_open_file_limit()
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame) -> None:

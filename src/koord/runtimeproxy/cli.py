@@ -16,8 +16,10 @@ from pathlib import Path
 import grpc
 from cri_api.v1 import api_pb2 as cri
 
+from koord import rlimits
 from koord.hookapi import SOCKET_MODE, prepare_socket
 
+from . import memtrim
 from . import store as store_mod
 from .config import BackendMode, OptionError, Options, parse_options
 from .criserver import SERVER_OPTIONS, Backend, CRIServer
@@ -32,6 +34,8 @@ BACKEND_PROBE_SECONDS = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
+    memtrim.limit_arenas()  # before grpc starts its threads
+    rlimits.raise_open_file_limit()
     try:
         options = parse_options(argv)
     except OptionError as exc:
@@ -52,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
 class _State:
     """What /readyz reports: the store is rebuilt and the backend answered recently."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.store_ready = False
-        self.backend_ok = False
+        self.backend = backend
 
     def ready(self) -> tuple[bool, str]:
         if not self.store_ready:
             return False, "store not rebuilt yet"
-        if not self.backend_ok:
+        if not self.backend.reachable:
             return False, "backend not reachable"
         return True, "ok"
 
@@ -71,7 +75,8 @@ async def run(options: Options) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     metrics = ProxyMetrics()
-    state = _State()
+    backend = Backend(options.runtime_endpoint, options.image_endpoint)
+    state = _State(backend)
     health = None
     if options.metrics_address:
         health = HealthServer(options.metrics_address, metrics, state.ready)
@@ -85,7 +90,6 @@ async def run(options: Options) -> int:
                              on_change=publish_plugins)
     plugins.start()
     publish_plugins()
-    backend = Backend(options.runtime_endpoint, options.image_endpoint)
     store = store_mod.Store()
     dispatcher = RuntimeDispatcher(plugins, metrics)
     try:
@@ -122,7 +126,7 @@ async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
     delay, waited, last_log = 0.05, 0.0, -10.0
     while not stop.is_set():
         try:
-            await store_mod.rebuild(store, backend.runtime)
+            await store_mod.rebuild(store, backend.reader)
         except grpc.aio.AioRpcError as exc:
             if waited - last_log >= 5.0:
                 log.warning("waiting for backend %s: %s", options.runtime_endpoint,
@@ -137,7 +141,7 @@ async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
             continue
         pods, containers = store.sizes()
         log.info("store rebuilt from the backend: %d pods, %d containers", pods, containers)
-        state.store_ready = state.backend_ok = True
+        state.store_ready = backend.reachable = True
         return True
     return False
 
@@ -147,9 +151,9 @@ async def _probe_backend(backend: Backend, state: _State, store: store_mod.Store
     while True:
         try:
             await backend.runtime.Version(cri.VersionRequest(), timeout=BACKEND_PROBE_SECONDS)
-            state.backend_ok = True
+            backend.reachable = True
         except grpc.aio.AioRpcError:
-            state.backend_ok = False
+            backend.reachable = False
         pods, containers = store.sizes()
         metrics.store_pods.set(pods)
         metrics.store_containers.set(containers)

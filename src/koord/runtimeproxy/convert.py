@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from cri_api.v1 import api_pb2 as cri
 
+from koord import cgrouplimits
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.hookapi import ContainerHookRequest, PodHookRequest, parse_cpuset
 from koord.hookapi.fromcri import to_cri_resources
@@ -132,6 +133,15 @@ def _replace_map(dst, src) -> None:
 
 # ---------------------------------------------------------------- validation
 
+# What runc will write each field into; 0 is "not specified" and never checked.
+_KERNEL_LIMITS = (
+    ("cpu_period", cgrouplimits.Kind.PERIOD),
+    ("cpu_quota", cgrouplimits.Kind.QUOTA),
+    ("cpu_shares", cgrouplimits.Kind.SHARES),
+    ("memory_limit_in_bytes", cgrouplimits.Kind.MEMORY),
+    ("memory_swap_limit_in_bytes", cgrouplimits.Kind.MEMORY),
+    ("oom_score_adj", cgrouplimits.Kind.OOM_SCORE_ADJ),
+)
 _UNIFIED_KEY = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_.]+$")
 _ENV_KEY_FORBIDDEN = re.compile(r"[=\x00]")
 _PAGE_SIZE = re.compile(r"[0-9]{1,6}[KMGTP]B\Z")
@@ -139,14 +149,11 @@ _PAGE_SIZE = re.compile(r"[0-9]{1,6}[KMGTP]B\Z")
 
 def validate_resources(res: hook.LinuxContainerResources, prefix: str) -> list[str]:
     problems = []
-    for name in ("cpu_period", "cpu_shares"):
-        if getattr(res, name) < 0:
-            problems.append(f"{prefix}.{name} must not be negative, got {getattr(res, name)}")
-    for name in ("cpu_quota", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
-        if getattr(res, name) < -1:
-            problems.append(f"{prefix}.{name} must be >= -1 (-1 = unlimited), got {getattr(res, name)}")
-    if not -1000 <= res.oom_score_adj <= 1000:
-        problems.append(f"{prefix}.oom_score_adj must be in [-1000, 1000], got {res.oom_score_adj}")
+    for name, kind in _KERNEL_LIMITS:
+        value = getattr(res, name)
+        why = cgrouplimits.problem(kind, value) if value else None  # 0 means "not specified"
+        if why:
+            problems.append(f"{prefix}.{name}: {why}")
     for name in ("cpuset_cpus", "cpuset_mems"):
         value = getattr(res, name)
         if value:

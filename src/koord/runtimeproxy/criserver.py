@@ -31,6 +31,7 @@ from koord.hookapi.fromcri import StatusError
 from . import convert
 from . import store as store_mod
 from .dispatcher import HookFailed, RuntimeDispatcher, Target
+from .memtrim import MemoryTrimmer
 from .metrics import ProxyMetrics
 from .store import ContainerRecord, Store
 
@@ -56,13 +57,21 @@ _NO_DEADLINE = 1e8  # the sync API reports "no deadline" as a huge number, aio a
 
 
 class Backend:
-    """Channels to the backend runtime and image services."""
+    """Channels to the backend runtime and image services.
+
+    ``reachable`` is what /readyz reports: set by the proxy's periodic probe, cleared at
+    once by any intercepted call the backend answers UNAVAILABLE.  While it is False no
+    Pre hook is called without first checking that the backend answers again, because
+    the CRI call the plugins would prepare cannot succeed.
+    """
 
     def __init__(self, runtime_endpoint: str, image_endpoint: str) -> None:
+        self.reachable = False
         self.runtime_channel = grpc.aio.insecure_channel(f"unix://{runtime_endpoint}", options=CHANNEL_OPTIONS)
         self.image_channel = (self.runtime_channel if image_endpoint == runtime_endpoint else
                               grpc.aio.insecure_channel(f"unix://{image_endpoint}", options=CHANNEL_OPTIONS))
         self.runtime = cri_grpc.RuntimeServiceStub(self.runtime_channel)
+        self.reader = store_mod.BackendReader(self.runtime_channel)
 
     def channel_for(self, path: str) -> grpc.aio.Channel:
         return self.image_channel if ".ImageService/" in path else self.runtime_channel
@@ -132,6 +141,7 @@ class CRIServer(grpc.GenericRpcHandler):
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.skip_key, self.skip_val = skip_label
+        self.trimmer = MemoryTrimmer()
         self._unary = _cri_paths(server_streaming=False)
         self._streaming = _cri_paths(server_streaming=True)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -174,16 +184,19 @@ class CRIServer(grpc.GenericRpcHandler):
     def _unary_passthrough(self, path: str, upstream) -> grpc.RpcMethodHandler:
         label = path[1:]
         observe = self.metrics.observe_cri
+        note_size = self.trimmer.note
 
         async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             start = time.perf_counter()
             timeout, metadata = call_options(context)
+            note_size(len(request))
             try:
                 response = await upstream(request, timeout=timeout, metadata=metadata)
             except grpc.aio.AioRpcError as err:
                 observe(label, err.code().name, time.perf_counter() - start)
                 await _abort(context, err.code(), err.details(), _trailing(err))
             observe(label, "OK", time.perf_counter() - start)
+            note_size(len(response))
             return response
 
         return grpc.unary_unary_rpc_method_handler(handler)
@@ -217,6 +230,7 @@ class CRIServer(grpc.GenericRpcHandler):
         code = "OK"
         try:
             async for message in call:
+                self.trimmer.note(len(message))
                 yield message
         except grpc.aio.AioRpcError as err:
             code = err.code().name
@@ -235,6 +249,7 @@ class CRIServer(grpc.GenericRpcHandler):
         async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             start = time.perf_counter()
             timeout, metadata = call_options(context)
+            self.trimmer.note(len(request))
             call = Call(request, timeout, metadata, upstream)
             code = "OK"
             try:
@@ -245,23 +260,53 @@ class CRIServer(grpc.GenericRpcHandler):
                 return await lifecycle(decoded, call)
             except grpc.aio.AioRpcError as err:
                 code = err.code().name
+                if err.code() is grpc.StatusCode.UNAVAILABLE:
+                    self.backend.reachable = False
                 await _abort(context, err.code(), err.details(), _trailing(err))
             except HookFailed as err:
                 code = grpc.StatusCode.UNKNOWN.name
                 await _abort(context, grpc.StatusCode.UNKNOWN, str(err))
+            except Exception as err:  # a bug or unreadable backend data: say so, never die silently
+                code = grpc.StatusCode.INTERNAL.name
+                log.exception("%s failed inside the proxy", label)
+                await _abort(context, grpc.StatusCode.INTERNAL,
+                             f"koord-runtime-proxy: {label}: {type(err).__name__}: {err}")
             finally:
                 observe(label, code, time.perf_counter() - start)
 
         return grpc.unary_unary_rpc_method_handler(handler)
 
-    def _hooked(self, pod: PodHookRequest | None) -> TypeGuard[PodHookRequest]:
-        """A known pod without the skip label: the only kind plugins hear about."""
-        return pod is not None and pod.labels.get(self.skip_key) != self.skip_val
+    def _hooked(self, pod: convert.PodHookRequest | None,
+                container_name: str | None = None) -> TypeGuard[convert.PodHookRequest]:
+        """Whether plugins hear about this pod (and container) at all.
+
+        Not for pods with the skip label, nor for a call that cannot succeed: one without
+        pod (or container) metadata, which the backend rejects.  The call is still
+        forwarded, so kubelet gets the backend's own error.
+        """
+        return (pod is not None and bool(pod.pod_meta.name) and container_name != ""
+                and pod.labels.get(self.skip_key) != self.skip_val)
+
+    async def _backend_up(self, target: Target) -> bool:
+        """False while the backend is unreachable: Pre hooks are skipped, the call fails as is.
+
+        Asked of the backend itself (one Version call) when the last probe failed, so a
+        backend that just came back never has a call go through without its hooks.
+        """
+        if self.backend.reachable:
+            return True
+        try:
+            await self.backend.runtime.Version(cri.VersionRequest(), timeout=1.0)
+        except grpc.aio.AioRpcError as exc:
+            log.info("backend unreachable (%s): no hooks for %s", exc.code().name, target)
+            return False
+        self.backend.reachable = True
+        return True
 
     async def run_pod_sandbox(self, req: cri.RunPodSandboxRequest, call: Call) -> bytes:
         pod = fromcri.pod_hook_request(req)
         changed = False
-        if self._hooked(pod):
+        if self._hooked(pod) and await self._backend_up(_pod_target(pod)):
             changed = await self.dispatcher.run_pre(HookPoint.PRE_RUN_POD_SANDBOX, pod, _pod_target(pod))
             if changed:
                 convert.apply_to_run_pod_sandbox(req, pod)
@@ -273,9 +318,9 @@ class CRIServer(grpc.GenericRpcHandler):
         pod = await self._pod(req.pod_sandbox_id, req.sandbox_config)
         container = fromcri.container_record(req.config)
         changed = False
-        if self._hooked(pod):
+        name = req.config.metadata.name
+        if self._hooked(pod, name) and await self._backend_up(target := _pod_target(pod, name)):
             request = fromcri.container_hook_request(pod, container)
-            target = _pod_target(pod, req.config.metadata.name)
             changed = await self.dispatcher.run_pre(HookPoint.PRE_CREATE_CONTAINER, request, target)
             if changed:
                 convert.apply_to_create_container(req, request)
@@ -297,6 +342,8 @@ class CRIServer(grpc.GenericRpcHandler):
             return await call.forward()
         request = fromcri.container_hook_request(pod, record.info)
         target = _pod_target(pod, record.info.container_meta.name)
+        if not await self._backend_up(target):
+            return await call.forward()
         if await self.dispatcher.run_pre(HookPoint.PRE_START_CONTAINER, request, target):
             if request.container_resources != record.info.container_resources:
                 # The container exists already: resources can only change through an update.
@@ -315,11 +362,11 @@ class CRIServer(grpc.GenericRpcHandler):
         if self.dispatcher.has_plugins(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
             found = await self._container(req.container_id)
             record, pod = found if found is not None else (None, None)
-            if record is not None and self._hooked(pod):
+            if record is not None and self._hooked(pod) and await self._backend_up(
+                    target := _pod_target(pod, record.info.container_meta.name)):
                 request = fromcri.container_hook_request(pod, record.info)
                 request.container_resources.CopyFrom(fromcri.to_hook_resources(req.linux))
                 request.container_annotations.update(req.annotations)
-                target = _pod_target(pod, record.info.container_meta.name)
                 changed = await self.dispatcher.run_pre(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, request, target)
                 if changed:
                     convert.apply_to_update_resources(req, request)
@@ -369,7 +416,7 @@ class CRIServer(grpc.GenericRpcHandler):
         if pod is not None:
             return pod
         try:
-            pod = await store_mod.fetch_pod(self.backend.runtime, sandbox_id)
+            pod = await store_mod.fetch_pod(self.backend.reader, sandbox_id)
         except (StatusError, grpc.aio.AioRpcError) as exc:
             if fallback is not None and fallback.ByteSize():
                 return fromcri.pod_record_from_config(fallback)
@@ -383,7 +430,7 @@ class CRIServer(grpc.GenericRpcHandler):
         record = self.store.get_container(container_id)
         if record is None:
             try:
-                record = await store_mod.fetch_container(self.backend.runtime, container_id)
+                record = await store_mod.fetch_container(self.backend.reader, container_id)
             except (StatusError, grpc.aio.AioRpcError) as exc:
                 log.warning("no info for container %s, hooks skipped: %s",
                             container_id, store_mod.describe_error(exc))

@@ -10,14 +10,16 @@ their errors are logged and counted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from koord.hookapi import FailurePolicy, HookPoint
+from koord.hookapi import ContainerHookResponse, FailurePolicy, HookPoint, PodHookResponse
 
 from . import convert
 from .metrics import ProxyMetrics
@@ -103,14 +105,18 @@ class RuntimeDispatcher:
         start = time.perf_counter()
         outcome = "ok"
         try:
-            answer = await self._ask(plugin, hook_point, request)
-            problems = (convert.validate_pod_response(answer) if hook_point.is_pod
+            answer = _decode(hook_point.response_type, await self._ask(plugin, hook_point, request))
+            problems = (convert.validate_pod_response(answer) if isinstance(answer, PodHookResponse)
                         else convert.validate_container_response(answer))
             if problems:
                 raise _PluginError("invalid", "invalid answer: " + "; ".join(problems))
             return answer
         except _PluginError as exc:
             outcome = exc.outcome
+            raise
+        except asyncio.CancelledError:
+            # The CRI caller gave up (its deadline passed): the plugin's answer never counted.
+            outcome = "cancelled"
             raise
         finally:
             elapsed = time.perf_counter() - start
@@ -119,8 +125,8 @@ class RuntimeDispatcher:
             log.log(level, "%s plugin %s for %s: %s in %.1f ms (policy %s)", hook_point,
                     plugin.name, target, outcome, elapsed * 1000, plugin.failure_policy)
 
-    async def _ask(self, plugin: PluginRegistration, hook_point: HookPoint, request):
-        """One gRPC call; every way it can fail becomes a _PluginError with its outcome."""
+    async def _ask(self, plugin: PluginRegistration, hook_point: HookPoint, request) -> bytes:
+        """One gRPC call, answer as raw bytes; every way it can fail becomes a _PluginError."""
         try:
             return await self._multicallable(plugin.endpoint, hook_point)(request, timeout=plugin.timeout)
         except grpc.aio.AioRpcError as exc:
@@ -140,11 +146,10 @@ class RuntimeDispatcher:
             if channel is None:
                 channel = grpc.aio.insecure_channel(f"unix://{endpoint}", options=_CHANNEL_OPTIONS)
                 self._channels[endpoint] = channel
-            call = channel.unary_unary(
-                hook_point.method,
-                request_serializer=hook_point.request_type.SerializeToString,
-                response_deserializer=hook_point.response_type.FromString,
-            )
+            # No response deserializer: grpc would turn an undecodable answer into None and
+            # log it on its own; _decode makes it this plugin's "invalid" outcome instead.
+            call = channel.unary_unary(hook_point.method,
+                                       request_serializer=hook_point.request_type.SerializeToString)
             self._calls[key] = call
         return call
 
@@ -153,3 +158,11 @@ class RuntimeDispatcher:
             await channel.close()
         self._channels.clear()
         self._calls.clear()
+
+
+def _decode(response_type: type[PodHookResponse] | type[ContainerHookResponse],
+            raw: bytes) -> PodHookResponse | ContainerHookResponse:
+    try:
+        return response_type.FromString(raw)
+    except DecodeError as exc:
+        raise _PluginError("invalid", f"undecodable answer ({len(raw)} bytes): {exc}") from None

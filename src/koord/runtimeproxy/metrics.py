@@ -26,7 +26,7 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """A forwarded call costs ~100 µs, a hook call a few ms, a hung plugin its timeout (seconds)."""
 
-HOOK_OUTCOMES = frozenset({"ok", "error", "timeout", "invalid", "unavailable"})
+HOOK_OUTCOMES = frozenset({"ok", "error", "timeout", "invalid", "unavailable", "cancelled"})
 
 
 class ProxyMetrics:
@@ -46,7 +46,7 @@ class ProxyMetrics:
         self.hook_calls = Histogram(
             "koord_runtime_proxy_hook_duration_seconds",
             "Duration of calls to runtime plugins, by plugin file, hook point and outcome "
-            "(ok, error, timeout, invalid answer, unavailable plugin).",
+            "(ok, error, timeout, invalid answer, unavailable plugin, cancelled by the CRI caller).",
             ["plugin", "hook", "outcome"], buckets=LATENCY_BUCKETS, registry=r)
         self.registered_plugins = Gauge(
             "koord_runtime_proxy_registered_plugins",

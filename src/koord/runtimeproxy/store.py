@@ -9,6 +9,12 @@ The store is rebuilt from the backend before the proxy serves (``rebuild``), and
 record it lacks is fetched on demand (``fetch_pod`` / ``fetch_container``) from the
 backend's verbose status, by the builder koordlet's reconciler uses too.  All access happens on the proxy's
 event loop, so no lock is needed.
+
+The backend's answers are data from outside: containerd stores whatever bytes a client
+sent, e.g. a sandbox name that is not UTF-8, which no protobuf string field decodes.
+``BackendReader`` therefore decodes every answer itself, and a list is decoded item by
+item, so one unreadable record is skipped with one log line instead of failing the whole
+rebuild (and with it every start of the proxy).
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
-from cri_api.v1 import api_pb2_grpc as cri_grpc
+from google.protobuf.message import DecodeError, Message
 
-from koord.hookapi import ContainerHookRequest, PodHookRequest, fromcri
+from koord.hookapi import ContainerHookRequest, PodHookRequest, crilist, fromcri
 from koord.hookapi.fromcri import StatusError
 
 log = logging.getLogger(__name__)
@@ -64,30 +71,80 @@ class Store:
         return len(self._pods), len(self._containers)
 
 
-async def fetch_pod(runtime: cri_grpc.RuntimeServiceStub, sandbox_id: str,
+_RUNTIME = "/runtime.v1.RuntimeService/"
+_M = TypeVar("_M", bound=Message)
+_Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
+
+
+class BackendReader:
+    """The backend calls the store makes, with answers decoded here, never by grpc.
+
+    grpc-python turns an answer its deserializer rejects into ``None`` (and an ERROR log
+    line of its own); decoding here makes it a StatusError naming the record instead.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._channel = channel
+
+    async def call(self, method: str, request: Message, response_type: type[_M],
+                   what: str, timeout: float) -> _M:
+        raw = await self._channel.unary_unary(
+            _RUNTIME + method, request_serializer=_serialize)(request, timeout=timeout)
+        try:
+            return response_type.FromString(raw)
+        except DecodeError:
+            raise StatusError(f"{what}: the backend's {method} answer does not decode "
+                                "(a field that is not valid UTF-8?)") from None
+
+    async def list_ids(self, method: str, request: Message, item_type: type[_Item], timeout: float) -> list[str]:
+        """Ids of every item of a List* answer, including items that do not decode as a whole."""
+        raw = await self._channel.unary_unary(
+            _RUNTIME + method, request_serializer=_serialize)(request, timeout=timeout)
+        try:
+            items, unreadable = crilist.decode_items(raw, item_type)
+        except crilist.ListError as exc:
+            raise StatusError(f"the backend's {method} answer: {exc}") from None
+        if "" in unreadable:
+            log.warning("store rebuild: %d item(s) of the backend's %s answer have no readable id; "
+                        "skipped", unreadable.count(""), method)
+        return [item.id for item in items] + [i for i in unreadable if i]
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+async def fetch_pod(runtime: BackendReader, sandbox_id: str,
                     timeout: float = 10.0) -> PodHookRequest:
-    resp = await runtime.PodSandboxStatus(
-        cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True), timeout=timeout)
+    resp = await runtime.call("PodSandboxStatus",
+                              cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True),
+                              cri.PodSandboxStatusResponse, f"sandbox {sandbox_id}", timeout)
     return fromcri.pod_record_from_status(resp, sandbox_id)
 
 
-async def fetch_container(runtime: cri_grpc.RuntimeServiceStub, container_id: str,
+async def fetch_container(runtime: BackendReader, container_id: str,
                           timeout: float = 10.0) -> ContainerRecord:
-    resp = await runtime.ContainerStatus(
-        cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=timeout)
+    resp = await runtime.call("ContainerStatus",
+                              cri.ContainerStatusRequest(container_id=container_id, verbose=True),
+                              cri.ContainerStatusResponse, f"container {container_id}", timeout)
     sandbox_id, record = fromcri.container_record_from_status(resp, container_id)
     return ContainerRecord(sandbox_id=sandbox_id, info=record)
 
 
-async def rebuild(store: Store, runtime: cri_grpc.RuntimeServiceStub, parallel: int = 16) -> None:
+async def rebuild(store: Store, runtime: BackendReader, parallel: int = 16) -> None:
     """Fills ``store`` with every sandbox and container the backend knows.
 
     Raises grpc.aio.AioRpcError when the backend cannot be listed: the caller retries,
     because serving with a half-built store would hand plugins empty info.  A single
-    record that cannot be read is logged and skipped (it is fetched on demand later).
+    record that cannot be read is logged once and skipped (it is fetched on demand later);
+    a list answer that is not protobuf at all is logged and leaves the store empty.
     """
-    pods = (await runtime.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)).items
-    containers = (await runtime.ListContainers(cri.ListContainersRequest(), timeout=30)).containers
+    try:
+        pods = await runtime.list_ids("ListPodSandbox", cri.ListPodSandboxRequest(), cri.PodSandbox, 30)
+        containers = await runtime.list_ids("ListContainers", cri.ListContainersRequest(), cri.Container, 30)
+    except StatusError as exc:
+        log.error("store rebuild: %s; starting with an empty store (records are fetched on demand)", exc)
+        return
     limit = asyncio.Semaphore(parallel)
 
     async def load_pod(sandbox_id: str) -> None:
@@ -104,7 +161,7 @@ async def rebuild(store: Store, runtime: cri_grpc.RuntimeServiceStub, parallel: 
             except (StatusError, grpc.aio.AioRpcError) as exc:
                 log.warning("store rebuild: skipping %s", describe_error(exc, f"container {container_id}"))
 
-    await asyncio.gather(*(load_pod(p.id) for p in pods), *(load_container(c.id) for c in containers))
+    await asyncio.gather(*(load_pod(p) for p in pods), *(load_container(c) for c in containers))
 
 
 def describe_error(exc: Exception, what: str = "") -> str:

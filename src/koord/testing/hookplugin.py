@@ -27,6 +27,8 @@ class Behaviour:
     answer: Answer | None = None
     delay: float = 0.0
     error: tuple[grpc.StatusCode, str] | None = None
+    raw: bytes | None = None
+    """Answer these bytes instead of a message: a plugin whose answer does not decode."""
 
 
 @dataclass
@@ -87,7 +89,7 @@ class RecordingPlugin:
             hook.rpc: grpc.unary_unary_rpc_method_handler(
                 self._serve(hook, hook.response_type),
                 request_deserializer=hook.request_type.FromString,
-                response_serializer=hook.response_type.SerializeToString)
+                response_serializer=_serialize)
             for hook in HookPoint}
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
@@ -100,8 +102,13 @@ class RecordingPlugin:
                 time.sleep(behaviour.delay)
             if behaviour.error is not None:
                 context.abort(*behaviour.error)
+            if behaviour.raw is not None:
+                return behaviour.raw
             if behaviour.answer is not None:
                 return behaviour.answer(request)
             return resp_type()
         return serve
 
+
+def _serialize(message: object) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()  # type: ignore[attr-defined]

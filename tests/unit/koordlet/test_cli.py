@@ -51,6 +51,7 @@ def test_go_durations(text, seconds):
     (["--containerd-endpoint", "relative.sock"], "--containerd-endpoint"),
     (["--runtime-hooks-addr", "relative.sock"], "--runtime-hooks-addr"),
     (["--runtime-hooks-network", "tcp", "--runtime-hooks-addr", "/a.sock"], "--runtime-hooks-addr"),
+    (["--runtime-hooks-network", "tcp", "--runtime-hooks-addr", "127.0.0.1:٩٣١٨"], "--runtime-hooks-addr"),
 ])
 def test_bad_flag_exits_2_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -203,3 +204,13 @@ def test_koordlet_exits_1_when_it_cannot_listen(short_socket_dir, tmp_path):
     assert result.returncode == 1
     assert "not a socket" in result.stderr
     assert not (short_socket_dir / "cfg" / "koordlet.json").exists()
+
+
+def test_resctrl_with_default_flags_uses_sys_fs_resctrl():
+    """Upstream's semantics: --sys-fs-root-dir is /sys/fs, resctrl is <sys-fs-root>/resctrl."""
+    args = cli.parse_args(["--feature-gates", "Resctrl=true", "--runtime-hooks-reconcile-interval", "0"])
+    assert args.sys_fs_root_dir == Path("/sys/fs")
+    koordlet = cli.Koordlet(args)
+    resctrl = [p for p in koordlet.plugins if p.name == "Resctrl"]
+    assert len(resctrl) == 1
+    assert resctrl[0].root == Path("/sys/fs/resctrl")

@@ -109,9 +109,9 @@ def test_reporter_loop_writes_within_one_interval_and_prometheus_matches(tmp_pat
 
 @pytest.mark.parametrize("content,reason", [
     (b"a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b, *b, *b]\n",
-     "aliases"),
-    (b"spec: " + b"[" * 100 + b"]" * 100 + b"\n", "deeper"),
-    (b'{"spec": ' + b"[" * 100000 + b"]" * 100000 + b"}", "deeper"),
+     "alias"),
+    (b"spec: " + b"[" * 100 + b"]" * 100 + b"\n", "nested more than"),
+    (b'{"spec": ' + b"[" * 100000 + b"]" * 100000 + b"}", "nested more than"),
 ])
 def test_hostile_yaml_is_rejected_naming_why(tmp_path, caplog, content, reason):
     from koord.koordlet.statesinformer.objects import parse_object

@@ -51,7 +51,8 @@ def container_ctx(qos: str, quota: int | None, annotations: dict | None = None) 
     ("1.2", "", 100000, {}, 83334),
     ("1.2", "LS", 120000, {}, 100000),       # exact: not 100001
     ("1.5", "LS", 150000, {}, 100000),
-    ("2", "", 1000, {}, 500),
+    ("2", "", 1000, {}, 1000),               # 500 would be below the kernel's 1 ms minimum
+    ("2", "", 1600, {}, 1000),
     ("1.2", "LS", -1, {}, None),             # unlimited stays unlimited
     ("1.2", "LS", None, {}, None),
     ("1.0", "LS", 100000, {}, None),         # ratio 1: nothing to do

@@ -143,3 +143,26 @@ def test_rules_compare_by_value() -> None:
     assert parse_rules(ALL_ON, None) == parse_rules(ALL_ON, None)
     assert parse_rules(ALL_ON, None) != parse_rules(None, None)
     hash(parse_rules(ALL_ON, None))
+
+
+@pytest.mark.parametrize("cpuset", ["0-4000000000", "١", "٣-٥"])
+@pytest.mark.parametrize("key", ["node.koordinator.sh/cpu-shared-pools", "node.koordinator.sh/be-cpu-shared-pools"])
+def test_hostile_node_pool_cpuset_names_the_annotation(key, cpuset) -> None:
+    import tracemalloc
+
+    node = {"metadata": {"annotations": {key: json.dumps([{"socket": 0, "node": 0, "cpuset": cpuset}])}}}
+    tracemalloc.start()
+    try:
+        with pytest.raises(RuleError, match=f"node annotation {key}\\[0\\].cpuset"):
+            parse_rules(None, node)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+@pytest.mark.parametrize("ratio", ["١.٢", "1_2", "nan", "inf", "0.5"])
+def test_normalization_ratio_is_an_ascii_number_of_at_least_one(ratio) -> None:
+    node = {"metadata": {"annotations": {"node.koordinator.sh/cpu-normalization-ratio": ratio}}}
+    with pytest.raises(RuleError, match="cpu-normalization-ratio"):
+        parse_rules(None, node)

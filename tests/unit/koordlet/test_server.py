@@ -1,8 +1,10 @@
 """RuntimeHookServer over a real socket, called with a client built from our generated stubs."""
 
+import json
 import os
 import socket
 import stat
+from pathlib import Path
 
 import grpc
 import pytest
@@ -10,8 +12,10 @@ import pytest
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import Hooks
+from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
+from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.koordlet.runtimehooks.server import RuntimeHookServer
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 
@@ -202,3 +206,149 @@ def test_proxy_mode_leaves_missing_pod_cgroup_to_the_reconciler(short_socket_dir
                     executor=CgroupExecutor(tmp_path, version=1))
     assert call(stub, HookPoint.PRE_RUN_POD_SANDBOX).resources.cpu_shares == 512
     assert os.listdir(tmp_path / "cpu") == []
+
+
+# ---- hostile requests: every one is a clean gRPC error or a clean answer, never a crash
+
+def koordlet_hooks(tmp_path: Path, policy=FailurePolicy.IGNORE) -> tuple[Hooks, CgroupExecutor]:
+    """koordlet's own plugins, default gates, on a fake v1 tree holding the pod's cgroup."""
+    make_fake_v1_cgroup(tmp_path, "kubepods/besteffort/podu1/cid1")
+    executor = CgroupExecutor(tmp_path, version=1)
+    hooks = Hooks(policy)
+    for plugin in build_plugins(PluginEnv(executor, tmp_path / "sys", tmp_path / "proc"),
+                                dict(DEFAULT_FEATURE_GATES)):
+        plugin.update_rules(parse_rules(None, None))
+        plugin.register(hooks)
+    return hooks, executor
+
+
+def batch_cpu(amount: str) -> dict[str, str]:
+    return {"node.koordinator.sh/extended-resource-spec": json.dumps({"containers": {"c1": {
+        "requests": {"kubernetes.io/batch-cpu": amount}, "limits": {"kubernetes.io/batch-cpu": amount}}}})}
+
+
+BE_LABELS = {"koordinator.sh/qosClass": "BE"}
+
+
+@pytest.mark.parametrize("stage, request_msg, field", [
+    (HookPoint.PRE_RUN_POD_SANDBOX, api_pb2.PodSandboxHookRequest(
+        pod_meta=META, cgroup_parent="/kubepods/../../../etc", labels=BE_LABELS), "cgroup_parent"),
+    (HookPoint.PRE_RUN_POD_SANDBOX, api_pb2.PodSandboxHookRequest(
+        pod_meta=api_pb2.PodSandboxMetadata(name="p", namespace="n", uid="../../x"), cgroup_parent=PARENT),
+     "pod_meta.uid"),
+    (HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent="kubepods/..", pod_labels=BE_LABELS),
+     "pod_cgroup_parent"),
+    (HookPoint.POST_START_CONTAINER, api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=api_pb2.ContainerMetadata(name="c1", id=".."),
+        pod_cgroup_parent=PARENT), "container_meta.id"),
+    (HookPoint.PRE_CREATE_CONTAINER, api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent="/kubepods/x\x00y"),
+     "pod_cgroup_parent"),
+])
+def test_request_escaping_the_cgroup_root_is_invalid_argument(short_socket_dir, tmp_path, serve, stage, request_msg,
+                                                               field):
+    hooks, executor = koordlet_hooks(tmp_path)
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"), executor=executor)
+    with pytest.raises(grpc.RpcError) as err:
+        call(stub, stage, request_msg)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert field in err.value.details()
+
+
+# 10**40 is beyond int64 (the answer could not even be encoded); 1e15 gave shares 1.024e15.
+@pytest.mark.parametrize("amount", ["1e30", str(2**63 - 1), str(10**40), "1e15"])
+@pytest.mark.parametrize("stage", [HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES])
+def test_huge_batch_cpu_never_reaches_a_cgroup_or_the_answer(short_socket_dir, tmp_path, serve, amount, stage):
+    hooks, executor = koordlet_hooks(tmp_path)
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"), executor=executor)
+    if stage.is_pod:
+        request = api_pb2.PodSandboxHookRequest(pod_meta=META, cgroup_parent=PARENT, labels=BE_LABELS,
+                                                annotations=batch_cpu(amount))
+        resources = call(stub, stage, request).resources
+    else:
+        request = api_pb2.ContainerResourceHookRequest(
+            pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent=PARENT, pod_labels=BE_LABELS,
+            pod_annotations=batch_cpu(amount))
+        resources = call(stub, stage, request).container_resources
+    assert resources.cpu_quota in (0, -1) or 1000 <= resources.cpu_quota < 2**44
+    assert 0 <= resources.cpu_shares <= 262144
+    quota = (tmp_path / "cpu/kubepods/besteffort/podu1/cpu.cfs_quota_us").read_text().strip()
+    assert int(quota) < 2**44
+
+
+def test_huge_batch_cpu_with_fail_policy_names_the_annotation(short_socket_dir, tmp_path, serve):
+    hooks, executor = koordlet_hooks(tmp_path, FailurePolicy.FAIL)
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"), executor=executor)
+    request = api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent=PARENT, pod_labels=BE_LABELS,
+        pod_annotations=batch_cpu("1e30"))
+    with pytest.raises(grpc.RpcError) as err:
+        call(stub, HookPoint.PRE_CREATE_CONTAINER, request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert "extended-resource-spec" in err.value.details() and "batch-cpu" in err.value.details()
+
+
+@pytest.mark.parametrize("policy", [FailurePolicy.IGNORE, FailurePolicy.FAIL])
+def test_out_of_range_answer_from_a_plugin_is_that_plugins_error(short_socket_dir, serve, policy):
+    hooks = Hooks(policy)
+
+    def first(ctx):
+        ctx.response.envs["FIRST"] = "1"
+
+    def broken(ctx):
+        ctx.response.envs["BROKEN"] = "1"
+        ctx.response.resources.cpu_quota = 10**32
+
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "first", "", first)
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "broken", "", broken)
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"))
+    if policy is FailurePolicy.IGNORE:
+        answer = call(stub, HookPoint.PRE_CREATE_CONTAINER)
+        assert dict(answer.container_envs) == {"FIRST": "1"}, "none of the broken plugin's changes stay"
+        assert answer.container_resources.cpu_quota == 0
+        return
+    with pytest.raises(grpc.RpcError) as err:
+        call(stub, HookPoint.PRE_CREATE_CONTAINER)
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "broken" in err.value.details() and "cpu_quota" in err.value.details()
+    assert "Exception calling application" not in err.value.details()
+
+
+RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+# A range of 4e9 cpus used to build a 4e9-element set (OOM); \d used to take Arabic-Indic digits.
+HOSTILE_CPUSETS = ["0-4000000000", "٣-٥", "١", "0-3,٤"]
+
+
+@pytest.mark.parametrize("cpuset", HOSTILE_CPUSETS)
+def test_hostile_allocated_cpuset_is_invalid_argument_without_memory_growth(
+        short_socket_dir, tmp_path, serve, cpuset):
+    import tracemalloc
+
+    hooks, executor = koordlet_hooks(tmp_path, FailurePolicy.FAIL)
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"), executor=executor)
+    request = api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent=PARENT,
+        pod_labels={"koordinator.sh/qosClass": "LSR"},
+        pod_annotations={RESOURCE_STATUS: json.dumps({"cpuset": cpuset})})
+    tracemalloc.start()
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            call(stub, HookPoint.PRE_CREATE_CONTAINER, request)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert RESOURCE_STATUS in err.value.details()
+    assert peak < 1 << 20, f"parsing {cpuset!r} allocated {peak} bytes"
+
+
+@pytest.mark.parametrize("cpuset", HOSTILE_CPUSETS)
+def test_hostile_allocated_cpuset_with_ignore_answers_without_it(short_socket_dir, tmp_path, serve, cpuset):
+    hooks, executor = koordlet_hooks(tmp_path)
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"), executor=executor)
+    request = api_pb2.ContainerResourceHookRequest(
+        pod_meta=META, container_meta=CONTAINER_META, pod_cgroup_parent=PARENT,
+        pod_labels={"koordinator.sh/qosClass": "LSR"},
+        pod_annotations={RESOURCE_STATUS: json.dumps({"cpuset": cpuset})})
+    assert call(stub, HookPoint.PRE_CREATE_CONTAINER, request).container_resources.cpuset_cpus == ""

@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import queue
+import time
 
 import pytest
 
@@ -152,3 +153,38 @@ def test_informer_synced_without_files_then_picks_them_up(tmp_path):
     (tmp_path / "slo.yaml").unlink()
     informer.reload()
     assert informer.get_node_slo_object()["kind"] == "NodeSLO"  # last good object kept
+
+
+# A 50,000-deep list used to raise RecursionError in the watcher thread and end it:
+# koordlet kept answering hooks but never applied another NodeSLO or Node change.
+HOSTILE_DOCUMENTS = [
+    ("deep list", "spec: " + "[" * 50000 + "]" * 50000 + "\n", "nested more than"),
+    ("deep map", "spec: " + "{a: " * 50000 + "1" + "}" * 50000 + "\n", "nested more than"),
+    ("alias bomb", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n", "alias"),
+    ("5 MB", "spec:\n" + "".join(f"  k{i}: {'x' * 40}\n" for i in range(110_000)), "bytes, more than"),
+    ("not a mapping", "- 1\n- 2\n", "expected an object"),
+]
+
+
+@pytest.mark.parametrize("content, reason", [c[1:] for c in HOSTILE_DOCUMENTS],
+                         ids=[c[0] for c in HOSTILE_DOCUMENTS])
+def test_hostile_file_keeps_last_good_value_and_the_watcher_keeps_running(
+        tmp_path, informer_for, caplog, content, reason):
+    f = tmp_path / "slo.yaml"
+    f.write_text(SLO_YAML)
+    informer, changes = informer_for(node_slo_file=f)
+    good, _ = changes.get(timeout=WAIT)
+    with caplog.at_level(logging.ERROR, logger="koord.koordlet.statesinformer"):
+        f.write_text(content)
+        # The watcher reads it and logs why it is refused; then a good file must still be applied.
+        deadline = time.monotonic() + WAIT
+        while not any(reason in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, f"no log line saying {reason!r}"
+            time.sleep(0.05)
+    assert any(str(f) in r.getMessage() and "keeping the last good value" in r.getMessage()
+               for r in caplog.records)
+    assert informer.get_node_slo_object() == good
+    f.write_text(SLO_YAML.replace("-1", "1"))
+    slo, _ = changes.get(timeout=WAIT)
+    assert slo["spec"]["resourceQOSStrategy"]["beClass"]["cpuQOS"]["groupIdentity"] == 1

@@ -154,3 +154,50 @@ def test_plugin_without_the_hook_point_is_not_called(env) -> None:
     _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_CREATE_CONTAINER,
                                               hook.ContainerResourceHookRequest(), TARGET))
     assert only_pod.hooks_seen() == []
+
+
+# A length-delimited field 1 that claims 5 bytes and has 1: no protobuf message decodes it.
+UNDECODABLE = b"\x0a\x05a"
+
+
+@pytest.mark.parametrize("hook_point, request_type", [
+    (HookPoint.PRE_RUN_POD_SANDBOX, hook.PodSandboxHookRequest),
+    (HookPoint.PRE_CREATE_CONTAINER, hook.ContainerResourceHookRequest),
+])
+def test_undecodable_answer_with_ignore_is_that_plugins_error(env, hook_point, request_type) -> None:
+    config_dir, add = env
+    garbage = add("10-garbage.json", hooks=[hook_point.value])
+    garbage.behaviours[hook_point.value] = Behaviour(raw=UNDECODABLE)
+    later = add("20-ok.json", hooks=[hook_point.value])
+    request = request_type()
+    changed, metrics = _dispatch(config_dir, lambda d: d.run_pre(hook_point, request, TARGET))
+    assert not changed
+    assert len(later.requests(hook_point.value)) == 1, "Ignore goes on to the next plugin"
+    assert _sample(metrics, "10-garbage.json", "invalid") == 1
+
+
+def test_undecodable_answer_with_fail_names_plugin_hook_point_and_reason(env) -> None:
+    config_dir, add = env
+    garbage = add("10-garbage.json", hooks=["PreCreateContainer"], failure_policy="Fail")
+    garbage.behaviours["PreCreateContainer"] = Behaviour(raw=UNDECODABLE)
+    with pytest.raises(HookFailed) as err:
+        _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_CREATE_CONTAINER,
+                                                  hook.ContainerResourceHookRequest(), TARGET))
+    text = str(err.value)
+    assert "10-garbage.json" in text and "PreCreateContainer" in text and "undecodable answer" in text
+
+
+def test_call_cancelled_by_the_caller_is_counted_as_cancelled(env) -> None:
+    config_dir, add = env
+    slow = add("10-slow.json", hooks=["PreRunPodSandbox"])
+    slow.behaviours["PreRunPodSandbox"] = Behaviour(delay=2.0)
+
+    async def cancelled(d: RuntimeDispatcher) -> None:
+        with pytest.raises(TimeoutError):
+            # kubelet's deadline passing cancels the handler task, and with it the hook call.
+            await asyncio.wait_for(d.run_pre(HookPoint.PRE_RUN_POD_SANDBOX,
+                                             hook.PodSandboxHookRequest(), TARGET), 0.2)
+
+    _, metrics = _dispatch(config_dir, cancelled)
+    assert _sample(metrics, "10-slow.json", "ok") == 0
+    assert _sample(metrics, "10-slow.json", "cancelled") == 1

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 
+from koord import cgrouplimits
 from koord.hookapi import format_cpuset, parse_cpuset
 
 from ..runtimehooks.protocol import KubeQoS, Resources
@@ -27,8 +28,6 @@ KUBE_DIR = "kubepods"
 
 # cgroup v1 memory.limit_in_bytes reads back LONG_MAX rounded down to a page when unlimited.
 _V1_MEMORY_UNLIMITED = 9223372036854771712
-_MAX_SHARES = 262144
-_MIN_SHARES = 2
 
 
 class CgroupError(Exception):
@@ -74,6 +73,15 @@ _FILES: dict[str, _File] = {
 }
 _READ_ONLY = {"tasks", "cpuacct_usage", "cpu_stat", "memory_stat", "memory_usage",
               "cpuset_cpus_effective", "cpu_pressure", "memory_pressure", "io_pressure"}
+
+# Every integer resource is checked against what its kernel file accepts before a write.
+_LIMITS = {
+    "cpu_shares": cgrouplimits.Kind.SHARES,
+    "cpu_quota": cgrouplimits.Kind.QUOTA,
+    "cpu_period": cgrouplimits.Kind.PERIOD,
+    "memory_limit": cgrouplimits.Kind.MEMORY,
+    "cpu_bvt_warp_ns": cgrouplimits.Kind.BVT,
+}
 
 # Write order inside one cgroup: period before quota so a v1 quota below the old period is
 # accepted; mems before cpus as runc does.
@@ -288,14 +296,10 @@ class CgroupExecutor:
             number = int(value)
         except (TypeError, ValueError):
             raise bad("is not an integer") from None
-        if resource == "cpu_shares" and not _MIN_SHARES <= number <= _MAX_SHARES:
-            raise bad(f"out of range [{_MIN_SHARES}, {_MAX_SHARES}]")
-        if resource == "cpu_bvt_warp_ns" and not -1 <= number <= 2:
-            raise bad("out of range [-1, 2]")
-        if resource in ("cpu_quota", "memory_limit") and not (number == -1 or number > 0):
-            raise bad("out of range: want -1 (unlimited) or > 0")
-        if resource == "cpu_period" and not 1000 <= number <= 1000000:
-            raise bad("out of range [1000, 1000000]")
+        kind = _LIMITS.get(resource)
+        why = cgrouplimits.problem(kind, number) if kind is not None else None
+        if why:
+            raise bad(why)
         return str(number)
 
     def _to_file_text(self, resource: str, canonical: str) -> str:

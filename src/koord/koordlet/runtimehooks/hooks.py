@@ -7,6 +7,7 @@ each plugin registers its functions: stable, so a later plugin may refine an ear
 
 from __future__ import annotations
 
+import copy
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -31,6 +32,11 @@ ContainerHook = Callable[[ContainerContext], None]
 
 class HookError(Exception):
     """A plugin could not do its job for this pod or container; the message says why."""
+
+
+class InvalidInput(HookError):
+    """The request holds a value a plugin cannot use (an annotation, a quantity): the
+    caller's error, answered INVALID_ARGUMENT when it fails the hook."""
 
 
 @dataclass(frozen=True)
@@ -126,9 +132,15 @@ class Hooks:
     def _run(self, regs: list[_Registration[_C]], stage: HookPoint, ctx: _C) -> list[tuple[str, Exception]]:
         errors: list[tuple[str, Exception]] = []
         for reg in regs:
+            before = copy.deepcopy(ctx.response)
             try:
                 reg.fn(ctx)
+                problems = ctx.response.resources.problems("resources")
+                if problems:
+                    raise HookError("answer out of range: " + "; ".join(problems))
             except Exception as exc:  # a plugin's bug must not take the server down
+                # None of a failed plugin's changes stay: a half-done answer is never sent.
+                ctx.response = before
                 who = describe(ctx)
                 log.warning("plugin %s failed at %s for %s: %s", reg.plugin, stage, who, exc)
                 if self.failure_policy is FailurePolicy.FAIL:

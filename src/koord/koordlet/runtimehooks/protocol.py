@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import Message
 
+from koord import cgrouplimits
 from koord.apis.runtime.v1alpha1 import api_pb2
 
 if TYPE_CHECKING:
@@ -82,6 +83,16 @@ class Resources:
     def is_empty(self) -> bool:
         return all(getattr(self, f.name) in (None, {}) for f in fields(self))
 
+    def problems(self, prefix: str) -> list[str]:
+        """Values the kernel's cgroup files would refuse; checked before any answer or write."""
+        found = []
+        for name, kind in _KERNEL_LIMITS:
+            value = getattr(self, name)
+            why = cgrouplimits.problem(kind, value) if value is not None else None
+            if why:
+                found.append(f"{prefix}.{name}: {why}")
+        return found
+
     def update(self, other: Resources) -> None:
         """Takes every value ``other`` sets; used when a later plugin refines an earlier one."""
         for f in fields(self):
@@ -121,6 +132,28 @@ class Resources:
             hugepage_limits=[api_pb2.HugepageLimit(page_size=size, limit=limit)
                              for size, limit in self.hugepage_limits.items()],
         ))
+
+
+_KERNEL_LIMITS = (
+    ("cpu_period", cgrouplimits.Kind.PERIOD),
+    ("cpu_quota", cgrouplimits.Kind.QUOTA),
+    ("cpu_shares", cgrouplimits.Kind.SHARES),
+    ("memory_limit", cgrouplimits.Kind.MEMORY),
+    ("memory_swap_limit", cgrouplimits.Kind.MEMORY),
+    ("cpu_bvt_warp_ns", cgrouplimits.Kind.BVT),
+    ("oom_score_adj", cgrouplimits.Kind.OOM_SCORE_ADJ),
+)
+
+
+def _path_problems(value: str, name: str, *, single: bool) -> list[str]:
+    """A request field that becomes part of a path: a cgroup parent, or one name in it."""
+    if "\x00" in value:
+        return [f"{name} {value!r} contains NUL"]
+    if single and ("/" in value or value in (".", "..")):
+        return [f"{name} {value!r} must be one path element (no '/', not '.' or '..')"]
+    if ".." in value.split("/"):
+        return [f"{name} {value!r} must not contain '..': it would leave the cgroup root"]
+    return []
 
 
 @dataclass
@@ -184,6 +217,11 @@ class PodRequest:
     @property
     def kube_qos(self) -> KubeQoS:
         return KubeQoS.of_cgroup_parent(self.cgroup_parent)
+
+    def problems(self) -> list[str]:
+        """Fields that would make a path leave its root: the request is refused as a whole."""
+        return (_path_problems(self.meta.uid, "pod_meta.uid", single=True)
+                + _path_problems(self.cgroup_parent, "cgroup_parent", single=False))
 
 
 @dataclass
@@ -271,6 +309,12 @@ class ContainerRequest:
     @property
     def kube_qos(self) -> KubeQoS:
         return KubeQoS.of_cgroup_parent(self.pod_cgroup_parent)
+
+    def problems(self) -> list[str]:
+        """Fields that would make a path leave its root: the request is refused as a whole."""
+        return (_path_problems(self.pod_meta.uid, "pod_meta.uid", single=True)
+                + _path_problems(self.pod_cgroup_parent, "pod_cgroup_parent", single=False)
+                + _path_problems(self.container_id, "container_meta.id", single=True))
 
     @classmethod
     def from_proto(cls, msg: api_pb2.ContainerResourceHookRequest) -> ContainerRequest:

@@ -25,12 +25,13 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 
-from koord.hookapi import HookPoint, PodHookRequest, fromcri
+from koord.hookapi import HookPoint, PodHookRequest, crilist, fromcri
 
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_exists
 from .hooks import Hooks, RuntimePlugin, describe
@@ -39,6 +40,7 @@ from .protocol import CgroupUpdate, ContainerContext, HookContext, KubeQoS, PodC
 log = logging.getLogger(__name__)
 
 CRI_TIMEOUT = 10.0
+_Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Reconciler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._cri_error: str | None = None
+        self._unreadable_logged: set[str] = set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
@@ -97,13 +100,16 @@ class Reconciler:
             report = ReconcileReport()
             self._reconcile_kube_qos(report)
             try:
-                sandboxes = self._cri.ListPodSandbox(cri.ListPodSandboxRequest(filter=cri.PodSandboxFilter(
-                    state=cri.PodSandboxStateValue(state=cri.SANDBOX_READY))), timeout=CRI_TIMEOUT).items
-                containers = self._cri.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
-                    state=cri.ContainerStateValue(state=cri.CONTAINER_RUNNING))),
-                    timeout=CRI_TIMEOUT).containers
+                sandboxes = self._list("ListPodSandbox", cri.ListPodSandboxRequest(filter=cri.PodSandboxFilter(
+                    state=cri.PodSandboxStateValue(state=cri.SANDBOX_READY))), cri.PodSandbox, report)
+                containers = self._list("ListContainers", cri.ListContainersRequest(filter=cri.ContainerFilter(
+                    state=cri.ContainerStateValue(state=cri.CONTAINER_RUNNING))), cri.Container, report)
             except grpc.RpcError as exc:
                 self._cri_unavailable(report, exc)
+                return report
+            except crilist.ListError as exc:
+                report.errors.append(f"CRI {self.cri_endpoint}: {exc}")
+                log.error("reconciler: CRI %s: %s", self.cri_endpoint, exc)
                 return report
             if self._cri_error is not None:
                 log.info("reconciler: CRI %s reachable again", self.cri_endpoint)
@@ -114,6 +120,21 @@ class Reconciler:
             log.debug("reconciler round: %d pods, %d containers, %d writes, %d errors",
                       report.pods, report.containers, len(report.written), len(report.errors))
             return report
+
+    def _list(self, method: str, request, item_type: type[_Item], report: ReconcileReport) -> list[_Item]:
+        """The items of a List* answer that decode; the others are skipped, each logged once."""
+        raw = self._channel.unary_unary(f"/runtime.v1.RuntimeService/{method}",
+                                        request_serializer=type(request).SerializeToString)(
+            request, timeout=CRI_TIMEOUT)
+        items, unreadable = crilist.decode_items(raw, item_type)
+        for item_id in unreadable:
+            what = f"{item_type.DESCRIPTOR.name} {item_id or '(no readable id)'}"
+            report.errors.append(f"{what}: not readable")
+            if what not in self._unreadable_logged:
+                self._unreadable_logged.add(what)
+                log.warning("reconciler: skipping %s: the runtime's record does not decode "
+                            "(a name that is not UTF-8?)", what)
+        return items
 
     def _cri_unavailable(self, report: ReconcileReport, exc: grpc.RpcError) -> None:
         message = f"CRI {self.cri_endpoint}: {exc.code().name}: {exc.details()}"

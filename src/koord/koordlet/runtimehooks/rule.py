@@ -12,6 +12,7 @@ LSR 2, LS 2, BE -1, SYSTEM 0, all classes disabled until NodeSLO enables them.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -206,15 +207,18 @@ def _cpu_manager_policy(annotations: dict[str, str]) -> str:
     return policy
 
 
+_RATIO = re.compile(r"[0-9]{1,10}(\.[0-9]{1,10})?")
+
+
 def _normalization_ratio(annotations: dict[str, str]) -> float | None:
     text = annotations.get(NODE_CPU_NORMALIZATION_RATIO)
     if text is None or text == "":
         return None
     where = f"node annotation {NODE_CPU_NORMALIZATION_RATIO}"
-    try:
-        ratio = float(text)
-    except (TypeError, ValueError):
-        raise RuleError(f"{where}={text!r}: not a number") from None
+    # float() also takes other scripts' digits and "1_2"; Go's ParseFloat, which wrote it, does not.
+    if not isinstance(text, str) or not _RATIO.fullmatch(text):
+        raise RuleError(f"{where}={text!r}: not a decimal number like 1.2")
+    ratio = float(text)
     if not math.isfinite(ratio) or ratio < 1.0:
         # Below 1 would inflate quotas beyond what the scheduler granted.
         raise RuleError(f"{where}={text!r}: want a finite ratio >= 1.0")

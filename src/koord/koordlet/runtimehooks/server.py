@@ -21,7 +21,7 @@ import grpc
 from koord.hookapi import SERVICE, SOCKET_MODE, HookPoint, prepare_socket
 
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_exists
-from .hooks import HookError, Hooks, describe
+from .hooks import HookError, Hooks, InvalidInput, describe
 from .protocol import ContainerContext, HookContext, PodContext
 
 log = logging.getLogger(__name__)
@@ -99,14 +99,37 @@ class RuntimeHookServer:
         log.info("runtime hook server on %s stopped", self.endpoint)
 
     def handle(self, stage: HookPoint, request, context: grpc.ServicerContext):
+        """Answers one hook call; every failure is a status with a message, never a crash.
+
+        A request koordlet must not act on (a path field leaving the cgroup root, an
+        annotation a plugin rejects under the Fail policy) is INVALID_ARGUMENT naming the
+        field; a plugin failing otherwise is INTERNAL; anything unexpected is logged and
+        INTERNAL too, instead of grpc's bare "Exception calling application".
+        """
+        try:
+            return self._answer(stage, request)
+        except _Refused as exc:
+            code, message = exc.code, str(exc)
+        except Exception as exc:
+            log.exception("%s: unexpected error", stage)
+            code, message = grpc.StatusCode.INTERNAL, f"koordlet {stage}: {type(exc).__name__}: {exc}"
+        context.abort(code, message)
+
+    def _answer(self, stage: HookPoint, request):
         if stage in self.disabled_stages:
             return stage.response_type()
         ctx: HookContext = (PodContext.from_proto(request) if stage.is_pod
                             else ContainerContext.from_proto(request))
+        problems = ctx.request.problems()
+        if problems:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"{stage} for {describe(ctx)}: bad request: {'; '.join(problems)}")
         try:
             self.hooks.run(stage, ctx)
         except HookError as exc:
-            context.abort(grpc.StatusCode.INTERNAL, str(exc))
+            bad_input = isinstance(exc.__cause__, InvalidInput)
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT if bad_input else grpc.StatusCode.INTERNAL,
+                           str(exc)) from None
         if self.executor is not None:
             self._write_node_side(stage, ctx)
         response = ctx.to_proto()
@@ -131,6 +154,14 @@ class RuntimeHookServer:
         if written:
             log.info("%s for %s: wrote %s to cgroup %s", stage, describe(ctx),
                      ", ".join(written), update.cgroup_dir)
+
+
+class _Refused(Exception):
+    """A hook call answered with a gRPC error status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _generic_handler(server: RuntimeHookServer) -> grpc.GenericRpcHandler:

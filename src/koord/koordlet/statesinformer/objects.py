@@ -21,8 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from koord import documents
 from koord.filewatch import DirWatcher
 
 log = logging.getLogger(__name__)
@@ -38,58 +37,27 @@ SETTLE_SECONDS = 0.1
 POLL_SECONDS = 1.0
 """Re-read anyway this often: catches a directory that appears late or is replaced."""
 
-MAX_OBJECT_FILE_BYTES = 4 * 1024 * 1024
-"""A Node with every annotation fits in far less; larger is a wrong file, not an object."""
-
 SLO_GROUP, SLO_VERSION = "slo.koordinator.sh", "v1alpha1"
 NODESLO_PLURAL, NODEMETRIC_PLURAL = "nodeslos", "nodemetrics"
 
-
-MAX_OBJECT_DEPTH = 64
-"""Kubernetes objects nest a dozen levels; deeper is an attack on the parser's recursion."""
-
-
-class _ObjectLoader(yaml.SafeLoader):
-    """YAML without aliases (a few "billion laughs" lines expand exponentially when the
-    object is compared or written back) and with bounded nesting."""
-
-    def __init__(self, stream: bytes) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.YAMLError("aliases (*name) are not allowed in an object file")
-        self._depth += 1
-        try:
-            if self._depth > MAX_OBJECT_DEPTH:
-                raise yaml.YAMLError(f"nested deeper than {MAX_OBJECT_DEPTH} levels")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
 
 
 def load_object_file(path: Path, kind: str) -> dict:
     """One object from a YAML/JSON file; ValueError naming the file and what is wrong."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(MAX_OBJECT_FILE_BYTES + 1)
+            raw = f.read(documents.MAX_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"{kind} file {path}: cannot read: {exc.strerror or exc}") from None
     return parse_object(raw, path, kind)
 
 
 def parse_object(raw: bytes, path: Path | str, kind: str) -> dict:
-    if len(raw) > MAX_OBJECT_FILE_BYTES:
-        raise ValueError(f"{kind} file {path}: larger than {MAX_OBJECT_FILE_BYTES} bytes")
+    """One object from a file's bytes, bounded (koord.documents); ValueError naming the file."""
     try:
-        obj = yaml.load(raw, Loader=_ObjectLoader)  # noqa: S506 - a SafeLoader subclass
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise ValueError(f"{kind} file {path}: invalid YAML/JSON: {' '.join(str(exc).split())}") from None
-    if not isinstance(obj, dict):
-        got = type(obj).__name__ if obj is not None else "an empty file"
-        raise ValueError(f"{kind} file {path}: expected a {kind} object (a mapping), got {got}")
-    return obj
+        return documents.load_object(raw)
+    except documents.DocumentError as exc:
+        raise ValueError(f"{kind} file {path}: {exc}") from None
 
 
 class _WatchedFile:
@@ -104,7 +72,7 @@ class _WatchedFile:
         """The object when the file changed and parses; None otherwise (error logged once)."""
         try:
             with open(self.path, "rb") as f:
-                raw: bytes | None = f.read(MAX_OBJECT_FILE_BYTES + 1)
+                raw: bytes | None = f.read(documents.MAX_BYTES + 1)
         except FileNotFoundError:
             raw = None
         except OSError as exc:

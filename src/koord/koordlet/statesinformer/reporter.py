@@ -21,11 +21,12 @@ from typing import Any, Protocol
 
 import yaml
 
+from koord import documents
+
 from ..metrics import KoordletMetrics
 from .informer import StatesInformer
 from .nodemetric import MetricQuerier, collect, status_of
 from .objects import (
-    MAX_OBJECT_FILE_BYTES,
     NODE_METRIC,
     NODEMETRIC_PLURAL,
     SLO_GROUP,
@@ -65,7 +66,7 @@ class FileStatusWriter:
     def write(self, node_metric: dict, status: dict[str, Any]) -> bool:
         try:
             with open(self.path, "rb") as f:
-                raw = f.read(MAX_OBJECT_FILE_BYTES + 1)
+                raw = f.read(documents.MAX_BYTES + 1)
             current = parse_object(raw, self.path, "NodeMetric")
         except OSError as exc:
             return self._error(f"file {self.path}: cannot read: {exc.strerror or exc}; "

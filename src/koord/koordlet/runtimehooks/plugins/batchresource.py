@@ -12,9 +12,10 @@ import logging
 import math
 from dataclasses import dataclass
 
+from koord import cgrouplimits
 from koord.hookapi import HookPoint, json_annotation, parse_quantity
 
-from ..hooks import HookError, Hooks, RuntimePlugin
+from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..protocol import ContainerContext, KoordQoS, PodContext, Resources
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,11 @@ EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
 BATCH_CPU = "kubernetes.io/batch-cpu"
 BATCH_MEMORY = "kubernetes.io/batch-memory"
 DEFAULT_CFS_PERIOD = 100000
-MIN_SHARES = 2
-MIN_QUOTA = 1000  # the kernel refuses a cfs quota below 1ms
+MIN_SHARES = cgrouplimits.MIN_SHARES
+MAX_SHARES = cgrouplimits.MAX_SHARES
+MIN_QUOTA = cgrouplimits.MIN_CFS_QUOTA_US  # the kernel refuses a cfs quota below 1ms
+MAX_MILLI_CPU = cgrouplimits.MAX_CFS_QUOTA_US * 1000 // cgrouplimits.MAX_CFS_PERIOD_US
+"""The largest batch-cpu whose quota fits the kernel at any period (~17.6 million cores)."""
 
 @dataclass(frozen=True)
 class BatchSpec:
@@ -40,9 +44,12 @@ def _milli_cpu(value: object, where: str) -> int:
     try:
         number = parse_quantity(value)
     except ValueError as exc:
-        raise HookError(f"{where}: {exc}") from None
+        raise InvalidInput(f"{where}: {exc}") from None
     if number.denominator != 1 or number < 0:
-        raise HookError(f"{where}={value!r}: want a non-negative whole number of milli-cores")
+        raise InvalidInput(f"{where}={value!r}: want a non-negative whole number of milli-cores")
+    if number > MAX_MILLI_CPU:
+        raise InvalidInput(f"{where}={value!r}: above {MAX_MILLI_CPU} milli-cores, "
+                           "no cfs quota the kernel accepts can express it")
     return int(number)
 
 
@@ -50,29 +57,32 @@ def _bytes(value: object, where: str) -> int:
     try:
         number = parse_quantity(value)
     except ValueError as exc:
-        raise HookError(f"{where}: {exc}") from None
+        raise InvalidInput(f"{where}: {exc}") from None
     if number <= 0:
-        raise HookError(f"{where}={value!r}: want a positive memory amount")
+        raise InvalidInput(f"{where}={value!r}: want a positive memory amount")
+    if number > cgrouplimits.MAX_MEMORY_BYTES:
+        raise InvalidInput(f"{where}={value!r}: above the kernel's largest memory limit "
+                           f"({cgrouplimits.MAX_MEMORY_BYTES} bytes)")
     return math.ceil(number)
 
 
 def parse_extended_resource_spec(annotations: dict[str, str]) -> dict[str, BatchSpec]:
     """Container name -> its batch amounts; {} without the annotation; HookError when malformed."""
-    spec = json_annotation(annotations, EXTENDED_RESOURCE_SPEC, error=HookError)
+    spec = json_annotation(annotations, EXTENDED_RESOURCE_SPEC, error=InvalidInput)
     if spec is None:
         return {}
     where = f"pod annotation {EXTENDED_RESOURCE_SPEC}"
     containers = spec.get("containers")
     if not isinstance(containers, dict):
-        raise HookError(f"{where}: want {{\"containers\": {{<name>: {{requests, limits}}}}}}")
+        raise InvalidInput(f"{where}: want {{\"containers\": {{<name>: {{requests, limits}}}}}}")
     result = {}
     for name, body in containers.items():
         at = f"{where}: containers.{name}"
         if not isinstance(body, dict):
-            raise HookError(f"{at}: want an object with requests/limits")
+            raise InvalidInput(f"{at}: want an object with requests/limits")
         requests, limits = body.get("requests") or {}, body.get("limits") or {}
         if not isinstance(requests, dict) or not isinstance(limits, dict):
-            raise HookError(f"{at}: requests and limits must be objects")
+            raise InvalidInput(f"{at}: requests and limits must be objects")
         result[name] = BatchSpec(
             cpu_request_milli=(_milli_cpu(requests[BATCH_CPU], f"{at}.requests.{BATCH_CPU}")
                                if BATCH_CPU in requests else None),
@@ -85,7 +95,8 @@ def parse_extended_resource_spec(annotations: dict[str, str]) -> dict[str, Batch
 
 
 def shares_of(milli: int) -> int:
-    return max(MIN_SHARES, milli * 1024 // 1000)
+    """Clamped to what cpu.shares accepts, as kubelet's MilliCPUToShares does."""
+    return min(MAX_SHARES, max(MIN_SHARES, milli * 1024 // 1000))
 
 
 def quota_of(milli: int | None, period: int) -> int:
@@ -95,15 +106,23 @@ def quota_of(milli: int | None, period: int) -> int:
 
 
 def batch_resources(specs: list[BatchSpec], period: int) -> Resources:
-    """Shares from the summed requests; quota and memory from summed limits, -1 if any is unlimited."""
+    """Shares from the summed requests; quota and memory from summed limits, -1 if any is unlimited.
+
+    InvalidInput when the sums (each container's amount is bounded already) overflow what
+    the kernel accepts.
+    """
     requests = [s.cpu_request_milli for s in specs if s.cpu_request_milli is not None]
     cpu_limits = [s.cpu_limit_milli for s in specs if s.cpu_limit_milli is not None]
     memory_limits = [s.memory_limit for s in specs if s.memory_limit is not None]
-    return Resources(
+    resources = Resources(
         cpu_shares=shares_of(sum(requests)) if requests else None,
         cpu_quota=-1 if len(cpu_limits) < len(specs) else quota_of(sum(cpu_limits), period),
         memory_limit=-1 if len(memory_limits) < len(specs) else sum(memory_limits),
     )
+    problems = resources.problems(f"pod annotation {EXTENDED_RESOURCE_SPEC}: sum of the containers'")
+    if problems:
+        raise InvalidInput("; ".join(problems))
+    return resources
 
 
 class BatchResource(RuntimePlugin):

@@ -17,6 +17,7 @@ import logging
 import math
 from fractions import Fraction
 
+from koord import cgrouplimits
 from koord.hookapi import HookPoint
 
 from ..hooks import Hooks, RuntimePlugin
@@ -29,7 +30,8 @@ BASE_QUOTA_ANNOTATION = "koordlet.koordinator.sh/cpu-normalization-base-quota"
 
 
 def normalized_quota(quota: int, ratio: float) -> int:
-    return math.ceil(Fraction(quota) / Fraction(str(ratio)))
+    """Never below the 1 ms the kernel accepts as a cfs quota."""
+    return max(cgrouplimits.MIN_CFS_QUOTA_US, math.ceil(Fraction(quota) / Fraction(str(ratio))))
 
 
 class CPUNormalization(RuntimePlugin):
@@ -74,4 +76,4 @@ class CPUNormalization(RuntimePlugin):
 
 def _recorded_base(annotations: dict[str, str]) -> int | None:
     text = annotations.get(BASE_QUOTA_ANNOTATION, "")
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None

@@ -18,7 +18,7 @@ import logging
 
 from koord.hookapi import HookPoint, cpuset_value, format_cpuset, json_annotation, parse_cpuset
 
-from ..hooks import HookError, Hooks, RuntimePlugin
+from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..protocol import ContainerContext, KoordQoS
 from ..rule import CPUSharedPool
 
@@ -28,14 +28,14 @@ RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 
 
 def resource_status_cpuset(annotations: dict[str, str]) -> str | None:
-    """The cpuset the scheduler allocated to a pod, or None; HookError when the annotation is bad."""
-    status = json_annotation(annotations, RESOURCE_STATUS, error=HookError)
+    """The cpuset the scheduler allocated to a pod, or None; InvalidInput when the annotation is bad."""
+    status = json_annotation(annotations, RESOURCE_STATUS, error=InvalidInput)
     if status is None:
         return None
     cpuset = status.get("cpuset")
     if cpuset is None or cpuset == "":
         return None
-    return cpuset_value(cpuset, f"pod annotation {RESOURCE_STATUS}: cpuset", HookError)
+    return cpuset_value(cpuset, f"pod annotation {RESOURCE_STATUS}: cpuset", InvalidInput)
 
 
 def join_pools(pools: tuple[CPUSharedPool, ...]) -> str:

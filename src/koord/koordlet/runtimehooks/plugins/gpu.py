@@ -10,7 +10,7 @@ import logging
 
 from koord.hookapi import HookPoint, json_annotation
 
-from ..hooks import HookError, Hooks, RuntimePlugin
+from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..protocol import ContainerContext
 
 log = logging.getLogger(__name__)
@@ -20,19 +20,19 @@ ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
 def gpu_minors(annotations: dict[str, str]) -> list[int]:
-    """GPU minors from ``{"gpu":[{"minor":0},...]}``; [] when none; HookError when malformed."""
-    allocated = json_annotation(annotations, DEVICE_ALLOCATED, error=HookError)
+    """GPU minors from ``{"gpu":[{"minor":0},...]}``; [] when none; InvalidInput when malformed."""
+    allocated = json_annotation(annotations, DEVICE_ALLOCATED, error=InvalidInput)
     if allocated is None:
         return []
     where = f"pod annotation {DEVICE_ALLOCATED}"
     gpus = allocated.get("gpu") or []
     if not isinstance(gpus, list):
-        raise HookError(f"{where}: gpu: want a list of allocations")
+        raise InvalidInput(f"{where}: gpu: want a list of allocations")
     minors = []
     for i, gpu in enumerate(gpus):
         minor = gpu.get("minor") if isinstance(gpu, dict) else None
         if isinstance(minor, bool) or not isinstance(minor, int) or minor < 0:
-            raise HookError(f"{where}: gpu[{i}].minor={minor!r}: want a non-negative integer")
+            raise InvalidInput(f"{where}: gpu[{i}].minor={minor!r}: want a non-negative integer")
         minors.append(minor)
     return minors
 

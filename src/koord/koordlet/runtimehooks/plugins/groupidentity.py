@@ -11,7 +11,7 @@ import logging
 
 from koord.hookapi import HookPoint
 
-from ..hooks import HookError, Hooks, RuntimePlugin
+from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..protocol import KubeQoS, PodContext, Resources
 from ..rule import RuleError
 
@@ -48,7 +48,7 @@ class GroupIdentity(RuntimePlugin):
         try:
             bvt = self.rules.group_identity.pod_bvt(req.koord_qos, req.annotations)
         except RuleError as exc:
-            raise HookError(str(exc)) from None
+            raise InvalidInput(str(exc)) from None
         if bvt is not None:
             ctx.response.resources.cpu_bvt_warp_ns = bvt
             log.debug("plugin %s: pod %s qos %r -> bvt %d", self.name, req.meta, req.koord_qos.value, bvt)

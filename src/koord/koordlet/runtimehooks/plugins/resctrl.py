@@ -22,7 +22,6 @@ group must exist before the container's threads can join it.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -31,15 +30,15 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from koord.hookapi import HookPoint, json_object
+from koord.hookapi import HookPoint, json_annotation, json_object
 
 from ...resourceexecutor.executor import CgroupError
-from ..hooks import HookError, Hooks, RuntimePlugin
+from ..hooks import HookError, Hooks, InvalidInput, RuntimePlugin
 from ..protocol import ContainerContext, PodContext
 
 log = logging.getLogger(__name__)
 
-_object = partial(json_object, error=HookError)
+_object = partial(json_object, error=InvalidInput)
 
 RESCTRL_ANNOTATION = "node.koordinator.sh/resctrl"
 GROUP_PREFIX = "koordlet-"
@@ -64,23 +63,20 @@ def _range(value: object, where: str) -> tuple[int, int]:
     if (not isinstance(value, list) or len(value) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
             or not 0 <= value[0] < value[1] <= 100):
-        raise HookError(f"{where}.range={value!r}: want [start, end] with 0 <= start < end <= 100")
+        raise InvalidInput(f"{where}.range={value!r}: want [start, end] with 0 <= start < end <= 100")
     return value[0], value[1]
 
 
 def _percent(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 100:
-        raise HookError(f"{where}.percent={value!r}: want an integer in (0, 100]")
+        raise InvalidInput(f"{where}.percent={value!r}: want an integer in (0, 100]")
     return value
 
 
 def parse_resctrl(text: str) -> ResctrlConfig:
     where = f"pod annotation {RESCTRL_ANNOTATION}"
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HookError(f"{where}: bad JSON: {exc.msg}") from None
-    raw = _object(raw, where)
+    # The shared reader bounds size and nesting like every other annotation.
+    raw = _object(json_annotation({RESCTRL_ANNOTATION: text}, RESCTRL_ANNOTATION, error=InvalidInput), where)
     config = ResctrlConfig()
     _per_cache(raw, "llc", "range", where, config.llc, _range)
     _per_cache(raw, "mb", "percent", where, config.mb, _percent)
@@ -99,13 +95,13 @@ def _per_cache(raw: dict, key: str, value_key: str, where: str, target: dict[int
         target[None] = parse(_get(schemata, value_key), f"{where}: {key}.schemata")
     per_cache = _get(section, "schemataPerCache") or []
     if not isinstance(per_cache, list):
-        raise HookError(f"{where}: {key}.schemataPerCache: want a list")
+        raise InvalidInput(f"{where}: {key}.schemataPerCache: want a list")
     for i, item in enumerate(per_cache):
         at = f"{where}: {key}.schemataPerCache[{i}]"
         item = _object(item, at)
         cache_id = _get(item, "cacheID")
         if isinstance(cache_id, bool) or not isinstance(cache_id, int) or cache_id < 0:
-            raise HookError(f"{at}.cacheID={cache_id!r}: want a non-negative integer")
+            raise InvalidInput(f"{at}.cacheID={cache_id!r}: want a non-negative integer")
         target[cache_id] = parse(_get(item, value_key), at)
 
 
