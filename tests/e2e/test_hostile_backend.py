@@ -18,7 +18,7 @@ from cri_api.v1 import api_pb2 as cri
 from google.protobuf.message import DecodeError
 
 from koord.hookapi import FailurePolicy, HookPoint
-from koord.koordlet.runtimehooks.executor import CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.testing.containerd import Containerd

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from koord import cgrouplimits, documents
 from koord.apis.runtime.v1alpha1 import api_pb2
 from koord.hookapi import FailurePolicy, HookPoint, parse_cpuset
-from koord.koordlet.runtimehooks.executor import CgroupError, CgroupExecutor
+from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
