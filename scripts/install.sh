@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the demo and the tests need on a fresh Debian machine (run as root):
-# containerd + runc + a static libc for the test image, and the project in .venv.
+# containerd + runc + a static libc for the test image, docker.io (dockerd and the docker CLI
+# for Docker mode's tests), and the project in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,12 +13,21 @@ fi
 missing=()
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
+command -v dockerd >/dev/null || missing+=(docker.io)
+[ -x /usr/bin/docker ] || missing+=(docker.io)
 command -v gcc >/dev/null || missing+=(gcc)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install.sh: installing Debian packages: ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Another install may hold the dpkg lock: wait for it instead of failing.
+  for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        -o DPkg::Lock::Timeout=120 "${missing[@]}" >/dev/null; then
+      break
+    fi
+    [ "$attempt" = 10 ] && { echo "install.sh: apt-get install ${missing[*]} failed" >&2; exit 1; }
+    sleep 20
+  done
 fi
 
 PYTHON=${PYTHON:-python3}

@@ -43,11 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=options.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if options.backend_mode is BackendMode.DOCKER:
-        print("koord-runtime-proxy: --backend-runtime-mode=Docker is not yet supported by this "
-              "implementation; use Containerd", file=sys.stderr)
-        return 2
     try:
+        if options.backend_mode is BackendMode.DOCKER:
+            from .dockerserver import app as docker_app
+            return asyncio.run(docker_app.run(options))
         return asyncio.run(run(options))
     except KeyboardInterrupt:
         return 0

@@ -15,6 +15,7 @@ from koord.hookapi import durations, endpoints
 
 DEFAULT_PROXY_ENDPOINT = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_RUNTIME_ENDPOINT = "/var/run/containerd/containerd.sock"
+DEFAULT_DOCKER_ENDPOINT = "/var/run/docker.sock"
 DEFAULT_HOOK_CONFIG_DIR = "/etc/runtime/hookserver.d"
 DEFAULT_SKIP_KEY = "runtimeproxy.koordinator.sh/skip-hookserver"
 DEFAULT_SKIP_VAL = "true"
@@ -84,10 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--koord-runtimeproxy-endpoint", default=DEFAULT_PROXY_ENDPOINT,
                    help="unix socket the proxy serves CRI on; point kubelet's "
                    "--container-runtime-endpoint here (default: %(default)s)")
-    p.add_argument("--remote-runtime-service-endpoint", default=DEFAULT_RUNTIME_ENDPOINT,
-                   help="backend runtime service socket (default: %(default)s)")
+    p.add_argument("--remote-runtime-service-endpoint", default=None,
+                   help=f"backend runtime service socket (default: {DEFAULT_RUNTIME_ENDPOINT}; "
+                   f"dockerd's {DEFAULT_DOCKER_ENDPOINT} in Docker mode)")
     p.add_argument("--remote-image-service-endpoint", default=None,
-                   help="backend image service socket (default: the runtime endpoint)")
+                   help="backend image service socket (default: the runtime endpoint; "
+                   "not for Docker mode)")
     p.add_argument("--backend-runtime-mode", default=BackendMode.CONTAINERD.value,
                    help="Containerd or Docker (default: %(default)s)")
     p.add_argument("--runtime-hook-server-key", default=DEFAULT_SKIP_KEY,
@@ -117,8 +120,13 @@ def parse_options(argv: list[str] | None = None) -> Options:
     except ValueError:
         raise OptionError(f"--backend-runtime-mode: expected Containerd or Docker, "
                           f"got {ns.backend_runtime_mode!r}") from None
-    runtime = unix_socket_path(ns.remote_runtime_service_endpoint, "--remote-runtime-service-endpoint")
+    default_runtime = DEFAULT_DOCKER_ENDPOINT if mode is BackendMode.DOCKER else DEFAULT_RUNTIME_ENDPOINT
+    runtime = unix_socket_path(ns.remote_runtime_service_endpoint or default_runtime,
+                               "--remote-runtime-service-endpoint")
     image = runtime
+    if ns.remote_image_service_endpoint is not None and mode is BackendMode.DOCKER:
+        raise OptionError("--remote-image-service-endpoint: has no meaning with --backend-runtime-mode=Docker "
+                          "(dockerd serves images on its one socket); remove it")
     if ns.remote_image_service_endpoint:
         image = unix_socket_path(ns.remote_image_service_endpoint, "--remote-image-service-endpoint")
     if not ns.runtime_hook_server_key:
