@@ -118,6 +118,11 @@ def _pings(endpoint: str) -> bool:
         return False
 
 
+def wait_docker_ready(endpoint: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    """Polls ``GET /_ping`` every 50 ms until it answers 200; raises otherwise."""
+    _wait(lambda: _pings(endpoint), f"Docker API on {endpoint}", timeout, alive)
+
+
 class Dockerd:
     """One private dockerd (with the containerd it spawns) under ``workdir``; a context manager."""
 
@@ -161,7 +166,7 @@ class Dockerd:
         self._proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            _wait(lambda: _pings(self.endpoint), f"dockerd on {self.endpoint}", timeout, lambda: self.running)
+            wait_docker_ready(self.endpoint, timeout, lambda: self.running)
         except Exception as err:
             self.stop()
             raise RuntimeError(f"dockerd did not start: {err}\n--- {self.log_path} tail ---\n"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from koord.testing.containerd import wait_cri_ready
+from koord.testing.docker import wait_docker_ready
 from koord.testing.processes import stop_process
 
 START_TIMEOUT = 20.0
@@ -28,15 +29,19 @@ class RuntimeProxy:
         hook_config_dir: Path | None = None,
         extra_args: Sequence[str] = (),
         metrics_bind_address: str = "",
+        docker: bool = False,
+        endpoint: str | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.backend_endpoint = backend_endpoint
         self.hook_config_dir = Path(hook_config_dir) if hook_config_dir else self.workdir / "hookserver.d"
         self.hook_config_dir.mkdir(parents=True, exist_ok=True)
-        self.endpoint = str(self.workdir / "runtimeproxy.sock")
+        self.endpoint = endpoint or str(self.workdir / "runtimeproxy.sock")
         self.extra_args = tuple(extra_args)
         self.metrics_bind_address = metrics_bind_address
+        self.docker = docker
+        """Docker mode: serves the Docker API in front of dockerd instead of CRI."""
         self.stderr_path = self.workdir / "runtimeproxy.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: BinaryIO | None = None
@@ -54,11 +59,12 @@ class RuntimeProxy:
             str(self.hook_config_dir),
             "--metrics-bind-address",
             self.metrics_bind_address,
+            *(["--backend-runtime-mode", "Docker"] if self.docker else []),
             *self.extra_args,
         ]
 
     def start(self, timeout: float = START_TIMEOUT) -> RuntimeProxy:
-        """Starts the proxy and returns once its socket answers CRI Version."""
+        """Starts the proxy and returns once its socket answers CRI Version (Docker mode: ``/_ping``)."""
         if self.running:
             raise RuntimeError(f"proxy on {self.endpoint} is already running (pid {self.pid})")
         self._stderr = open(self.stderr_path, "ab")
@@ -70,11 +76,12 @@ class RuntimeProxy:
             start_new_session=True,
         )
         try:
-            wait_cri_ready(self.endpoint, timeout, alive=lambda: self.running)
+            wait = wait_docker_ready if self.docker else wait_cri_ready
+            wait(self.endpoint, timeout, alive=lambda: self.running)
         except Exception as err:
             self.kill()
             raise RuntimeError(
-                f"runtime proxy did not serve CRI on {self.endpoint}: {err}\n"
+                f"runtime proxy did not serve on {self.endpoint}: {err}\n"
                 f"command: {' '.join(self.command())}\n--- proxy stderr tail ---\n{self.logs(tail=60)}"
             ) from err
         return self

@@ -233,10 +233,20 @@ def container_record(view: ContainerView, container_id: str = "") -> ContainerHo
 
 def _apply_resources(target: dict[str, Any], before: hook.LinuxContainerResources,
                      after: hook.LinuxContainerResources, keys: tuple[tuple[str, str], ...]) -> None:
+    """Writes the changed fields.
+
+    Docker refuses a Memory above MemorySwap, and cri-dockerd sends MemorySwap = Memory
+    ("no swap"): when a plugin changes only the memory limit, the swap limit follows it so
+    the container stays without swap, as it would under containerd.
+    """
     for key, field in keys:
         value = getattr(after, field)
         if value != getattr(before, field):
             target[key] = value
+    swap_followed_memory = before.memory_swap_limit_in_bytes == before.memory_limit_in_bytes > 0
+    if (swap_followed_memory and after.memory_limit_in_bytes != before.memory_limit_in_bytes
+            and after.memory_swap_limit_in_bytes == before.memory_swap_limit_in_bytes):
+        target["MemorySwap"] = after.memory_limit_in_bytes
 
 
 def apply_pod(view: ContainerView, before: PodHookRequest, after: PodHookRequest) -> None:
