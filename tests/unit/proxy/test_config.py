@@ -59,9 +59,20 @@ def test_main_exits_2_naming_the_flag(argv, flag, capsys) -> None:
     assert flag in capsys.readouterr().err
 
 
-def test_docker_mode_not_yet_supported(capsys) -> None:
-    assert cli.main(["--backend-runtime-mode=Docker"]) == 2
-    assert "not yet supported" in capsys.readouterr().err
+def test_docker_mode_defaults_to_dockerds_socket() -> None:
+    o = parse_options(["--backend-runtime-mode=Docker"])
+    assert o.backend_mode is BackendMode.DOCKER
+    assert o.runtime_endpoint == "/var/run/docker.sock"
+    assert parse_options(["--backend-runtime-mode=Docker", "--remote-runtime-service-endpoint",
+                          "unix:///run/d.sock"]).runtime_endpoint == "/run/d.sock"
+
+
+def test_docker_mode_refuses_an_image_endpoint(capsys) -> None:
+    argv = ["--backend-runtime-mode=Docker", "--remote-image-service-endpoint", "/run/i.sock"]
+    with pytest.raises(OptionError, match="--remote-image-service-endpoint: has no meaning"):
+        parse_options(argv)
+    assert cli.main(argv) == 2
+    assert "--remote-image-service-endpoint" in capsys.readouterr().err
 
 
 def test_metrics_address_accepts_all_interfaces_and_ipv6() -> None:

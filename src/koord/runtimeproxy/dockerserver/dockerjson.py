@@ -285,7 +285,8 @@ def merge_env_list(env: list[str], wanted: dict[str, str] | Any) -> list[str]:
             bare.add(key)
         holder.envs.add(key=key, value=value)
     convert.merge_envs(holder.envs, wanted)
-    return [kv.key if kv.key in bare and kv.key not in wanted else f"{kv.key}={kv.value}" for kv in holder.envs]
+    # ``KEY`` without ``=`` (take the value from the daemon's env) stays so unless a plugin set a value.
+    return [kv.key if kv.key in bare and not kv.value else f"{kv.key}={kv.value}" for kv in holder.envs]
 
 
 def update_body(before: hook.LinuxContainerResources, after: hook.LinuxContainerResources) -> dict[str, Any]:

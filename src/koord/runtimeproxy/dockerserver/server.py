@@ -424,25 +424,24 @@ def _raw_head(head: h11.Response | h11.InformationalResponse) -> bytes:
     return b"".join(lines) + b"\r\n"
 
 
-_VERBS = frozenset({"json", "start", "stop", "update", "logs", "stats", "attach", "exec", "wait", "kill",
-                    "restart", "pause", "unpause", "resize", "top", "changes", "export", "archive",
-                    "rename", "create", "load", "prune", "events", "version", "info", "_ping"})
+_RESOURCES = frozenset({"containers", "images", "exec", "networks", "volumes", "plugins", "swarm", "services",
+                        "nodes", "tasks", "secrets", "configs", "distribution", "session", "build", "system",
+                        "events", "info", "version", "_ping", "auth", "commit"})
+_VERBS = frozenset({"json", "create", "start", "stop", "update", "logs", "stats", "attach", "exec", "wait", "kill",
+                    "restart", "pause", "unpause", "resize", "top", "changes", "export", "archive", "rename",
+                    "load", "prune", "get", "push", "tag", "history", "search", "df"})
 
 
 def _label(request: h11.Request) -> str:
-    """``METHOD /containers/{id}/start``-like metric label with bounded cardinality (no ids, no names)."""
-    path = request.target.split(b"?", 1)[0].decode("ascii", "replace").split("/")
-    parts = [p for p in path if p]
+    """``docker POST /containers/{id}/start``-like metric label from a fixed vocabulary (no ids, no names)."""
+    parts = [p for p in request.target.split(b"?", 1)[0].decode("ascii", "replace").split("/") if p]
     if parts and parts[0].startswith("v") and parts[0][1:2].isdigit():
         parts = parts[1:]
-    if not parts:
-        shape = "/"
-    elif len(parts) == 1:
-        shape = f"/{parts[0]}" if parts[0] in _VERBS or parts[0].isalpha() and len(parts[0]) <= 16 else "/…"
-    else:
-        first = parts[0] if parts[0].isalpha() and len(parts[0]) <= 16 else "…"
-        last = parts[-1] if parts[-1] in _VERBS else ""
-        shape = f"/{first}/{{id}}" + (f"/{last}" if last and len(parts) > 2 else "")
+    shape = ""
+    if parts:
+        shape = "/" + (parts[0] if parts[0] in _RESOURCES else "…")
         if len(parts) == 2 and parts[1] in _VERBS:
-            shape = f"/{first}/{parts[1]}"
-    return f"docker {request.method.decode('ascii', 'replace')} {shape}"
+            shape += "/" + parts[1]
+        elif len(parts) >= 2:
+            shape += "/{id}" + ("/" + parts[-1] if len(parts) > 2 and parts[-1] in _VERBS else "")
+    return f"docker {request.method.decode('ascii', 'replace')[:10]} {shape or '/'}"
