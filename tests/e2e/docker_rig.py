@@ -56,10 +56,11 @@ class DockerRig:
         plugin.registration(self.hook_dir, file_name, hooks=hooks, failure_policy=failure_policy)
         return plugin
 
-    def start_proxy(self) -> RuntimeProxy:
+    def start_proxy(self, metrics_bind_address: str = "") -> RuntimeProxy:
         if self.proxy is None:
             self.proxy = RuntimeProxy(self.root / "proxy", self.dockerd.endpoint, hook_config_dir=self.hook_dir,
-                                      docker=True, endpoint=self.env.proxy_endpoint)
+                                      docker=True, endpoint=self.env.proxy_endpoint,
+                                      metrics_bind_address=metrics_bind_address)
         self.proxy.start()
         if not self.env.proxied_cri.running:
             self.env.proxied_cri.start()

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 
 import docker
 import grpc
@@ -27,6 +28,7 @@ from koord.testing.image import build_pause_image
 from koord.testing.kubelet import KubeletClient
 
 from .docker_rig import DockerRig
+from .rig import free_port
 
 pytestmark = pytest.mark.e2e
 MiB = 1 << 20
@@ -205,6 +207,37 @@ def test_start_after_kill_9_between_create_and_start_has_full_info(docker_rig: D
     assert req.pod_annotations["keep"] == "me" and req.container_envs["E"] == "1"
     assert req.container_meta.id == container_id and req.container_resources.cpu_shares == 256
     assert req.pod_cgroup_parent == client.pod_cgroup_parent(sandbox_id)
+
+
+def test_containers_created_behind_the_proxys_back_are_looked_up(docker_rig: DockerRig) -> None:
+    plugin = docker_rig.plugin("recorder.json", hooks=[HookPoint.PRE_START_CONTAINER, HookPoint.POST_STOP_POD_SANDBOX])
+    docker_rig.start_proxy()
+    direct = docker_rig.direct()
+    uid = "12345678-0000-0000-0000-000000000abc"
+    sandbox_id = direct.run_pod("behind", namespace="ns2", uid=uid, labels={"tier": "be"})
+    container_id = direct.create_container(sandbox_id, "side", docker_rig.dockerd.image, command=["/pause"],
+                                           envs={"K": "v"})
+    proxied = docker_rig.kubelet()
+    proxied.start_container(container_id)
+    req = plugin.wait_for(HookPoint.PRE_START_CONTAINER)[0]
+    assert (req.pod_meta.name, req.pod_meta.uid, req.container_meta.name) == ("behind", uid, "side")
+    assert req.pod_labels["tier"] == "be" and req.container_envs["K"] == "v"
+    proxied.stop_pod(sandbox_id)
+    assert plugin.wait_for(HookPoint.POST_STOP_POD_SANDBOX)[0].pod_meta.uid == uid
+
+
+def test_metrics_health_and_readiness(docker_rig: DockerRig) -> None:
+    port = free_port()
+    docker_rig.start_proxy(metrics_bind_address=f"127.0.0.1:{port}")
+    client = docker_rig.kubelet()
+    client.run_pod("measured")
+    base = f"http://127.0.0.1:{port}"
+    assert urllib.request.urlopen(f"{base}/healthz", timeout=5).status == 200
+    assert urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200
+    metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+    assert 'koord_runtime_proxy_cri_requests_total{code="201",method="docker POST /containers/create"} 1.0' \
+        in metrics.splitlines()
+    assert "koord_runtime_proxy_store_pods" in metrics
 
 
 def test_docker_cli_and_sdk_through_the_proxy(docker_rig: DockerRig, tmp_path) -> None:

@@ -278,7 +278,7 @@ class DockerServer:
             await up.drain()
             return await self._relay_answer(link, request, up, upload)
         except (h11.ProtocolError, ConnectionError) as exc:
-            if upload is not None and upload.done() and upload.exception() is not None:
+            if _failed(upload):
                 link.closing = True
                 return 0  # the client broke off its request body: nothing to answer
             raise BackendError(f"relaying {request.method.decode()} "
@@ -337,17 +337,22 @@ class DockerServer:
 async def _answer_event(up: Peer, upload: asyncio.Task[None] | None) -> Event:
     """The next answer event; a failed upload (the client broke off) ends the wait at once."""
     if upload is None or upload.done():
-        if upload is not None and upload.exception() is not None:
+        if _failed(upload):
             raise ConnectionError("the client broke off the request body")
         return await up.next_event()
     reading = asyncio.ensure_future(up.next_event())
     await asyncio.wait((reading, upload), return_when=asyncio.FIRST_COMPLETED)
     if not reading.done():
-        if upload.exception() is not None:
+        if _failed(upload):
             reading.cancel()
             raise ConnectionError("the client broke off the request body")
         return await reading
     return reading.result()
+
+
+def _failed(upload: asyncio.Task[None] | None) -> bool:
+    """Whether the body upload ended in an error (the client broke off, or dockerd stopped reading)."""
+    return upload is not None and upload.done() and (upload.cancelled() or upload.exception() is not None)
 
 
 async def _upload(client: Peer, up: Peer, event: Event) -> None:
