@@ -36,11 +36,11 @@ def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
-def start_koordlet(work: Path, hook_dir: Path, backend: Containerd) -> subprocess.Popen:
+def start_koordlet(work: Path, hook_dir: Path, cri_endpoint: str) -> subprocess.Popen:
     log = open(work / "koordlet.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "koord.koordlet", "--runtime-hooks-addr", str(work / "koordlet.sock"),
-         "--runtime-hooks-config-path", str(hook_dir), "--containerd-endpoint", backend.endpoint,
+         "--runtime-hooks-config-path", str(hook_dir), "--containerd-endpoint", cri_endpoint,
          "--runtime-hooks-reconcile-interval", "0", *node_agent_args(work)], stdout=log, stderr=log)
     registration = hook_dir / "koordlet.json"
     deadline = time.monotonic() + 20
@@ -146,7 +146,7 @@ def main() -> int:
         say(f"starting a private containerd under {work}")
         backend = Containerd(work / "containerd").start()
         stack.callback(backend.stop)
-        koordlet = start_koordlet(work, hook_dir, backend)
+        koordlet = start_koordlet(work, hook_dir, backend.endpoint)
         stack.callback(koordlet.wait, 15)
         stack.callback(stop_process, koordlet)
         proxy = RuntimeProxy(work / "proxy", backend.endpoint, hook_config_dir=hook_dir).start()

@@ -1,0 +1,77 @@
+"""The Docker-mode demo: a private dockerd, koord-runtime-proxy in Docker mode in front of it,
+koordlet's runtime hooks registered with the proxy, and cri-dockerd (kubelet's side) pointed
+at the proxy.  Pods started through cri-dockerd the way kubelet would show koordlet's answers
+in ``docker inspect`` and the real cgroup files.  Run with ``scripts/demo-docker.sh`` (as root).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from contextlib import ExitStack
+
+from koord.demo import EXTENDED_SPEC, QOS_LABEL, RESOURCE_STATUS, say, start_koordlet
+from koord.testing.docker import CriDockerd, Dockerd, DockerKubeletClient
+from koord.testing.kubelet import read_cgroup
+from koord.testing.processes import stop_process
+from koord.testing.proxy import RuntimeProxy
+from koord.testing.sockets import make_short_socket_dir
+
+
+def show(dockerd: Dockerd, client: DockerKubeletClient, sandbox: str, container: str,
+         fields: list[str], files: list[tuple[str, str]]) -> None:
+    host = dockerd.api("GET", f"/containers/{container}/json")[1]["HostConfig"]
+    say("    docker inspect: " + ", ".join(f"HostConfig.{f} = {host.get(f)!r}" for f in fields))
+    parent = client.pod_cgroup_parent(sandbox)
+    for subsystem, name in files:
+        say(f"    {subsystem}/{parent.strip('/')}/{container[:12]}…/{name} = "
+            f"{read_cgroup(subsystem, parent, container, name)}")
+
+
+def main() -> int:
+    work = make_short_socket_dir("koord-demo-docker-")
+    hook_dir = work / "hookserver.d"
+    with ExitStack() as stack:
+        say(f"starting a private dockerd under {work}")
+        dockerd = Dockerd(work / "dockerd").start()
+        stack.callback(dockerd.stop)
+        proxy = RuntimeProxy(work / "proxy", dockerd.endpoint, hook_config_dir=hook_dir, docker=True).start()
+        stack.callback(proxy.stop)
+        say(f"koord-runtime-proxy (Docker mode) serves the Docker API on {proxy.endpoint}, "
+            f"forwarding to {dockerd.endpoint}")
+        cri = CriDockerd(work / "cri-dockerd", proxy.endpoint).start()
+        stack.callback(cri.stop)
+        say(f"cri-dockerd serves CRI on {cri.endpoint} with --docker-endpoint unix://{proxy.endpoint}")
+        koordlet = start_koordlet(work, hook_dir, cri.endpoint)
+        stack.callback(koordlet.wait, 15)
+        stack.callback(stop_process, koordlet)
+        kubelet = stack.enter_context(cri.client(dockerd.track_pod_cgroup))
+        stack.callback(kubelet.cleanup)
+        assert isinstance(kubelet, DockerKubeletClient)
+
+        limit = {"cpu_period": 100000, "cpu_quota": 100000}
+        say(f"LSR pod with {RESOURCE_STATUS}={{\"cpuset\":\"0\"}}: kubelet -> cri-dockerd -> proxy -> dockerd")
+        sandbox = kubelet.run_pod("demo-lsr", uid=str(uuid.uuid4()), labels={QOS_LABEL: "LSR"},
+                                  annotations={RESOURCE_STATUS: json.dumps({"cpuset": "0"})}, qos="guaranteed")
+        container = kubelet.run_container(sandbox, "app", dockerd.image, resources=limit)
+        show(dockerd, kubelet, sandbox, container, ["CpusetCpus", "CpuQuota"],
+             [("cpuset", "cpuset.cpus"), ("cpu", "cpu.cfs_quota_us")])
+
+        spec = {"containers": {"app": {"requests": {"kubernetes.io/batch-cpu": "500",
+                                                    "kubernetes.io/batch-memory": "2Gi"},
+                                       "limits": {"kubernetes.io/batch-cpu": "500",
+                                                  "kubernetes.io/batch-memory": "2Gi"}}}}
+        say("BE pod with batch resources 500m / 2Gi:")
+        sandbox = kubelet.run_pod("demo-be", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
+                                  annotations={EXTENDED_SPEC: json.dumps(spec)}, qos="besteffort")
+        container = kubelet.run_container(sandbox, "app", dockerd.image)
+        show(dockerd, kubelet, sandbox, container, ["CpuShares", "CpuQuota", "Memory"],
+             [("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes")])
+        say("cleaning up")
+    say(f"done; logs are in {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
