@@ -105,15 +105,13 @@ class DockerBackend:
         finally:
             peer.close()
 
-    async def json(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-        """Like ``call`` with the answer decoded; a 2xx answer that is not a JSON object or list is a BackendError."""
-        status, raw = await self.call(method, path, body)
+    async def json_object(self, method: str, path: str) -> tuple[int, Any]:
+        """Like ``call`` with a 2xx answer decoded; one that is not a JSON object is a BackendError."""
+        status, raw = await self.call(method, path)
         if not 200 <= status < 300:
             return status, raw
         try:
-            if raw.lstrip().startswith(b"["):
-                return status, decode_object(b'{"items":' + raw + b"}", f"{method} {path}")["items"]
-            return status, decode_object(raw, f"{method} {path}")
+            return status, decode_object(raw, f"dockerd's answer to {method} {path}")
         except DockerJSONError as exc:
             raise BackendError(str(exc)) from None
 

@@ -288,7 +288,7 @@ class Interceptor:
 
     async def _load(self, ref: str) -> str | None:
         """Inspects one container at dockerd and stores it if Kubernetes made it; returns its id."""
-        status, answer = await self.backend.json("GET", f"/containers/{_quote(ref)}/json")
+        status, answer = await self.backend.json_object("GET", f"/containers/{_quote(ref)}/json")
         if status == 404:
             return None
         if status != 200:
@@ -308,10 +308,15 @@ class Interceptor:
         Raises BackendError when dockerd cannot be listed (the caller retries); one container
         that cannot be read is logged and skipped (it is fetched on demand later).
         """
-        status, items = await self.backend.json("GET", f"/containers/json?all=1&filters={_quote(_LIST_FILTER)}")
-        if status != 200 or not isinstance(items, list):
+        status, raw = await self.backend.call("GET", f"/containers/json?all=1&filters={_quote(_LIST_FILTER)}")
+        if status != 200:
             raise BackendError(f"listing containers: dockerd answered {status}")
-        ids = [item.get("Id") for item in items if isinstance(item, dict)]
+        try:
+            items = dj.decode_object(b'{"items":' + raw + b"}", "dockerd's container list")["items"]
+        except dj.DockerJSONError as exc:
+            log.error("store rebuild: %s; starting with an empty store (records are fetched on demand)", exc)
+            return 0
+        ids = [item.get("Id") for item in items if isinstance(item, dict)] if isinstance(items, list) else []
         limit = asyncio.Semaphore(parallel)
 
         async def load(container_id: str) -> None:

@@ -232,6 +232,12 @@ class DockerServer:
                 reply = await routed(DockerCall(request, body, link))
             except HookFailed as exc:
                 reply = Reply.error(500, str(exc))
+            except (BackendError, ClientError):
+                raise
+            except Exception as exc:  # a bug: answer in dockerd's shape and say so, never die silently
+                log.exception("%s failed inside the proxy", _label(request))
+                link.closing = True
+                reply = Reply.error(500, f"koord-runtime-proxy: {_label(request)}: {type(exc).__name__}: {exc}")
         except ClientError as exc:
             link.closing = True
             sent = self._send_if_possible(link, Reply.error(exc.status, f"koord-runtime-proxy: {exc}"))
