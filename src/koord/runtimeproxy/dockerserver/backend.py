@@ -29,6 +29,10 @@ class BackendError(Exception):
     """dockerd could not be reached or answered something that is not HTTP; the message says which."""
 
 
+class BackendUnreachable(BackendError):
+    """dockerd's socket refused the connection: what /readyz reports until the next probe."""
+
+
 class Peer:
     """One side of a relayed connection: an h11 state machine on an asyncio stream pair."""
 
@@ -70,7 +74,7 @@ async def open_upstream(endpoint: str) -> Peer:
     try:
         reader, writer = await asyncio.open_unix_connection(endpoint, limit=READ_CHUNK)
     except OSError as exc:
-        raise BackendError(f"cannot connect to dockerd at {endpoint}: {exc.strerror or exc}") from None
+        raise BackendUnreachable(f"cannot connect to dockerd at {endpoint}: {exc.strerror or exc}") from None
     return Peer(h11.CLIENT, reader, writer)
 
 

@@ -37,7 +37,7 @@ from koord.hookapi import SOCKET_MODE, prepare_socket
 
 from ..dispatcher import HookFailed
 from ..metrics import ProxyMetrics
-from .backend import READ_CHUNK, BackendError, Event, Peer, open_upstream
+from .backend import READ_CHUNK, BackendError, BackendUnreachable, Event, Peer, open_upstream
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,8 @@ class DockerServer:
             return exc.status if sent else 0
         except BackendError as exc:
             log.warning("%s", exc)
-            self.on_backend_down()
+            if isinstance(exc, BackendUnreachable):
+                self.on_backend_down()
             link.closing = True
             link.drop_upstream()
             sent = self._send_if_possible(link, Reply.error(502, f"koord-runtime-proxy: {exc}"))
@@ -284,9 +285,9 @@ class DockerServer:
             await up.drain()
             return await self._relay_answer(link, request, up, upload)
         except (h11.ProtocolError, ConnectionError) as exc:
-            if _failed(upload):
+            if _failed(upload) or client.writer.transport.is_closing():
                 link.closing = True
-                return 0  # the client broke off its request body: nothing to answer
+                return 0  # the client broke off its request or went away mid-answer: nothing to answer
             raise BackendError(f"relaying {request.method.decode()} "
                                f"{request.target.decode(errors='replace')}: {exc}") from None
         finally:
