@@ -28,6 +28,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Protocol
 
@@ -70,7 +71,11 @@ class Reply:
     def error(cls, status: int, message: str) -> Reply:
         """An error in dockerd's own shape, which docker clients print as is."""
         body = json.dumps({"message": message}).encode() + b"\n"
-        return cls(h11.Response(status_code=status, headers=[
+        try:
+            reason = HTTPStatus(status).phrase
+        except ValueError:
+            reason = ""
+        return cls(h11.Response(status_code=status, reason=reason, headers=[
             ("Content-Type", "application/json"), ("Content-Length", str(len(body)))]), body)
 
 
