@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from koord.runtimeproxy.dispatcher import RuntimeDispatcher
 from koord.runtimeproxy.dockerserver.backend import DockerBackend
+from koord.runtimeproxy.dockerserver.dockerjson import ContainerView
 from koord.runtimeproxy.dockerserver.intercept import Interceptor
 from koord.runtimeproxy.dockerserver.server import DockerServer
 from koord.runtimeproxy.metrics import ProxyMetrics
@@ -154,3 +155,22 @@ def test_a_dead_backend_is_a_502_in_dockers_shape(short_socket_dir: Path) -> Non
             assert "cannot connect to dockerd" in json.loads(body)["message"]
 
     asyncio.run(main())
+
+
+def test_store_records_are_found_by_id_name_or_unique_prefix(tmp_path: Path) -> None:
+    manager = PluginsManager(tmp_path, default_timeout=5.0)
+    icp = Interceptor(DockerBackend(str(tmp_path / "none.sock")), Store(),
+                      RuntimeDispatcher(manager, ProxyMetrics(CollectorRegistry())), SKIP)
+    sandbox = {"Labels": {"io.kubernetes.docker.type": "podsandbox"}}
+    container = {"Labels": {"io.kubernetes.docker.type": "container", "io.kubernetes.sandbox.id": "abc111"}}
+    icp._keep("abc111", ContainerView.of_create(sandbox, "k8s_POD_web_ns_uid1_0"))
+    icp._keep("abc222", ContainerView.of_create(container, "k8s_app_web_ns_uid1_0"))
+    by_id, by_name, by_slash, by_prefix = (icp._cached(r) for r in ("abc222", "k8s_app_web_ns_uid1_0",
+                                                                      "/k8s_app_web_ns_uid1_0", "abc2"))
+    assert by_id is not None and by_id.record is not None and by_id.pod is not None
+    assert by_id.pod.pod_meta.uid == "uid1" and by_id.record.info.container_meta.name == "app"
+    assert [f.id for f in (by_name, by_slash, by_prefix) if f is not None] == ["abc222"] * 3
+    sandbox_found = icp._cached("k8s_POD_web_ns_uid1_0")
+    assert sandbox_found is not None and sandbox_found.record is None and sandbox_found.id == "abc111"
+    assert icp._cached("abc") is None  # ambiguous prefix: dockerd decides
+    assert icp._cached("nope") is None
