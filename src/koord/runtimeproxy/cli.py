@@ -24,6 +24,7 @@ from . import store as store_mod
 from .config import BackendMode, OptionError, Options, parse_options
 from .criserver import SERVER_OPTIONS, Backend, CRIServer
 from .dispatcher import RuntimeDispatcher
+from .dockerserver import app as docker_app
 from .metrics import HealthServer, ProxyMetrics
 from .pluginsmanager import PluginsManager
 
@@ -45,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if options.backend_mode is BackendMode.DOCKER:
-            from .dockerserver import app as docker_app
             return asyncio.run(docker_app.run(options))
         return asyncio.run(run(options))
     except KeyboardInterrupt:
