@@ -24,6 +24,7 @@ MAX_NODES = 100_000
 """Scalars, lists and maps together."""
 
 _Loader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster
+_PyLoader: type = yaml.SafeLoader
 
 
 class DocumentError(ValueError):
@@ -35,7 +36,13 @@ def load_object(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_BYTES:
         raise DocumentError(f"{len(raw)} bytes, more than the {MAX_BYTES} allowed")
     try:
-        _check_shape(raw)
+        try:
+            _check_shape(raw, _Loader)
+        except yaml.YAMLError:
+            # libyaml reads ahead and stops at its own limits (1000 flow levels) before the
+            # events that break ours reach us; PyYAML's own parser yields event by event, so it
+            # names the first rule the document breaks, or raises the same syntax error.
+            _check_shape(raw, _PyLoader)
         value = yaml.load(raw, Loader=_Loader)  # noqa: S506 - a safe loader, shape checked above
     except DocumentError:
         raise
@@ -49,9 +56,9 @@ def load_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _check_shape(raw: bytes) -> None:
+def _check_shape(raw: bytes, loader: type) -> None:
     depth = nodes = documents = 0
-    for event in yaml.parse(raw, Loader=_Loader):
+    for event in yaml.parse(raw, Loader=loader):
         if isinstance(event, yaml.AliasEvent):
             raise DocumentError("uses a YAML alias (*name); Kubernetes objects have none")
         if isinstance(event, yaml.DocumentStartEvent):

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from koord.koordlet import cli
+from koord.koordlet import flags
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.30.0"
@@ -39,8 +39,8 @@ def _daemonset():
 @pytest.fixture
 def node_parser(monkeypatch):
     """koordlet's parser as on the node: the host dirs exist there, not here."""
-    monkeypatch.setattr(cli, "existing_dir", Path)
-    return cli.build_parser()
+    monkeypatch.setattr(flags, "existing_dir", Path)
+    return flags.build_parser()
 
 
 def test_daemonset_args_parse_and_point_at_mounted_host_paths(node_parser):

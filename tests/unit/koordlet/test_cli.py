@@ -12,7 +12,7 @@ import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.hookapi import FailurePolicy, HookPoint
-from koord.koordlet import cli
+from koord.koordlet import cli, flags, flagtypes
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 from koord.testing.processes import stop_process
 
@@ -34,7 +34,7 @@ def wait_for(predicate, what: str):
     ("10s", 10.0), ("500ms", 0.5), ("1m", 60.0), ("1m30s", 90.0), ("1.5h", 5400.0), ("0", 0.0),
 ])
 def test_go_durations(text, seconds):
-    assert cli.go_duration(text) == pytest.approx(seconds)
+    assert flagtypes.go_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("argv,flag", [
@@ -52,16 +52,30 @@ def test_go_durations(text, seconds):
     (["--runtime-hooks-addr", "relative.sock"], "--runtime-hooks-addr"),
     (["--runtime-hooks-network", "tcp", "--runtime-hooks-addr", "/a.sock"], "--runtime-hooks-addr"),
     (["--runtime-hooks-network", "tcp", "--runtime-hooks-addr", "127.0.0.1:٩٣١٨"], "--runtime-hooks-addr"),
+    (["--kubelet-read-only-port", "١٠٢٥٥"], "--kubelet-read-only-port"),
+    (["--kubelet-read-only-port", "65536"], "--kubelet-read-only-port"),
+    (["--enable-pagecache-collector", "yes"], "--enable-pagecache-collector"),
 ])
 def test_bad_flag_exits_2_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli.parse_args(argv)
+        flags.parse_args(argv)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
 
 
+def test_one_feature_gates_flag_reaches_every_module():
+    """Hook plugins, QoS strategies and the advisor's PSI collector share ``--feature-gates``."""
+    from koord.koordlet import metricsadvisor, qosmanager
+
+    args = flags.parse_args(["--feature-gates", "PSICollector=true,BECPUSuppress=false,Resctrl=true"])
+    assert metricsadvisor.from_args(args).psi_collector is True
+    assert qosmanager.QOSConfig.from_args(args).gates["BECPUSuppress"] is False
+    assert args.feature_gates["Resctrl"] is True
+    assert metricsadvisor.from_args(flags.parse_args([])).psi_collector is False
+
+
 def test_defaults_match_issue_4():
-    args = cli.parse_args([])
+    args = flags.parse_args([])
     assert args.runtime_hooks_network == "unix"
     assert args.runtime_hooks_addr == "/var/run/koordlet/koordlet.sock"
     assert args.runtime_hooks_host_endpoint is None
@@ -75,7 +89,7 @@ def test_defaults_match_issue_4():
 
 
 def test_flag_values_are_parsed():
-    args = cli.parse_args([
+    args = flags.parse_args([
         "--runtime-hooks-disable-stages", "PreStartContainer, PostStopContainer",
         "--containerd-endpoint", "unix:///run/c.sock", "--feature-gates", "GPUEnvInject=true",
         "--runtime-hooks-addr", "unix:///run/k.sock"])
@@ -103,7 +117,7 @@ def test_node_slo_change_refreshes_existing_pods(short_socket_dir, tmp_path, fak
     slo = tmp_path / "nodeslo.json"
     slo.write_text(node_slo(-1))
     fake_cri.add_pod("p1", "batch", {"koordinator.sh/qosClass": "BE"}, "/" + BE_POD)
-    args = cli.parse_args([
+    args = flags.parse_args([
         "--runtime-hooks-addr", str(short_socket_dir / "k.sock"),
         "--runtime-hooks-config-path", str(short_socket_dir / "hookserver.d"),
         "--cgroup-root-dir", str(root), "--proc-root-dir", str(tmp_path / "proc"),
@@ -208,7 +222,7 @@ def test_koordlet_exits_1_when_it_cannot_listen(short_socket_dir, tmp_path):
 
 def test_resctrl_with_default_flags_uses_sys_fs_resctrl():
     """Upstream's semantics: --sys-fs-root-dir is /sys/fs, resctrl is <sys-fs-root>/resctrl."""
-    args = cli.parse_args(["--feature-gates", "Resctrl=true", "--runtime-hooks-reconcile-interval", "0"])
+    args = flags.parse_args(["--feature-gates", "Resctrl=true", "--runtime-hooks-reconcile-interval", "0"])
     assert args.sys_fs_root_dir == Path("/sys/fs")
     koordlet = cli.Koordlet(args)
     resctrl = [p for p in koordlet.plugins if p.name == "Resctrl"]

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from koord import cgrouplimits, documents
 from koord.apis.runtime.v1alpha1 import api_pb2
 from koord.hookapi import FailurePolicy, HookPoint, parse_cpuset
+from koord.koordlet.features import DEFAULT_FEATURE_GATES
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins
+from koord.koordlet.runtimehooks.plugins import build_plugins
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
 from koord.koordlet.runtimehooks.rule import RuleError, parse_rules
 from koord.koordlet.runtimehooks.server import RuntimeHookServer

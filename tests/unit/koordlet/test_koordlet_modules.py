@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from koord.koordlet.cli import Koordlet, parse_args
+from koord.koordlet.cli import Koordlet
+from koord.koordlet.flags import parse_args
 from koord.koordlet.metriccache import NODE_CPU_USAGE, NODE_MEMORY_USAGE, MetricCache, Sample
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 

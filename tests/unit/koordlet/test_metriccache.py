@@ -223,14 +223,14 @@ def test_chunks_and_head_answer_together(tmp_path):
        st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=50, max_size=50))
 def test_chunk_encoding_roundtrip(times, values):
     times.sort()
-    got_t, got_v = mc.storage.decode_chunk(mc.storage.encode_chunk(times, values[:len(times)]))
+    got_t, got_v = mc.chunks.decode_chunk(mc.chunks.encode_chunk(times, values[:len(times)]))
     assert (got_t, list(got_v)) == (times, values[:len(times)])
 
 
 @given(st.binary(max_size=200))
 def test_garbage_chunks_rejected(blob):
     try:
-        mc.storage.decode_chunk(blob)
+        mc.chunks.decode_chunk(blob)
     except ValueError:
         pass
 

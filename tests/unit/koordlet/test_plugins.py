@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import HookPoint
-from koord.koordlet.features import QOS_FEATURE_GATES
-from koord.koordlet.resourceexecutor.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins import (
+from koord.koordlet.features import (
+    ADVISOR_FEATURE_GATES,
     DEFAULT_FEATURE_GATES,
-    PLUGIN_ORDER,
-    build_plugins,
+    QOS_FEATURE_GATES,
+    RUNTIME_HOOK_GATES,
     parse_feature_gates,
 )
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins import PLUGIN_ORDER, build_plugins
 
 NO_FS = Path("/nonexistent")
 ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
@@ -24,7 +25,9 @@ ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
 def test_order_and_names_match_gates() -> None:
     assert [c.name for c in PLUGIN_ORDER] == [
         "GroupIdentity", "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl"]
-    assert set(DEFAULT_FEATURE_GATES) - set(QOS_FEATURE_GATES) == {c.name for c in PLUGIN_ORDER}
+    assert set(RUNTIME_HOOK_GATES) == {c.name for c in PLUGIN_ORDER}
+    assert DEFAULT_FEATURE_GATES == {**RUNTIME_HOOK_GATES, **QOS_FEATURE_GATES, **ADVISOR_FEATURE_GATES}
+    assert len(DEFAULT_FEATURE_GATES) == len(RUNTIME_HOOK_GATES) + len(QOS_FEATURE_GATES) + len(ADVISOR_FEATURE_GATES)
 
 
 @pytest.mark.parametrize("text, changed", [
@@ -32,6 +35,7 @@ def test_order_and_names_match_gates() -> None:
     ("Resctrl=true", {"Resctrl": True}),
     ("GroupIdentity=false, GPUEnvInject=True", {"GroupIdentity": False, "GPUEnvInject": True}),
     ("CPUNormalization=1,BatchResource=0,", {"CPUNormalization": True, "BatchResource": False}),
+    ("PSICollector=true,BECPUSuppress=false", {"PSICollector": True, "BECPUSuppress": False}),
 ])
 def test_parse_feature_gates(text: str, changed: dict[str, bool]) -> None:
     assert parse_feature_gates(text) == {**DEFAULT_FEATURE_GATES, **changed}

@@ -398,9 +398,9 @@ def test_add_flags_defaults() -> None:
 
 
 def test_koordlet_flags_reach_the_qos_manager() -> None:
-    from koord.koordlet import cli
+    from koord.koordlet import flags
 
-    args = cli.parse_args(["--cpu-suppress-interval-seconds", "2", "--only-evict-by-api",
+    args = flags.parse_args(["--cpu-suppress-interval-seconds", "2", "--only-evict-by-api",
                            "--feature-gates", "BEMemoryEvict=true,BECPUSuppress=false",
                            "--cgroup-kube-dir", "test/kubepods"])
     cfg = QOSConfig.from_args(args, node_name="n1")

@@ -178,3 +178,26 @@ def test_reconcile_now_wakes_the_loop(fake_cri, tmp_path):
         assert rounds.acquire(timeout=10)  # interval is an hour: only reconcile_now explains it
     finally:
         reconciler.stop()
+
+
+def test_a_round_that_raises_does_not_end_the_loop(fake_cri, tmp_path, caplog):
+    """A plugin bug outside the per-pod guards (here in the kube-QoS pass) is logged; the
+    thread lives on and the next round runs."""
+    rounds = threading.Semaphore(0)
+
+    class Broken(BeQoSPlugin):
+        def kube_qos_resources(self, qos):
+            rounds.release()
+            raise RuntimeError("plugin bug")
+
+    reconciler, _ = make(fake_cri, tmp_path, plugin=Broken())
+    reconciler.start()
+    try:
+        assert rounds.acquire(timeout=10)
+        reconciler.reconcile_now()
+        assert rounds.acquire(timeout=10)
+        assert reconciler._thread is not None and reconciler._thread.is_alive()
+    finally:
+        reconciler.stop()
+    assert any("reconcile round failed" in r.getMessage() and "plugin bug" in r.getMessage()
+               for r in caplog.records)

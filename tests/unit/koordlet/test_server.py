@@ -11,9 +11,10 @@ import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.features import DEFAULT_FEATURE_GATES
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins import DEFAULT_FEATURE_GATES, build_plugins
+from koord.koordlet.runtimehooks.plugins import build_plugins
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
 from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.koordlet.runtimehooks.server import RuntimeHookServer

@@ -5,24 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from koord.hookapi import parse_duration
-
+from ..flagtypes import positive_duration
 from .storage import DEFAULT_MAX_BYTES, DEFAULT_RETENTION_SECONDS, MIN_MAX_BYTES, MetricCache
 
 # Persistent by default (upstream mounts an emptyDir at /metric-data/): history survives a
 # koordlet restart. Each koordlet on a machine needs its own directory.
 DEFAULT_TSDB_PATH = "/var/lib/koordlet/metric-data"
-
-
-def positive_duration(text: str) -> float:
-    """argparse type: a Go duration ("12h", "1s") that must be > 0."""
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: want a positive duration such as 12h")
-    return seconds
 
 
 def _max_bytes(text: str) -> int:

@@ -27,17 +27,15 @@ import logging
 import math
 import os
 import sqlite3
-import struct
 import threading
 import time
-import zlib
-from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .aggregate import Aggregation, aggregate
+from .chunks import Series, decode_chunk, encode_chunk
 from .kinds import SCHEMA
 
 log = logging.getLogger(__name__)
@@ -53,7 +51,6 @@ MAX_LABEL_VALUE = 256
 GC_INTERVAL_SECONDS = 60.0
 # SQLite caps bound parameters; series ids are queried in chunks below it.
 _IDS_PER_QUERY = 500
-_CHUNK_HEADER = struct.Struct("<qI")  # first ts (ms), sample count
 
 _SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS series (
@@ -92,51 +89,6 @@ class Sample:
     labels: Mapping[str, str]
     timestamp: float  # unix seconds
     value: float
-
-
-@dataclass
-class _Series:
-    id: int
-    labels: dict[str, str]
-    # The head: samples not yet cut into a chunk, in arrival order.
-    ts: array = field(default_factory=lambda: array("q"))
-    values: array = field(default_factory=lambda: array("d"))
-    newest: int = -1  # the head's largest ts, so in-order appends skip the duplicate search
-
-    def add(self, ts_ms: int, value: float) -> None:
-        if ts_ms <= self.newest and ts_ms in self.ts:
-            self.values[self.ts.index(ts_ms)] = value  # the same instant again: the newer value wins
-            return
-        self.newest = max(self.newest, ts_ms)
-        self.ts.append(ts_ms)
-        self.values.append(value)
-
-
-def encode_chunk(ts: Iterable[int], values: Iterable[float]) -> bytes:
-    """Points sorted by time, one per ms, as a compressed blob (ms deltas + float64 values)."""
-    times = array("q", ts)
-    vals = array("d", values)
-    deltas = array("q", (b - a for a, b in zip(times, times[1:], strict=False)))
-    return zlib.compress(_CHUNK_HEADER.pack(times[0], len(times)) + deltas.tobytes() + vals.tobytes(), 1)
-
-
-def decode_chunk(blob: bytes) -> tuple[list[int], array]:
-    """The inverse of encode_chunk; ValueError when the blob is not one."""
-    try:
-        raw = zlib.decompress(blob)
-        first, count = _CHUNK_HEADER.unpack_from(raw)
-    except (zlib.error, struct.error) as exc:
-        raise ValueError(f"bad chunk: {exc}") from None
-    if len(raw) != _CHUNK_HEADER.size + 16 * count - 8 or count == 0:
-        raise ValueError(f"bad chunk: {len(raw)} bytes for {count} samples")
-    deltas = array("q")
-    deltas.frombytes(raw[_CHUNK_HEADER.size:_CHUNK_HEADER.size + 8 * (count - 1)])
-    vals = array("d")
-    vals.frombytes(raw[_CHUNK_HEADER.size + 8 * (count - 1):])
-    times = [first]
-    for d in deltas:
-        times.append(times[-1] + d)
-    return times, vals
 
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -224,9 +176,9 @@ class MetricCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
-        self._series: dict[_Key, _Series] = {}
-        self._by_id: dict[int, _Series] = {}
-        self._by_kind: dict[str, list[_Series]] = {}
+        self._series: dict[_Key, Series] = {}
+        self._by_id: dict[int, Series] = {}
+        self._by_kind: dict[str, list[Series]] = {}
         self._last_gc = -math.inf
         self._last_cut = clock()
         # The WAL may grow to this before it is truncated; it counts against the size bound.
@@ -324,13 +276,13 @@ class MetricCache:
                 log.error("metric cache: series %d of %s has unreadable labels %r; ignored",
                           sid, kind, labels[:100])
                 continue
-            self._add_series(kind, _Series(sid, parsed))
+            self._add_series(kind, Series(sid, parsed))
         for sid, ts, value in db.execute("SELECT series_id, ts, value FROM head ORDER BY rowid"):
             series = self._by_id.get(sid)
             if series is not None:
                 series.add(ts, value)
 
-    def _add_series(self, kind: str, series: _Series) -> None:
+    def _add_series(self, kind: str, series: Series) -> None:
         self._series[_key(kind, series.labels)] = series
         self._by_id[series.id] = series
         self._by_kind.setdefault(kind, []).append(series)
@@ -376,7 +328,7 @@ class MetricCache:
         kind = key[0]
         cur = db.execute("INSERT INTO series (kind, labels) VALUES (?, ?)", (kind, _labels_json(labels)))
         sid = int(cur.lastrowid or 0)
-        self._add_series(kind, _Series(sid, dict(labels)))
+        self._add_series(kind, Series(sid, dict(labels)))
         return sid
 
     def _cut_chunks(self, db: sqlite3.Connection) -> None:
@@ -473,10 +425,8 @@ class MetricCache:
             if series.id not in alive:
                 del self._series[key], self._by_id[series.id]
                 self._by_kind[key[0]].remove(series)
-            elif series.ts and min(series.ts) < cutoff_ms:
-                kept = [(t, v) for t, v in zip(series.ts, series.values, strict=True) if t >= cutoff_ms]
-                series.ts = array("q", (t for t, _ in kept))
-                series.values = array("d", (v for _, v in kept))
+            else:
+                series.drop_before(cutoff_ms)
 
     # ---- queries ------------------------------------------------------------------------
 

@@ -6,11 +6,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..metriccache.flags import positive_duration
+from ..features import ADVISOR_FEATURE_GATES, PSI_COLLECTOR
+from ..flagtypes import flag_bool, positive_duration
 from ..statesinformer.meta import DEFAULT_KUBE_DIR
-
-# Gates of the advisor's optional collectors, all off by default as upstream.
-FEATURE_GATES = {"PSICollector": False}
 
 
 @dataclass
@@ -28,15 +26,6 @@ class AdvisorConfig:
     psi_collector: bool = False
 
 
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "t", "true"):
-        return True
-    if value in ("0", "f", "false"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r}: want true or false")
-
-
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """The advisor's flags. ``--sys-root-dir`` is added only when the parser lacks it; the
     cgroup and proc roots, the cgroup driver and kube dir are read from the koordlet's own."""
@@ -47,7 +36,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                        metavar="DURATION", help="node and pod totals older than this give no system usage")
     group.add_argument("--collect-node-cpu-info-interval", type=positive_duration, default=60.0, metavar="DURATION")
     group.add_argument("--psi-collector-interval", type=positive_duration, default=10.0, metavar="DURATION")
-    group.add_argument("--enable-pagecache-collector", type=_bool, default=False, nargs="?", const=True,
+    group.add_argument("--enable-pagecache-collector", type=flag_bool, default=False, nargs="?", const=True,
                        metavar="BOOL", help="also store memory usage with page cache")
     if "--sys-root-dir" not in parser._option_string_actions:  # noqa: SLF001 - shared flag
         group.add_argument("--sys-root-dir", type=Path, default=Path("/sys"))
@@ -67,5 +56,5 @@ def from_args(args: argparse.Namespace) -> AdvisorConfig:
         collect_node_cpu_info_interval=args.collect_node_cpu_info_interval,
         psi_collector_interval=args.psi_collector_interval,
         enable_pagecache_collector=args.enable_pagecache_collector,
-        psi_collector=bool(gates.get("PSICollector", FEATURE_GATES["PSICollector"])),
+        psi_collector=bool(gates.get(PSI_COLLECTOR, ADVISOR_FEATURE_GATES[PSI_COLLECTOR])),
     )

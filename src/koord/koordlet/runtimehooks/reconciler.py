@@ -91,7 +91,10 @@ class Reconciler:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self.reconcile_once()
+            try:
+                self.reconcile_once()
+            except Exception as exc:  # a plugin or executor bug must not end Standalone mode
+                log.exception("reconciler: reconcile round failed: %r; next round in %.3gs", exc, self.interval)
             self._wake.wait(self.interval)
             self._wake.clear()
 

@@ -1,0 +1,154 @@
+"""koordlet's command line: upstream's flag names and defaults, plus each module's own flags."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from koord.hookapi import FailurePolicy, HookPoint, unix_socket_path
+
+from . import metriccache, metricsadvisor, qosmanager
+from .features import DEFAULT_FEATURE_GATES, parse_feature_gates
+from .flagtypes import choice, flag_bool, go_duration, port_number
+from .runtimehooks.server import Network
+from .statesinformer.meta import DEFAULT_KUBE_DIR
+
+DEFAULT_ADDR = "/var/run/koordlet/koordlet.sock"
+DEFAULT_CONFIG_PATH = "/etc/runtime/hookserver.d"
+DEFAULT_CONTAINERD = "/var/run/containerd/containerd.sock"
+
+
+def failure_policy(text: str) -> FailurePolicy:
+    try:
+        return FailurePolicy(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want Fail or Ignore") from None
+
+
+def stage_list(text: str) -> frozenset[HookPoint]:
+    stages = set()
+    for name in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            stages.add(HookPoint(name))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"unknown stage {name!r}; stages: {', '.join(s.value for s in HookPoint)}") from None
+    return frozenset(stages)
+
+
+def feature_gates(text: str) -> dict[str, bool]:
+    try:
+        return parse_feature_gates(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def socket_path(text: str) -> str:
+    try:
+        return unix_socket_path(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def existing_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such directory")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="koordlet",
+        description="koordlet's runtime-hooks module: serves runtime.v1alpha1 hooks to "
+        "koord-runtime-proxy and reconciles the cgroups of running pods.")
+    a = p.add_argument
+    a("--runtime-hooks-network", type=choice(Network.UNIX, Network.TCP), default=Network.UNIX,
+      metavar="unix|tcp",
+      help="unix or tcp (default: %(default)s)")
+    a("--runtime-hooks-addr", default=DEFAULT_ADDR, metavar="ADDR",
+      help="socket path (unix) or host:port (tcp) to serve on (default: %(default)s)")
+    a("--runtime-hooks-host-endpoint", default=None, metavar="ENDPOINT",
+      help="endpoint written into the registration, as the proxy reaches it "
+      "(default: the serving address)")
+    a("--runtime-hooks-config-path", type=Path, default=Path(DEFAULT_CONFIG_PATH), metavar="DIR",
+      help="hook config dir of the proxy, where koordlet.json is written (default: %(default)s)")
+    a("--runtime-hooks-failure-policy", type=failure_policy, default=FailurePolicy.IGNORE,
+      metavar="Fail|Ignore",
+      help="what the proxy does when koordlet fails: Fail or Ignore (default: Ignore)")
+    a("--runtime-hooks-plugin-failure-policy", type=failure_policy, default=FailurePolicy.IGNORE,
+      metavar="Fail|Ignore",
+      help="Fail: stop at the first failing plugin and fail the hook; Ignore: run the rest "
+      "(default: Ignore)")
+    a("--runtime-hooks-disable-stages", type=stage_list, default=frozenset(), metavar="STAGES",
+      help="comma-separated stages answered with no changes and not registered, "
+      "e.g. PreStartContainer,PostStopContainer")
+    a("--runtime-hooks-reconcile-interval", type=go_duration, default=10.0, metavar="DURATION",
+      help="Standalone reconcile period, e.g. 10s, 500ms; 0 disables (default: 10s)")
+    a("--cgroup-root-dir", type=existing_dir, default=Path("/sys/fs/cgroup/"), metavar="DIR",
+      help="cgroup root (default: %(default)s)")
+    a("--cgroup-driver", type=choice("cgroupfs", "systemd", "auto"), default="auto",
+      metavar="cgroupfs|systemd|auto",
+      help="cgroupfs, systemd or auto (from each pod's cgroup parent) (default: %(default)s)")
+    a("--sys-fs-root-dir", type=Path, default=Path("/sys/fs"), metavar="DIR",
+      help="host /sys/fs; resctrl lives under <it>/resctrl (default: %(default)s)")
+    a("--proc-root-dir", type=Path, default=Path("/proc"), metavar="DIR", help="procfs root (default: %(default)s)")
+    a("--feature-gates", type=feature_gates, default=dict(DEFAULT_FEATURE_GATES), metavar="GATES",
+      help="plugin gates, e.g. GPUEnvInject=true,Resctrl=false (defaults: "
+      + ",".join(f"{k}={str(v).lower()}" for k, v in DEFAULT_FEATURE_GATES.items()) + ")")
+    a("--node-slo-file", type=Path, default=None, metavar="FILE",
+      help="NodeSLO object (YAML or JSON), watched for changes")
+    a("--node-file", type=Path, default=None, metavar="FILE",
+      help="Node object (YAML or JSON) for node annotations, watched for changes")
+    a("--node-metric-file", type=Path, default=None, metavar="FILE",
+      help="NodeMetric object (YAML or JSON): its spec is read, its status rewritten each "
+      "report interval (without an API server)")
+    a("--enable-node-metric-report", type=flag_bool, default=True, nargs="?", const=True,
+      metavar="BOOL", help="write the NodeMetric status (default: true)")
+    a("--kubeconfig", type=Path, default=None, metavar="FILE",
+      help="kubeconfig for the API server (default: in-cluster config when "
+      "KUBERNETES_SERVICE_HOST is set)")
+    a("--cgroup-kube-dir", default=DEFAULT_KUBE_DIR, metavar="DIR",
+      help="pod cgroups' root under each cgroup subsystem (default: %(default)s; "
+      "kubepods.slice with the systemd driver)")
+    a("--kubelet-sync-interval", type=go_duration, default=10.0, metavar="DURATION",
+      help="how often the pod list is refreshed (default: 10s)")
+    a("--pods-source", type=choice("cri", "kubelet"), default="cri", metavar="cri|kubelet",
+      help="where pods come from: the CRI endpoint (works on any node) or kubelet's /pods "
+      "(needs the Node object) (default: %(default)s)")
+    a("--kubelet-preferred-address-type", default="InternalIP", metavar="TYPE",
+      help="Node address type used to reach kubelet (default: %(default)s)")
+    a("--kubelet-sync-timeout", type=go_duration, default=3.0, metavar="DURATION",
+      help="timeout of one kubelet /pods request (default: 3s)")
+    a("--kubelet-insecure-tls", type=flag_bool, default=False, nargs="?", const=True, metavar="BOOL",
+      help="use kubelet's read-only port over plain HTTP (default: false)")
+    a("--kubelet-read-only-port", type=port_number, default=10255, metavar="PORT",
+      help="kubelet's read-only port (default: %(default)s)")
+    a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD, metavar="SOCKET",
+      help="CRI socket the reconciler lists pods from (default: %(default)s)")
+    a("--addr", default=":9316", metavar="HOST:PORT",
+      help="serve Prometheus /metrics, /healthz and /readyz here; empty disables "
+      "(default: %(default)s)")
+    a("--log-level", type=choice("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
+      metavar="LEVEL",
+      help="(default: %(default)s)")
+    metriccache.add_flags(p)
+    metricsadvisor.add_flags(p)
+    qosmanager.add_flags(p)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.runtime_hooks_network == Network.UNIX:
+        try:
+            args.runtime_hooks_addr = socket_path(args.runtime_hooks_addr)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"argument --runtime-hooks-addr: {exc}")
+    elif not re.fullmatch(r".*:[0-9]{1,5}", args.runtime_hooks_addr):
+        parser.error(f"argument --runtime-hooks-addr: {args.runtime_hooks_addr!r}: "
+                     "want host:port with --runtime-hooks-network=tcp")
+    return args

@@ -1,0 +1,69 @@
+"""The metric cache's in-memory head of a series and its on-disk chunk codec.
+
+A chunk is one series' points over a time span as a zlib blob: a header (first ts in ms,
+sample count), ms deltas as int64, then the values as float64. About 6 bytes a sample on
+disk for usage series sampled every second.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+_CHUNK_HEADER = struct.Struct("<qI")  # first ts (ms), sample count
+
+
+@dataclass
+class Series:
+    """One series' head: its samples not yet cut into a chunk, in arrival order."""
+
+    id: int
+    labels: dict[str, str]
+    ts: array = field(default_factory=lambda: array("q"))
+    values: array = field(default_factory=lambda: array("d"))
+    newest: int = -1  # the head's largest ts, so in-order appends skip the duplicate search
+
+    def add(self, ts_ms: int, value: float) -> None:
+        if ts_ms <= self.newest and ts_ms in self.ts:
+            self.values[self.ts.index(ts_ms)] = value  # the same instant again: the newer value wins
+            return
+        self.newest = max(self.newest, ts_ms)
+        self.ts.append(ts_ms)
+        self.values.append(value)
+
+    def drop_before(self, cutoff_ms: int) -> None:
+        """Forgets head samples older than the retention."""
+        if self.ts and min(self.ts) < cutoff_ms:
+            kept = [(t, v) for t, v in zip(self.ts, self.values, strict=True) if t >= cutoff_ms]
+            self.ts = array("q", (t for t, _ in kept))
+            self.values = array("d", (v for _, v in kept))
+
+
+def encode_chunk(ts: Iterable[int], values: Iterable[float]) -> bytes:
+    """Points sorted by time, one per ms, as a compressed blob (ms deltas + float64 values)."""
+    times = array("q", ts)
+    vals = array("d", values)
+    deltas = array("q", (b - a for a, b in zip(times, times[1:], strict=False)))
+    return zlib.compress(_CHUNK_HEADER.pack(times[0], len(times)) + deltas.tobytes() + vals.tobytes(), 1)
+
+
+def decode_chunk(blob: bytes) -> tuple[list[int], array]:
+    """The inverse of encode_chunk; ValueError when the blob is not one."""
+    try:
+        raw = zlib.decompress(blob)
+        first, count = _CHUNK_HEADER.unpack_from(raw)
+    except (zlib.error, struct.error) as exc:
+        raise ValueError(f"bad chunk: {exc}") from None
+    if len(raw) != _CHUNK_HEADER.size + 16 * count - 8 or count == 0:
+        raise ValueError(f"bad chunk: {len(raw)} bytes for {count} samples")
+    deltas = array("q")
+    deltas.frombytes(raw[_CHUNK_HEADER.size:_CHUNK_HEADER.size + 8 * (count - 1)])
+    vals = array("d")
+    vals.frombytes(raw[_CHUNK_HEADER.size + 8 * (count - 1):])
+    times = [first]
+    for d in deltas:
+        times.append(times[-1] + d)
+    return times, vals
