@@ -13,8 +13,7 @@ fi
 missing=()
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
-command -v dockerd >/dev/null || missing+=(docker.io)
-[ -x /usr/bin/docker ] || missing+=(docker.io)
+{ command -v dockerd >/dev/null && [ -x /usr/bin/docker ]; } || missing+=(docker.io)
 command -v gcc >/dev/null || missing+=(gcc)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
 if [ ${#missing[@]} -gt 0 ]; then
