@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import docker
 import grpc
@@ -22,7 +23,7 @@ import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.hookapi import HookPoint
-from koord.testing.docker import CriDockerd, api
+from koord.testing.docker import CriDockerd, UnixHTTPConnection, api
 from koord.testing.hookplugin import Behaviour
 from koord.testing.image import build_pause_image
 from koord.testing.kubelet import KubeletClient
@@ -353,3 +354,32 @@ def test_sigterm_drains_and_removes_the_socket(docker_rig: DockerRig) -> None:
     os.kill(proxy.pid, signal.SIGTERM)
     assert proxy.stop() == 0
     assert not os.path.exists(docker_rig.env.proxy_endpoint)
+
+
+def _exchange(endpoint: str, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    conn = UnixHTTPConnection(endpoint, timeout=30)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        headers = {k.lower(): v for k, v in resp.getheaders() if k.lower() not in ("date", "content-length",
+                                                                                  "transfer-encoding")}
+        return resp.status, headers, resp.read()
+    finally:
+        conn.close()
+
+
+def test_pass_through_answers_are_dockerds_own(docker_rig: DockerRig) -> None:
+    docker_rig.start_proxy()
+    direct, proxied = docker_rig.dockerd.endpoint, docker_rig.env.proxy_endpoint
+    for method, path in [("HEAD", "/_ping"), ("GET", "/_ping"), ("GET", "/version"), ("GET", "/v1.41/version"),
+                         ("GET", "/v1.41/containers/nope/json"), ("GET", "/v1.41/images/json"),
+                         ("POST", "/v1.41/containers/nope/start"), ("DELETE", "/v1.41/containers/nope"),
+                         ("GET", "/v1.41/no/such/endpoint")]:
+        assert _exchange(proxied, method, path) == _exchange(direct, method, path), (method, path)
+
+    def many(_: int) -> list[tuple[int, dict[str, str], bytes]]:
+        return [_exchange(proxied, "GET", "/v1.41/containers/json?all=1") for _ in range(10)]
+
+    with ThreadPoolExecutor(20) as pool:
+        results = [r for batch in pool.map(many, range(20)) for r in batch]
+    assert {r[0] for r in results} == {200} and len({r[2] for r in results}) == 1
