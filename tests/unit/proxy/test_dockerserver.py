@@ -174,3 +174,23 @@ def test_store_records_are_found_by_id_name_or_unique_prefix(tmp_path: Path) -> 
     assert sandbox_found is not None and sandbox_found.record is None and sandbox_found.id == "abc111"
     assert icp._cached("abc") is None  # ambiguous prefix: dockerd decides
     assert icp._cached("nope") is None
+
+
+def test_a_kept_alive_connection_dockerd_closed_is_replaced(short_socket_dir: Path) -> None:
+    async def script(head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(answer("200 OK", b'{"ok":true}'))
+        await writer.drain()
+        writer.close()  # like a dockerd restart between two calls of a kept-alive client
+
+    async def main() -> None:
+        async with fake_dockerd(short_socket_dir / "docker.sock", script), docker_proxy(short_socket_dir) as (sock, _):
+            reader, writer = await asyncio.open_unix_connection(sock)
+            for _ in range(3):
+                writer.write(b"GET /v1.41/version HTTP/1.1\r\nHost: d\r\n\r\n")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                assert head.startswith(b"HTTP/1.1 200"), head
+                assert await asyncio.wait_for(reader.readexactly(11), 10) == b'{"ok":true}'
+                await asyncio.sleep(0.05)  # the close reaches the proxy before the next call
+            writer.close()
+
+    asyncio.run(main())

@@ -91,6 +91,9 @@ class _Link:
     """Set when this connection cannot carry another request (hijacked, broken, or answered early)."""
 
     async def open(self) -> Peer:
+        """The dockerd connection; a kept-alive one dockerd has closed meanwhile (a restart) is replaced."""
+        if self.upstream is not None and (self.upstream.reader.at_eof() or self.upstream.writer.is_closing()):
+            self.drop_upstream()
         if self.upstream is None:
             self.upstream = await open_upstream(self.endpoint)
         return self.upstream
