@@ -36,11 +36,12 @@ from koord.testing.containerd import _cgroup_pids, _kill, unmount_all, wait_cri_
 from koord.testing.image import DEFAULT_REF, build_pause_image
 from koord.testing.kubelet import KubeletClient, remove_pod_cgroup
 from koord.testing.processes import stop_process
+from koord.testing.sharedbin import missing_shared_binaries, shared_binary
 
 log = logging.getLogger(__name__)
 
-CRI_DOCKERD = Path(os.environ.get("KOORD_CRI_DOCKERD", "/work/shared/bin/cri-dockerd"))
-CRICTL = Path(os.environ.get("KOORD_CRICTL", "/work/shared/bin/crictl"))
+CRI_DOCKERD = shared_binary("cri-dockerd")
+CRICTL = shared_binary("crictl")
 REQUIRED_BINARIES = ("dockerd", "docker", "containerd", "runc", "unshare", "gcc")
 
 _RUNC_WRAPPER = """#!/bin/sh
@@ -62,10 +63,10 @@ exec runc "$@"
 def docker_binaries_present() -> None:
     """Raises naming every missing tool: a missing runtime is a broken test setup, not a skip."""
     missing = [name for name in REQUIRED_BINARIES if shutil.which(name) is None]
-    missing += [str(p) for p in (CRI_DOCKERD, CRICTL) if not os.access(p, os.X_OK)]
+    missing += missing_shared_binaries("cri-dockerd", "crictl")
     if missing:
         raise RuntimeError(f"Docker e2e tests need {', '.join(missing)} (Debian package docker.io; "
-                           f"cri-dockerd and crictl from /work/shared/bin or $KOORD_CRI_DOCKERD/$KOORD_CRICTL)")
+                           "cri-dockerd and crictl from shared/bin beside the checkout, or $KOORD_SHARED_BIN)")
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
