@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the demo and the tests need on a fresh Debian machine (run as root):
-# containerd + runc + a static libc for the test image, and the project in .venv.
+# containerd + runc + haproxy (the pass-through data plane) + a static libc for the test image,
+# and the project in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,7 @@ missing=()
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 command -v gcc >/dev/null || missing+=(gcc)
+command -v haproxy >/dev/null || missing+=(haproxy)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install.sh: installing Debian packages: ${missing[*]}"

@@ -54,6 +54,12 @@ _STREAM_URL_TOKEN = re.compile(r"/(exec|attach|portforward)/[A-Za-z0-9_-]+")
 CALL_TIMEOUT = 15.0
 
 
+@pytest.fixture(params=["haproxy", "python"])
+def data_plane(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both data planes: each must be invisible to kubelet."""
+    return str(request.param)
+
+
 def normalized(value: Any, ids: dict[str, str]) -> Any:
     """A comparable form of a response: volatile fields dropped, run-specific ids named."""
     if isinstance(value, Message):
@@ -419,9 +425,9 @@ def _wait_for(call: Callable[[], Any], timeout: float) -> Any:
         time.sleep(0.1)
 
 
-def test_backend_down_then_back(tmp_path: Path) -> None:
+def test_backend_down_then_back(tmp_path: Path, data_plane: str) -> None:
     with Containerd(tmp_path / "ctd") as backend:
-        with RuntimeProxy(tmp_path / "proxy", backend.endpoint) as proxy:
+        with RuntimeProxy(tmp_path / "proxy", backend.endpoint, data_plane=data_plane) as proxy:
             client = KubeletClient(
                 proxy.endpoint, on_pod_created=backend.track_pod_cgroup, log_root=backend.workdir / "pod-logs"
             )
@@ -452,10 +458,10 @@ def test_backend_down_then_back(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def fake_proxy(tmp_path: Path) -> Iterator[tuple[FakeCRI, grpc.Channel]]:
+def fake_proxy(tmp_path: Path, data_plane: str) -> Iterator[tuple[FakeCRI, grpc.Channel]]:
     with FakeCRI(tmp_path / "fake.sock") as fake:
         fake.echo.add("StartContainer")  # answered with the echo, like the methods it does not implement
-        proxy = RuntimeProxy(tmp_path / "proxy", str(fake.socket))
+        proxy = RuntimeProxy(tmp_path / "proxy", str(fake.socket), data_plane=data_plane)
         proxy.start()
         channel = grpc.insecure_channel(
             grpc_target(proxy.endpoint),

@@ -119,6 +119,23 @@ def _trailing(err: grpc.aio.AioRpcError) -> tuple[tuple[str, str], ...]:
 Lifecycle = Callable[[Any, "Call"], Awaitable[bytes]]
 _RUNTIME_SERVICES = ("runtime.v1.RuntimeService", "runtime.v1alpha2.RuntimeService")
 
+LIFECYCLE: dict[str, tuple[type[Message], str]] = {
+    "RunPodSandbox": (cri.RunPodSandboxRequest, "run_pod_sandbox"),
+    "CreateContainer": (cri.CreateContainerRequest, "create_container"),
+    "StartContainer": (cri.StartContainerRequest, "start_container"),
+    "UpdateContainerResources": (cri.UpdateContainerResourcesRequest, "update_container_resources"),
+    "StopContainer": (cri.StopContainerRequest, "stop_container"),
+    "RemoveContainer": (cri.RemoveContainerRequest, "remove_container"),
+    "StopPodSandbox": (cri.StopPodSandboxRequest, "stop_pod_sandbox"),
+    "RemovePodSandbox": (cri.RemovePodSandboxRequest, "remove_pod_sandbox"),
+}
+"""The intercepted methods: the CRI request type that decodes them and the CRIServer method handling them."""
+
+
+def hooked_paths() -> tuple[str, ...]:
+    """The method paths that need this server (the rest may bypass it): LIFECYCLE in both CRI versions."""
+    return tuple(f"/{service}/{method}" for service in _RUNTIME_SERVICES for method in LIFECYCLE)
+
 
 def _cri_paths(server_streaming: bool) -> frozenset[str]:
     """Method paths of CRI v1 and v1alpha2 with the given streaming kind."""
@@ -145,16 +162,9 @@ class CRIServer(grpc.GenericRpcHandler):
         self._unary = _cri_paths(server_streaming=False)
         self._streaming = _cri_paths(server_streaming=True)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
-        # The intercepted methods: the CRI request type that decodes them and their handler.
         self.lifecycle: dict[str, tuple[type[Message], Lifecycle]] = {
-            "RunPodSandbox": (cri.RunPodSandboxRequest, self.run_pod_sandbox),
-            "CreateContainer": (cri.CreateContainerRequest, self.create_container),
-            "StartContainer": (cri.StartContainerRequest, self.start_container),
-            "UpdateContainerResources": (cri.UpdateContainerResourcesRequest, self.update_container_resources),
-            "StopContainer": (cri.StopContainerRequest, self.stop_container),
-            "RemoveContainer": (cri.RemoveContainerRequest, self.remove_container),
-            "StopPodSandbox": (cri.StopPodSandboxRequest, self.stop_pod_sandbox),
-            "RemovePodSandbox": (cri.RemovePodSandboxRequest, self.remove_pod_sandbox),
+            method: (request_type, getattr(self, handler))
+            for method, (request_type, handler) in LIFECYCLE.items()
         }
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:

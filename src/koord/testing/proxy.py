@@ -28,6 +28,7 @@ class RuntimeProxy:
         hook_config_dir: Path | None = None,
         extra_args: Sequence[str] = (),
         metrics_bind_address: str = "",
+        data_plane: str = "auto",
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -37,6 +38,7 @@ class RuntimeProxy:
         self.endpoint = str(self.workdir / "runtimeproxy.sock")
         self.extra_args = tuple(extra_args)
         self.metrics_bind_address = metrics_bind_address
+        self.data_plane = data_plane
         self.stderr_path = self.workdir / "runtimeproxy.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: BinaryIO | None = None
@@ -54,6 +56,8 @@ class RuntimeProxy:
             str(self.hook_config_dir),
             "--metrics-bind-address",
             self.metrics_bind_address,
+            "--data-plane",
+            self.data_plane,
             *self.extra_args,
         ]
 
