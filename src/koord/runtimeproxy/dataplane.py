@@ -178,7 +178,8 @@ def render_config(routes: Routes, layout: Layout) -> str:
         "    maxconn 4096",
         f"    tune.h2.max-concurrent-streams {MAX_STREAMS}",
         f"    tune.h2.initial-window-size {WINDOW_BYTES}",
-        f"    stats socket {layout.stats_socket} mode 600 level user",
+        # level operator: below it `show table` hides the per-path counts.
+        f"    stats socket {layout.stats_socket} mode 600 level operator",
         "",
         "defaults",
         "    mode http",
