@@ -161,11 +161,11 @@ def test_readyz_and_passthrough_metrics(haproxy_proxy: RuntimeProxy) -> None:
     status, text = _get(haproxy_proxy, "/metrics")
     assert status == 200
     assert "koord_runtime_proxy_haproxy_up 1.0" in text
-    counts = [line for line in text.splitlines()
-              if line.startswith('koord_runtime_proxy_haproxy_requests_total{method="runtime.v1.RuntimeService/'
-                                 'ListContainers"}')]
-    assert counts and float(counts[0].split()[-1]) >= 3, text
-    assert 'koord_runtime_proxy_haproxy_backend_requests_total{backend="runtime"}' in text
+    series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("koord_runtime_proxy_haproxy_")}
+    assert series['koord_runtime_proxy_haproxy_requests_total{method="runtime.v1.RuntimeService/ListContainers"}'] == 3
+    assert series['koord_runtime_proxy_haproxy_average_duration_seconds{method='
+                  '"runtime.v1.RuntimeService/ListContainers"}'] >= 0
 
     os.kill(_haproxy_pid(haproxy_proxy), signal.SIGSTOP)  # alive, but nothing goes through it
     try:

@@ -22,7 +22,7 @@ from koord.hookapi import SOCKET_MODE, prepare_socket
 from . import dataplane, memtrim
 from . import store as store_mod
 from .config import BackendMode, OptionError, Options, parse_options
-from .criserver import CHANNEL_OPTIONS, SERVER_OPTIONS, Backend, CRIServer, hooked_paths
+from .criserver import CHANNEL_OPTIONS, SERVER_OPTIONS, Backend, CRIServer, cri_paths, hooked_paths
 from .dispatcher import RuntimeDispatcher
 from .metrics import HealthServer, ProxyMetrics
 from .pluginsmanager import PluginsManager
@@ -190,8 +190,8 @@ async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
 
 async def _start_haproxy(binary: str, layout: dataplane.Layout, options: Options,
                          metrics: ProxyMetrics) -> dataplane.Supervisor:
-    routes = dataplane.Routes(options.proxy_endpoint, hooked_paths(), options.runtime_endpoint,
-                              options.image_endpoint)
+    routes = dataplane.Routes(options.proxy_endpoint, hooked_paths(), sorted(cri_paths()),
+                              options.runtime_endpoint, options.image_endpoint)
     dataplane.write_config(routes, layout)
     prepare_socket(Path(options.proxy_endpoint))
     restarts = [0]
@@ -200,7 +200,7 @@ async def _start_haproxy(binary: str, layout: dataplane.Layout, options: Options
         restarts[0] += 1
 
     supervisor = dataplane.Supervisor(binary, layout, options.proxy_endpoint, on_restart=count_restart)
-    metrics.registry.register(dataplane.HAProxyCollector(layout, lambda: restarts[0]))
+    metrics.registry.register(dataplane.HAProxyCollector(layout, routes, lambda: restarts[0]))
     await supervisor.start()
     log.info("haproxy sends the %d hooked paths to %s, the rest to the backend", len(routes.hooked_paths),
              layout.hooked_socket)

@@ -167,6 +167,11 @@ def hooked_paths() -> tuple[str, ...]:
     return tuple(f"/{service}/{method}" for service in _RUNTIME_SERVICES for method in LIFECYCLE)
 
 
+def cri_paths() -> frozenset[str]:
+    """Every method path of CRI v1 and v1alpha2 (both services) that this proxy knows by name."""
+    return _cri_paths(server_streaming=False) | _cri_paths(server_streaming=True)
+
+
 def _cri_paths(server_streaming: bool) -> frozenset[str]:
     """Method paths of CRI v1 and v1alpha2 with the given streaming kind."""
     return frozenset(

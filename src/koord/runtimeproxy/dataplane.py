@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -62,8 +62,6 @@ STABLE_SECONDS = 30.0
 """A HAProxy that ran this long is healthy again: the next restart waits the shortest time."""
 
 READY_TIMEOUT = 10.0
-
-_PR_SET_PDEATHSIG = 1
 
 # gRPC status codes the errorfiles answer with.
 _UNAVAILABLE = 14
@@ -113,6 +111,10 @@ class Layout:
     def config(self) -> Path:
         return self.directory / "haproxy.cfg"
 
+    @property
+    def routes_map(self) -> Path:
+        return self.directory / "routes.map"
+
     def errorfile(self, backend: str, status: int) -> Path:
         return self.directory / f"{backend}-{status}.http"
 
@@ -136,15 +138,30 @@ class Layout:
 
 @dataclass(frozen=True)
 class Routes:
-    """Where HAProxy sends calls: the public socket it serves, and its three upstreams."""
+    """Where HAProxy sends calls: the public socket it serves, and its three upstreams.
+
+    ``hooked_paths`` go to the Python server; each of the other ``known_paths`` gets a
+    backend of its own (to the runtime or the image service), so HAProxy's statistics count
+    and time every CRI method; unknown paths go to the runtime or image service by service.
+    """
 
     public_socket: str
     hooked_paths: Sequence[str]
+    known_paths: Sequence[str]
     runtime_endpoint: str
     image_endpoint: str
 
+    def backends(self) -> dict[str, str]:
+        """Backend name of every known path: ``hooks``, or the method path in dots (HAProxy's name rules)."""
+        hooked = set(self.hooked_paths)
+        return {path: "hooks" if path in hooked else path.strip("/").replace("/", ".")
+                for path in sorted(set(self.known_paths) | hooked)}
 
-_BACKEND_NAMES = {"hooks": "the proxy's hook server", "runtime": "the runtime service", "image": "the image service"}
+
+UPSTREAMS = {"hooks": "the proxy's hook server", "runtime": "the runtime service", "image": "the image service"}
+_IMAGE_SERVICES = ("/runtime.v1.ImageService/", "/runtime.v1alpha2.ImageService/")
+_UNSAFE = re.compile(r"[\s#\\'\"]")
+_BACKEND_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
 def errorfile_text(status: int, message: str) -> str:
@@ -162,15 +179,28 @@ def errorfile_text(status: int, message: str) -> str:
             "\r\n")
 
 
+def _check(value: str, what: str) -> str:
+    if _UNSAFE.search(value):
+        raise ValueError(f"{what} {value!r} cannot be written into an HAProxy configuration")
+    return value
+
+
+def render_map(routes: Routes) -> str:
+    """The path -> backend map HAProxy routes by."""
+    lines = []
+    for path, backend in routes.backends().items():
+        if not path.startswith("/") or not _BACKEND_NAME.fullmatch(backend):
+            raise ValueError(f"method path {path!r} cannot be written into an HAProxy map")
+        lines.append(f"{_check(path, 'method path')} {backend}")
+    return "\n".join(lines) + "\n"
+
+
 def render_config(routes: Routes, layout: Layout) -> str:
-    """HAProxy's configuration for ``routes``."""
-    for path in routes.hooked_paths:
-        if not path.startswith("/") or any(c.isspace() or c in "#\\'\"" for c in path):
-            raise ValueError(f"hooked path {path!r} cannot be written into an HAProxy configuration")
-    for endpoint in (routes.public_socket, routes.runtime_endpoint, routes.image_endpoint):
-        if any(c.isspace() or c in "#\\'\"" for c in endpoint):
-            raise ValueError(f"socket path {endpoint!r} cannot be written into an HAProxy configuration")
-    servers = {"hooks": str(layout.hooked_socket), "runtime": routes.runtime_endpoint, "image": routes.image_endpoint}
+    """HAProxy's configuration for ``routes``; the map it names is ``render_map``'s."""
+    servers = {"hooks": str(layout.hooked_socket),
+               "runtime": _check(routes.runtime_endpoint, "socket path"),
+               "image": _check(routes.image_endpoint, "socket path")}
+    route = f"path,map_str({layout.routes_map})"
     lines = [
         "# Written by koord-runtime-proxy at every start from its flags; edits are lost.",
         "global",
@@ -178,8 +208,7 @@ def render_config(routes: Routes, layout: Layout) -> str:
         "    maxconn 4096",
         f"    tune.h2.max-concurrent-streams {MAX_STREAMS}",
         f"    tune.h2.initial-window-size {WINDOW_BYTES}",
-        # level operator: below it `show table` hides the per-path counts.
-        f"    stats socket {layout.stats_socket} mode 600 level operator",
+        f"    stats socket {layout.stats_socket} mode 600 level user",
         "",
         "defaults",
         "    mode http",
@@ -192,41 +221,37 @@ def render_config(routes: Routes, layout: Layout) -> str:
         f"    timeout http-keep-alive {IDLE_TIMEOUT}",
         "",
         "frontend cri",
-        f"    bind unix@{routes.public_socket} mode 660 proto h2",
+        f"    bind unix@{_check(routes.public_socket, 'socket path')} mode 660 proto h2",
         # grpc-go before 1.57 (old kubelets, crictl 1.26) sends the socket path as :authority, which
         # makes the URI http:///path.sock/<service>/<method>; keep only the service and method.
         "    http-request set-uri http://localhost/%[path,field(-2,/)]/%[path,field(-1,/)]"
         " if { req.hdr(host) -m beg / }",
-        "    http-request track-sc0 path table paths",
-        "    acl hooked path " + " ".join(routes.hooked_paths),
-        "    acl image path_beg /runtime.v1.ImageService/ /runtime.v1alpha2.ImageService/",
-        "    use_backend hooks if hooked",
-        "    use_backend image if image",
+        f"    use_backend %[{route}] if {{ {route} -m found }}",
+        "    use_backend image if { path_beg " + " ".join(_IMAGE_SERVICES) + " }",
         "    default_backend runtime",
-        "",
-        # Per-path request counts for /metrics; least recently used paths are dropped when full.
-        "backend paths",
-        "    stick-table type string len 128 size 1k store http_req_cnt",
     ]
-    for name, server in servers.items():
+    for upstream in UPSTREAMS:
+        lines += ["", f"http-errors {upstream}-errors"]
+        lines += [f"    errorfile {status} {layout.errorfile(upstream, status)}" for status in (502, 503, 504)]
+    backends = {name: ("hooks" if name == "hooks" else
+                       "image" if path.startswith(_IMAGE_SERVICES) else "runtime")
+                for path, name in routes.backends().items()}
+    backends.update(runtime="runtime", image="image")
+    for name, upstream in backends.items():
         lines += ["", f"backend {name}", "    http-reuse always",
-                  f"    server {name} unix@{server} proto h2"]
-        lines += [f"    errorfile {status} {layout.errorfile(name, status)}" for status in (502, 503, 504)]
+                  f"    server {upstream} unix@{servers[upstream]} proto h2",
+                  f"    errorfiles {upstream}-errors"]
     return "\n".join(lines) + "\n"
 
 
 def write_config(routes: Routes, layout: Layout) -> None:
-    for name, what in _BACKEND_NAMES.items():
+    for name, what in UPSTREAMS.items():
         for status in (502, 503, 504):
             reason = "timed out" if status == 504 else "unavailable"
             layout.errorfile(name, status).write_text(
                 errorfile_text(status, f"koord-runtime-proxy: {what} is {reason} (HTTP {status} from HAProxy)"))
+    layout.routes_map.write_text(render_map(routes))
     layout.config.write_text(render_config(routes, layout))
-
-
-def _libc_prctl() -> Callable[..., int]:
-    prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    return prctl
 
 
 class Supervisor:
@@ -234,6 +259,10 @@ class Supervisor:
 
     The child gets PR_SET_PDEATHSIG=SIGKILL, so a Python side killed with SIGKILL takes
     HAProxy with it: no orphan keeps serving a socket whose hooked calls nobody answers.
+    util-linux's ``setpriv --pdeathsig`` sets it and execs HAProxy, because a Python
+    ``preexec_fn`` forces fork() in a process full of grpc threads, whose fork handlers
+    then broke grpc's poller and aborted the child now and then; without ``preexec_fn``
+    the child is started with vfork and runs no Python at all.
     """
 
     def __init__(self, binary: str, layout: Layout, public_socket: str,
@@ -245,7 +274,10 @@ class Supervisor:
         self._proc: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
-        self._prctl = _libc_prctl()  # resolved here: the child must not load libraries between fork and exec
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise DataPlaneError("no setpriv binary on PATH (util-linux): it ties HAProxy's life to the proxy's")
+        self._setpriv = setpriv
 
     @property
     def pid(self) -> int | None:
@@ -256,13 +288,7 @@ class Supervisor:
         return self._proc is not None and self._proc.returncode is None
 
     def command(self) -> list[str]:
-        return [self.binary, "-db", "-f", str(self.layout.config)]
-
-    def _in_child(self) -> None:
-        parent = os.getppid()
-        self._prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
+        return [self._setpriv, "--pdeathsig", "KILL", "--", self.binary, "-db", "-f", str(self.layout.config)]
 
     async def start(self) -> None:
         """Starts HAProxy and returns once it serves the public socket; DataPlaneError if it cannot."""
@@ -271,7 +297,7 @@ class Supervisor:
 
     async def _spawn(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
-            *self.command(), stdin=asyncio.subprocess.DEVNULL, preexec_fn=self._in_child, process_group=0)
+            *self.command(), stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT
         while not _accepts(self.public_socket):
             if self._proc.returncode is not None:
@@ -354,16 +380,6 @@ def stats_command(path: Path, command: str) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def parse_path_counts(text: str) -> Iterator[tuple[str, int]]:
-    """(path, requests) from ``show table paths``: lines like ``0x..: key=/a/B use=0 exp=0 http_req_cnt=3``."""
-    for line in text.splitlines():
-        if " key=" not in line:
-            continue
-        fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
-        with contextlib.suppress(KeyError, ValueError):
-            yield fields["key"], int(fields["http_req_cnt"])
-
-
 def parse_backend_stats(text: str) -> Iterator[dict[str, str]]:
     """The BACKEND rows of ``show stat`` (CSV whose header line starts with ``# ``)."""
     lines = text.splitlines()
@@ -372,20 +388,29 @@ def parse_backend_stats(text: str) -> Iterator[dict[str, str]]:
     header = lines[0][2:].split(",")
     for line in lines[1:]:
         row = dict(zip(header, line.split(","), strict=False))
-        if row.get("svname") == "BACKEND" and row.get("pxname") in _BACKEND_NAMES:
+        if row.get("svname") == "BACKEND":
             yield row
 
 
-class HAProxyCollector(Collector):
-    """Folds HAProxy's counters into the proxy's /metrics at scrape time.
+def method_labels(routes: Routes) -> dict[str, str]:
+    """The ``method`` label of each backend: the method path, or what the catch-all backends carry."""
+    labels = {name: path.lstrip("/") for path, name in routes.backends().items() if name != "hooks"}
+    labels.update(hooks="hooked methods (Python)", runtime="unknown methods (runtime service)",
+                  image="unknown methods (image service)")
+    return labels
 
-    HAProxy sees HTTP, not gRPC: it knows each call's path and its backend's timings, not
-    its gRPC status code (a trailer).  So pass-through calls are counted per path, and
-    their durations are HAProxy's per-backend averages over the last 1024 calls.
+
+class HAProxyCollector(Collector):
+    """Folds HAProxy's per-backend statistics into the proxy's /metrics at scrape time.
+
+    Every pass-through CRI method has a backend of its own, so these are per method.
+    HAProxy sees HTTP, not gRPC: it cannot tell a call's gRPC status code (a trailer), and
+    it keeps an average duration of each backend's last 1024 calls, not a histogram.
     """
 
-    def __init__(self, layout: Layout, restarts: Callable[[], int]) -> None:
+    def __init__(self, layout: Layout, routes: Routes, restarts: Callable[[], int]) -> None:
         self.layout = layout
+        self.labels = method_labels(routes)
         self.restarts = restarts
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -395,7 +420,6 @@ class HAProxyCollector(Collector):
         yield restarts
         up = GaugeMetricFamily("koord_runtime_proxy_haproxy_up", "1 when HAProxy's stats socket answered this scrape.")
         try:
-            table = stats_command(self.layout.stats_socket, "show table paths")
             stat_csv = stats_command(self.layout.stats_socket, "show stat")
         except (OSError, ValueError) as exc:
             log.debug("haproxy stats socket: %s", exc)
@@ -404,27 +428,27 @@ class HAProxyCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
-        paths = CounterMetricFamily(
+        requests = CounterMetricFamily(
             "koord_runtime_proxy_haproxy_requests",
-            "CRI calls HAProxy received, by method path (hooked ones included); any gRPC status.",
-            labels=["method"])
-        for path, count in parse_path_counts(table):
-            paths.add_metric([path.lstrip("/")], count)
-        yield paths
-        requests = CounterMetricFamily("koord_runtime_proxy_haproxy_backend_requests",
-                                       "Calls HAProxy sent to each backend (hooks, runtime, image).",
-                                       labels=["backend"])
-        average = GaugeMetricFamily("koord_runtime_proxy_haproxy_backend_average_seconds",
-                                    "Average duration of a backend's last 1024 calls, as HAProxy measured it.",
-                                    labels=["backend"])
-        errors = CounterMetricFamily("koord_runtime_proxy_haproxy_backend_connection_errors",
-                                     "Connections HAProxy failed to open to each backend (each answered UNAVAILABLE).",
-                                     labels=["backend"])
+            "CRI calls through HAProxy by method (any gRPC status; hooked ones are counted together "
+            "here and per method by koord_runtime_proxy_cri_requests_total).", labels=["method"])
+        average = GaugeMetricFamily(
+            "koord_runtime_proxy_haproxy_average_duration_seconds",
+            "Average duration of the method's last 1024 calls through HAProxy.", labels=["method"])
+        errors = CounterMetricFamily(
+            "koord_runtime_proxy_haproxy_connection_errors",
+            "Connections HAProxy failed to open for the method (each call answered UNAVAILABLE).", labels=["method"])
         for row in parse_backend_stats(stat_csv):
+            label = self.labels.get(row.get("pxname", ""))
+            if label is None:
+                continue
             with contextlib.suppress(ValueError):
-                requests.add_metric([row["pxname"]], int(row.get("req_tot") or 0))
-                average.add_metric([row["pxname"]], int(row.get("ttime") or 0) / 1000.0)
-                errors.add_metric([row["pxname"]], int(row.get("econ") or 0))
+                total = int(row.get("req_tot") or 0)
+                mean = int(row.get("ttime") or 0) / 1000.0
+                failed = int(row.get("econ") or 0)
+                requests.add_metric([label], total)
+                average.add_metric([label], mean)
+                errors.add_metric([label], failed)
         yield requests
         yield average
         yield errors

@@ -8,13 +8,13 @@ import pytest
 
 from koord.runtimeproxy import dataplane
 from koord.runtimeproxy.config import DataPlane, parse_options
-from koord.runtimeproxy.criserver import hooked_paths
+from koord.runtimeproxy.criserver import cri_paths, hooked_paths
 
 
 def _routes(**overrides: str) -> dataplane.Routes:
     fields = {"public_socket": "/run/p/proxy.sock", "runtime_endpoint": "/run/c/containerd.sock",
               "image_endpoint": "/run/i/images.sock", **overrides}
-    return dataplane.Routes(hooked_paths=hooked_paths(), **fields)
+    return dataplane.Routes(hooked_paths=hooked_paths(), known_paths=sorted(cri_paths()), **fields)
 
 
 def test_hooked_paths_are_the_eight_lifecycle_methods_in_both_versions() -> None:
@@ -39,15 +39,30 @@ def test_flag_and_choice() -> None:
         dataplane.choose(DataPlane.HAPROXY, missing)
 
 
+def test_map_sends_hooked_paths_to_python_and_every_other_method_to_its_own_backend() -> None:
+    routes = _routes()
+    entries = dict(line.split(" ") for line in dataplane.render_map(routes).splitlines())
+    assert set(entries) == set(cri_paths())
+    assert {p for p, backend in entries.items() if backend == "hooks"} == set(hooked_paths())
+    assert entries["/runtime.v1.RuntimeService/ListContainers"] == "runtime.v1.RuntimeService.ListContainers"
+    assert entries["/runtime.v1alpha2.ImageService/PullImage"] == "runtime.v1alpha2.ImageService.PullImage"
+    labels = dataplane.method_labels(routes)
+    assert labels["runtime.v1.RuntimeService.ListContainers"] == "runtime.v1.RuntimeService/ListContainers"
+
+
 def test_config_routes_by_path_with_the_settings_real_clients_need(tmp_path: Path) -> None:
     layout = dataplane.Layout(tmp_path / "dp")
     text = dataplane.render_config(_routes(), layout)
     lines = [line.strip() for line in text.splitlines()]
     assert "bind unix@/run/p/proxy.sock mode 660 proto h2" in lines
-    assert "acl hooked path " + " ".join(hooked_paths()) in lines
-    assert f"server hooks unix@{layout.hooked_socket} proto h2" in lines
-    assert "server runtime unix@/run/c/containerd.sock proto h2" in lines
-    assert "server image unix@/run/i/images.sock proto h2" in lines
+    route = f"path,map_str({layout.routes_map})"
+    assert f"use_backend %[{route}] if {{ {route} -m found }}" in lines
+    backends = text.split("\nbackend ")[1:]
+    servers = {b.splitlines()[0]: b.splitlines()[2].strip() for b in backends}
+    assert servers["hooks"] == f"server hooks unix@{layout.hooked_socket} proto h2"
+    assert servers["runtime.v1.RuntimeService.Version"] == "server runtime unix@/run/c/containerd.sock proto h2"
+    assert servers["runtime.v1.ImageService.ListImages"] == "server image unix@/run/i/images.sock proto h2"
+    assert servers["image"] == "server image unix@/run/i/images.sock proto h2"
     assert "hard-stop-after 10s" in lines
     assert "tune.h2.max-concurrent-streams 10000" in lines
     assert "tune.h2.initial-window-size 1048576" in lines
@@ -87,14 +102,9 @@ def test_layout_is_private_and_replaces_what_a_killed_run_left(tmp_path: Path) -
         layout.prepare()
 
 
-def test_stats_parsers_tolerate_junk() -> None:
-    table = ("# table: paths, type: string, size:1024, used:2\n"
-             "0x55d5c: key=/runtime.v1.RuntimeService/Version use=0 exp=0 http_req_cnt=7\n"
-             "0x55d5d: key=/x use=0 exp=0 http_req_cnt=notanumber\n"
-             "garbage key=\n")
-    assert list(dataplane.parse_path_counts(table)) == [("/runtime.v1.RuntimeService/Version", 7)]
+def test_stats_parser_tolerates_junk() -> None:
     csv = ("# pxname,svname,req_tot,ttime,econ\n"
-           "runtime,BACKEND,12,3,0\nruntime,runtime,12,3,0\npaths,BACKEND,0,0,0\n")
+           "runtime,BACKEND,12,3,0\nruntime,runtime,12,3,0\ncri,FRONTEND,,,\nshort,BACKEND\n")
     rows = list(dataplane.parse_backend_stats(csv))
-    assert [(r["pxname"], r["req_tot"]) for r in rows] == [("runtime", "12")]
+    assert [(r["pxname"], r.get("req_tot")) for r in rows] == [("runtime", "12"), ("short", None)]
     assert list(dataplane.parse_backend_stats("not csv")) == []
