@@ -664,3 +664,19 @@ def test_crictl_lifecycle_with_socket_path_authority(
     crictl("stopp", sandbox_id)
     crictl("rmp", sandbox_id)
     assert rpc_error(lambda: kubelet.pod_status(sandbox_id))[0] == "NOT_FOUND"
+
+
+def test_image_calls_go_to_the_image_endpoint(containerd: Containerd, tmp_path: Path, data_plane: str) -> None:
+    with FakeCRI(tmp_path / "images.sock") as images:
+        proxy = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, data_plane=data_plane,
+                             extra_args=("--remote-image-service-endpoint", str(images.socket))).start()
+        try:
+            with KubeletClient(proxy.endpoint) as client:
+                assert client.runtime.Version(cri.VersionRequest(), timeout=CALL_TIMEOUT).runtime_name == "containerd"
+                for call in (lambda: client.image.ListImages(cri.ListImagesRequest(), timeout=CALL_TIMEOUT),
+                             lambda: client.channel.unary_unary("/runtime.v1.ImageService/SomeFutureMethod")(
+                                 b"", timeout=CALL_TIMEOUT)):
+                    code, details = rpc_error(call)  # the in-memory backend echoes what reached it
+                    assert code == ECHO_CODE.name and json.loads(details)["request"] == "", details
+        finally:
+            proxy.stop()

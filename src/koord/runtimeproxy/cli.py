@@ -194,13 +194,8 @@ async def _start_haproxy(binary: str, layout: dataplane.Layout, options: Options
                               options.runtime_endpoint, options.image_endpoint)
     dataplane.write_config(routes, layout)
     prepare_socket(Path(options.proxy_endpoint))
-    restarts = [0]
-
-    def count_restart() -> None:
-        restarts[0] += 1
-
-    supervisor = dataplane.Supervisor(binary, layout, options.proxy_endpoint, on_restart=count_restart)
-    metrics.registry.register(dataplane.HAProxyCollector(layout, routes, lambda: restarts[0]))
+    supervisor = dataplane.Supervisor(binary, layout, options.proxy_endpoint)
+    metrics.registry.register(dataplane.HAProxyCollector(layout, routes, lambda: supervisor.restarts))
     await supervisor.start()
     log.info("haproxy sends the %d hooked paths to %s, the rest to the backend", len(routes.hooked_paths),
              layout.hooked_socket)
@@ -214,18 +209,18 @@ async def _probe_backend(backend: Backend, state: _State, store: store_mod.Store
         public = grpc.aio.insecure_channel(f"unix://{options.proxy_endpoint}", options=CHANNEL_OPTIONS)
     try:
         while True:
-            try:
-                await backend.runtime.Version(cri.VersionRequest(), timeout=BACKEND_PROBE_SECONDS)
-                backend.reachable = True
-            except grpc.aio.AioRpcError:
-                backend.reachable = False
-            if public is not None:
+            if public is not None:  # first: a client can already call through HAProxy while this runs
                 try:
                     await public.unary_unary("/runtime.v1.RuntimeService/Version")(
                         cri.VersionRequest().SerializeToString(), timeout=BACKEND_PROBE_SECONDS)
                     state.public_answered = True
                 except grpc.aio.AioRpcError:
                     state.public_answered = False
+            try:
+                await backend.runtime.Version(cri.VersionRequest(), timeout=BACKEND_PROBE_SECONDS)
+                backend.reachable = True
+            except grpc.aio.AioRpcError:
+                backend.reachable = False
             pods, containers = store.sizes()
             metrics.store_pods.set(pods)
             metrics.store_containers.set(containers)

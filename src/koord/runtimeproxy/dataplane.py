@@ -265,12 +265,11 @@ class Supervisor:
     the child is started with vfork and runs no Python at all.
     """
 
-    def __init__(self, binary: str, layout: Layout, public_socket: str,
-                 on_restart: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, binary: str, layout: Layout, public_socket: str) -> None:
         self.binary = binary
         self.layout = layout
         self.public_socket = public_socket
-        self._on_restart = on_restart
+        self.restarts = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
@@ -328,7 +327,7 @@ class Supervisor:
                 await self._spawn()
             except (DataPlaneError, OSError) as exc:
                 log.error("restarting haproxy failed: %s", exc)
-            self._on_restart()
+            self.restarts += 1
 
     async def stop(self) -> None:
         """Soft stop (no new connections, in-flight calls finish) bounded by hard-stop-after, then SIGKILL."""
