@@ -279,10 +279,6 @@ class Supervisor:
         self._setpriv = setpriv
 
     @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
