@@ -618,12 +618,14 @@ def test_many_concurrent_long_calls_on_one_channel(fake_proxy: tuple[FakeCRI, gr
 
     The fake backend, because containerd 1.6 itself stalls at about 120 concurrent ExecSync calls.
     """
-    _, channel = fake_proxy
+    fake, channel = fake_proxy
     exec_sync = channel.unary_unary("/runtime.v1.RuntimeService/ExecSync", request_serializer=_serialize,
                                     response_deserializer=cri.ExecSyncResponse.FromString)
     request = cri.ExecSyncRequest(container_id="c1", cmd=["sleep", "2"], timeout=60)
     futures = [exec_sync.future(request, timeout=120) for _ in range(150)]
     assert [f.result().exit_code for f in futures] == [0] * 150
+    # All at once, not 100 and then the rest: a stream limit would hold calls back.
+    assert fake.most_concurrent_execs == 150
 
 
 CRICTL = "/work/shared/bin/crictl"

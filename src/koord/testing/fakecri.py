@@ -85,6 +85,8 @@ class FakeCRI(grpc.GenericRpcHandler):
         self.fail: dict[str, tuple[grpc.StatusCode, str]] = {}
         self.subscribers: list[queue.Queue[cri.ContainerEventResponse | None]] = []
         self._ids = itertools.count(1)
+        self._execs = 0
+        self.most_concurrent_execs = 0
         self._lock = threading.Lock()
         pool = futures.ThreadPoolExecutor(max_workers=MAX_CONCURRENT_CALLS)
         self._server = grpc.server(pool, handlers=(self,), options=[
@@ -221,9 +223,19 @@ class FakeCRI(grpc.GenericRpcHandler):
                                    runtime_api_version="v1")
 
     def _exec_sync(self, req: cri.ExecSyncRequest) -> cri.ExecSyncResponse:
-        """Runs nothing: ``["sleep", "<seconds>"]`` (at most 10) takes that long, anything else exits 0 at once."""
-        if len(req.cmd) == 2 and req.cmd[0] == "sleep":
-            time.sleep(min(float(req.cmd[1]), 10.0))
+        """Runs nothing: ``["sleep", "<seconds>"]`` (at most 10) takes that long, anything else exits 0 at once.
+
+        ``most_concurrent_execs`` records how many were in progress at once.
+        """
+        with self._lock:
+            self._execs += 1
+            self.most_concurrent_execs = max(self.most_concurrent_execs, self._execs)
+        try:
+            if len(req.cmd) == 2 and req.cmd[0] == "sleep":
+                time.sleep(min(float(req.cmd[1]), 10.0))
+        finally:
+            with self._lock:
+                self._execs -= 1
         return cri.ExecSyncResponse(exit_code=0)
 
     def _run_pod(self, req: cri.RunPodSandboxRequest) -> cri.RunPodSandboxResponse:
