@@ -24,14 +24,28 @@ def containerd() -> Iterator[tuple[Containerd, Path]]:
 
 
 @contextlib.contextmanager
-def proxy(backend: Containerd, work: Path, hook_dir: Path, name: str = "proxy") -> Iterator[tuple[str, int]]:
-    """A proxy process in front of ``backend``; yields (socket, pid)."""
-    instance = RuntimeProxy(work / name, backend.endpoint, hook_config_dir=hook_dir,
+def proxy(backend: Containerd, work: Path, hook_dir: Path, name: str = "proxy",
+          data_plane: str = "auto") -> Iterator[RuntimeProxy]:
+    """A proxy process in front of ``backend`` (its pids: ``proxy_pids``)."""
+    instance = RuntimeProxy(work / name, backend.endpoint, hook_config_dir=hook_dir, data_plane=data_plane,
                             extra_args=("--log-level", "warning")).start()
     try:
-        yield instance.endpoint, instance.pid
+        yield instance
     finally:
         instance.stop()
+
+
+def proxy_pids(instance: RuntimeProxy) -> list[int]:
+    """The proxy's processes: Python and, with the HAProxy data plane, HAProxy."""
+    assert instance.pid is not None
+    return [instance.pid, *instance.children()]
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/podstart.py [--pods 30]
 
-Three paths in one run, pods interleaved so all see the same load: direct to containerd,
-through the proxy with no plugins, and through the proxy with two no-op plugins registered
-for every hook point.  A pod start makes 4 hook points x 2 plugins = 8 plugin calls, so the
+Five paths in one run, pods interleaved so all see the same load: direct to containerd, and
+on each data plane (HAProxy, Python) through the proxy with no plugins and with two no-op
+plugins registered for every hook point.  A pod start makes 4 hook points x 2 plugins = 8 plugin calls, so the
 per-plugin-call overhead is (two plugins - no plugins) / 8.
 """
 
@@ -46,10 +46,15 @@ def main() -> int:
         for i, plugin in enumerate(plugins, 1):
             plugin.registration(hooks_dir, f"{i}0-noop.json")
         try:
-            with proxy(backend, work, work / "hooks-none", "bare") as (bare_sock, _), \
-                    proxy(backend, work, hooks_dir, "hooked") as (hooked_sock, _):
-                clients = {"direct": KubeletClient(backend.endpoint), "proxy, no plugins": KubeletClient(bare_sock),
-                           "proxy, 2 no-op plugins": KubeletClient(hooked_sock)}
+            with proxy(backend, work, work / "hooks-none", "bare-h", "haproxy") as bare_h, \
+                    proxy(backend, work, hooks_dir, "hooked-h", "haproxy") as hooked_h, \
+                    proxy(backend, work, work / "hooks-none", "bare-p", "python") as bare_p, \
+                    proxy(backend, work, hooks_dir, "hooked-p", "python") as hooked_p:
+                clients = {"direct": KubeletClient(backend.endpoint),
+                           "haproxy, no plugins": KubeletClient(bare_h.endpoint),
+                           "haproxy, 2 no-op plugins": KubeletClient(hooked_h.endpoint),
+                           "python, no plugins": KubeletClient(bare_p.endpoint),
+                           "python, 2 no-op plugins": KubeletClient(hooked_p.endpoint)}
                 for client in clients.values():
                     start_pod(client, backend.image)
                 samples: dict[str, list[float]] = {name: [] for name in clients}
@@ -64,9 +69,10 @@ def main() -> int:
     med = {name: statistics.median(s) for name, s in samples.items()}
     print(f"pod start (Run+Create+Start), median of {args.pods}, µs")
     for name, value in med.items():
-        print(f"  {name:24} {us(value)}   ratio to direct {value / med['direct']:.2f}")
-    per_call = (med["proxy, 2 no-op plugins"] - med["proxy, no plugins"]) / PLUGIN_CALLS_PER_POD
-    print(f"  hook dispatch overhead per plugin call: {us(per_call).strip()} µs")
+        print(f"  {name:26} {us(value)}   ratio to direct {value / med['direct']:.2f}")
+    for plane in ("haproxy", "python"):
+        per_call = (med[f"{plane}, 2 no-op plugins"] - med[f"{plane}, no plugins"]) / PLUGIN_CALLS_PER_POD
+        print(f"  {plane}: hook dispatch overhead per plugin call: {us(per_call).strip()} µs")
     return 0
 
 

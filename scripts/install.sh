@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the demo and the tests need on a fresh Debian machine (run as root):
-# containerd + runc + a static libc for the test image, docker.io (dockerd and the docker CLI
-# for Docker mode's tests), and the project in .venv.
+# containerd + runc + haproxy (the pass-through data plane) + a static libc for the test image,
+# docker.io (dockerd and the docker CLI for Docker mode's tests), and the project in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +15,7 @@ command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 { command -v dockerd >/dev/null && [ -x /usr/bin/docker ]; } || missing+=(docker.io)
 command -v gcc >/dev/null || missing+=(gcc)
+command -v haproxy >/dev/null || missing+=(haproxy)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install.sh: installing Debian packages: ${missing[*]}"

@@ -54,8 +54,15 @@ def kubelet(containerd: Containerd) -> Iterator[KubeletClient]:
 
 
 @pytest.fixture
-def proxy(containerd: Containerd, tmp_path: Path) -> Iterator[RuntimeProxy]:
-    instance = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, hook_config_dir=tmp_path / "hookserver.d")
+def data_plane() -> str:
+    """The proxy fixture's --data-plane; a module that must pass on both overrides it with params."""
+    return "auto"
+
+
+@pytest.fixture
+def proxy(containerd: Containerd, tmp_path: Path, data_plane: str) -> Iterator[RuntimeProxy]:
+    instance = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, hook_config_dir=tmp_path / "hookserver.d",
+                            data_plane=data_plane)
     try:
         instance.start()
         yield instance

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,13 +22,14 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1alpha2 import api_pb2 as cri_v1alpha2
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict, MessageToJson
 from google.protobuf.message import Message
 
 from koord.testing.containerd import Containerd
-from koord.testing.fakecri import ECHO_CODE, FakeCRI
-from koord.testing.kubelet import MAX_MESSAGE_BYTES, KubeletClient, grpc_target, read_cgroup
+from koord.testing.fakecri import ECHO_CODE, INITIAL_METADATA_KEY, MIRROR_METHOD, FakeCRI
+from koord.testing.kubelet import KubeletClient, grpc_target, read_cgroup
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.sharedbin import missing_shared_binaries, shared_binary
 
 pytestmark = pytest.mark.e2e
 
@@ -52,6 +54,12 @@ VOLATILE_FIELDS = frozenset(
 )
 _STREAM_URL_TOKEN = re.compile(r"/(exec|attach|portforward)/[A-Za-z0-9_-]+")
 CALL_TIMEOUT = 15.0
+
+
+@pytest.fixture(params=["haproxy", "python"])
+def data_plane(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both data planes: each must be invisible to kubelet."""
+    return str(request.param)
 
 
 def normalized(value: Any, ids: dict[str, str]) -> Any:
@@ -419,9 +427,9 @@ def _wait_for(call: Callable[[], Any], timeout: float) -> Any:
         time.sleep(0.1)
 
 
-def test_backend_down_then_back(tmp_path: Path) -> None:
+def test_backend_down_then_back(tmp_path: Path, data_plane: str) -> None:
     with Containerd(tmp_path / "ctd") as backend:
-        with RuntimeProxy(tmp_path / "proxy", backend.endpoint) as proxy:
+        with RuntimeProxy(tmp_path / "proxy", backend.endpoint, data_plane=data_plane) as proxy:
             client = KubeletClient(
                 proxy.endpoint, on_pod_created=backend.track_pod_cgroup, log_root=backend.workdir / "pod-logs"
             )
@@ -452,14 +460,14 @@ def test_backend_down_then_back(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def fake_proxy(tmp_path: Path) -> Iterator[tuple[FakeCRI, grpc.Channel]]:
+def fake_proxy(tmp_path: Path, data_plane: str) -> Iterator[tuple[FakeCRI, grpc.Channel]]:
     with FakeCRI(tmp_path / "fake.sock") as fake:
         fake.echo.add("StartContainer")  # answered with the echo, like the methods it does not implement
-        proxy = RuntimeProxy(tmp_path / "proxy", str(fake.socket))
+        proxy = RuntimeProxy(tmp_path / "proxy", str(fake.socket), data_plane=data_plane)
         proxy.start()
         channel = grpc.insecure_channel(
             grpc_target(proxy.endpoint),
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+            options=[("grpc.max_receive_message_length", 64 << 20)],  # the proxy's limit, not kubelet's
         )
         try:
             yield fake, channel
@@ -481,7 +489,7 @@ def _echo_of(channel: grpc.Channel, path: str, request: bytes, **kwargs: Any) ->
 
 # A method the proxy knows (passthrough), one it intercepts, and one no CRI version has.
 ECHO_PATHS = (
-    "/runtime.v1.RuntimeService/ExecSync",
+    "/runtime.v1.RuntimeService/ContainerStats",
     "/runtime.v1.RuntimeService/StartContainer",
     "/runtime.v1.RuntimeService/SomeFutureMethod",
     "/runtime.v1.ImageService/PullImage",
@@ -552,3 +560,126 @@ def test_container_events_unimplemented_like_direct(
     direct = _raw_call(kubelet.channel, "runtime.v1.RuntimeService", method, cri.GetEventsRequest())
     proxied = _raw_call(proxied_kubelet.channel, "runtime.v1.RuntimeService", method, cri.GetEventsRequest())
     assert proxied == direct
+
+
+# ------------------------------------------------------------------ what real clients need of the data plane
+
+
+def test_unknown_method_answers_like_direct_every_time(
+    kubelet: KubeletClient, proxied_kubelet: KubeletClient
+) -> None:
+    path = "/runtime.v1.RuntimeService/NoSuchMethodAnywhere"
+    direct = {outcome(lambda: kubelet.channel.unary_unary(path)(b"", timeout=CALL_TIMEOUT)) for _ in range(30)}
+    proxied = [outcome(lambda: proxied_kubelet.channel.unary_unary(path)(b"", timeout=CALL_TIMEOUT))
+               for _ in range(30)]
+    assert len(direct) == 1 and next(iter(direct))[0] == "UNIMPLEMENTED"
+    assert set(proxied) == direct, f"30 calls through the proxy answered {proxied}"
+
+
+def test_backend_initial_metadata_reaches_the_client(fake_proxy: tuple[FakeCRI, grpc.Channel]) -> None:
+    fake, channel = fake_proxy
+    fake.add_pod("s1", "meta", {}, None)
+    calls = {  # a pass-through method and a hooked one
+        "ListPodSandbox": cri.ListPodSandboxRequest(),
+        "RunPodSandbox": cri.RunPodSandboxRequest(
+            config=cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="m", namespace="e2e", uid="u2"))),
+    }
+    for method, request in calls.items():
+        _, call = channel.unary_unary(f"/runtime.v1.RuntimeService/{method}", request_serializer=_serialize
+                                      ).with_call(request, timeout=CALL_TIMEOUT)
+        assert (INITIAL_METADATA_KEY, method) in tuple(call.initial_metadata()), method
+
+
+def test_twenty_mib_each_way(fake_proxy: tuple[FakeCRI, grpc.Channel]) -> None:
+    _, channel = fake_proxy
+    payload = bytes(range(256)) * (20 * 1024 * 1024 // 256)
+    answer = channel.unary_unary(f"/runtime.v1.RuntimeService/{MIRROR_METHOD}")(payload, timeout=60)
+    assert len(answer) == len(payload)
+    assert answer == payload
+
+
+def test_idle_event_stream_outlives_short_timeouts(fake_proxy: tuple[FakeCRI, grpc.Channel]) -> None:
+    fake, channel = fake_proxy
+    events = channel.unary_stream(
+        "/runtime.v1.RuntimeService/GetContainerEvents",
+        request_serializer=_serialize,
+        response_deserializer=cri.ContainerEventResponse.FromString,
+    )(cri.GetEventsRequest())
+    _wait_until(lambda: fake.subscriber_count() == 1, "the proxy to open the backend's event stream")
+    time.sleep(3)  # longer than every short timeout of the data plane (the 1 s connect timeout)
+    config = cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="late", namespace="e2e", uid="u3"))
+    channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox", request_serializer=_serialize)(
+        cri.RunPodSandboxRequest(config=config), timeout=CALL_TIMEOUT)
+    assert next(events).pod_sandbox_status.metadata.name == "late"
+    events.cancel()
+
+
+def test_many_concurrent_long_calls_on_one_channel(fake_proxy: tuple[FakeCRI, grpc.Channel]) -> None:
+    """kubelet multiplexes every call on one connection: 150 streams at once, beyond HTTP/2's usual 100.
+
+    The fake backend, because containerd 1.6 itself stalls at about 120 concurrent ExecSync calls.
+    """
+    fake, channel = fake_proxy
+    exec_sync = channel.unary_unary("/runtime.v1.RuntimeService/ExecSync", request_serializer=_serialize,
+                                    response_deserializer=cri.ExecSyncResponse.FromString)
+    request = cri.ExecSyncRequest(container_id="c1", cmd=["sleep", "2"], timeout=60)
+    futures = [exec_sync.future(request, timeout=120) for _ in range(150)]
+    assert [f.result().exit_code for f in futures] == [0] * 150
+    # All at once, not 100 and then the rest: a stream limit would hold calls back.
+    assert fake.most_concurrent_execs == 150
+
+
+CRICTL = str(shared_binary("crictl"))
+
+
+def test_crictl_lifecycle_with_socket_path_authority(
+    containerd: Containerd, kubelet: KubeletClient, proxy: RuntimeProxy, tmp_path: Path
+) -> None:
+    """crictl 1.26 (grpc-go 1.51) sends the socket path as :authority, like older kubelets."""
+    if missing_shared_binaries("crictl"):
+        pytest.fail(f"{CRICTL} (cri-tools v1.26.1 built from upstream) is missing", pytrace=False)
+    uid = str(uuid.uuid4())
+    sandbox_config = kubelet.sandbox_config("crictl", "e2e", uid, None, None, "besteffort")
+    container_config = kubelet.container_config(sandbox_config, "app", containerd.image, None, None, None, None,
+                                                None, None)
+    pod_json, container_json = tmp_path / "pod.json", tmp_path / "container.json"
+    pod_json.write_text(MessageToJson(sandbox_config, preserving_proto_field_name=True, use_integers_for_enums=True))
+    container_json.write_text(
+        MessageToJson(container_config, preserving_proto_field_name=True, use_integers_for_enums=True))
+    endpoint = f"unix://{proxy.endpoint}"
+
+    def crictl(*args: str) -> str:
+        done = subprocess.run([CRICTL, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint,
+                               "--timeout", "60s", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"crictl {' '.join(args)}: {done.stderr}"
+        return done.stdout.strip()
+
+    containerd.track_pod_cgroup(sandbox_config.linux.cgroup_parent)
+    sandbox_id = crictl("runp", str(pod_json))
+    kubelet.pods.append(sandbox_id)  # removed straight at containerd if the test fails half-way
+    kubelet.sandbox_configs[sandbox_id] = sandbox_config
+    container_id = crictl("create", "--no-pull", sandbox_id, str(container_json), str(pod_json))
+    crictl("start", container_id)
+    assert crictl("ps", "-q", "--id", container_id) == container_id
+    assert crictl("exec", "-s", container_id, "/pause", "echo", "old", "client") == "old client"
+    crictl("stop", container_id)
+    crictl("rm", container_id)
+    crictl("stopp", sandbox_id)
+    crictl("rmp", sandbox_id)
+    assert rpc_error(lambda: kubelet.pod_status(sandbox_id))[0] == "NOT_FOUND"
+
+
+def test_image_calls_go_to_the_image_endpoint(containerd: Containerd, tmp_path: Path, data_plane: str) -> None:
+    with FakeCRI(tmp_path / "images.sock") as images:
+        proxy = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, data_plane=data_plane,
+                             extra_args=("--remote-image-service-endpoint", str(images.socket))).start()
+        try:
+            with KubeletClient(proxy.endpoint) as client:
+                assert client.runtime.Version(cri.VersionRequest(), timeout=CALL_TIMEOUT).runtime_name == "containerd"
+                for call in (lambda: client.image.ListImages(cri.ListImagesRequest(), timeout=CALL_TIMEOUT),
+                             lambda: client.channel.unary_unary("/runtime.v1.ImageService/SomeFutureMethod")(
+                                 b"", timeout=CALL_TIMEOUT)):
+                    code, details = rpc_error(call)  # the in-memory backend echoes what reached it
+                    assert code == ECHO_CODE.name and json.loads(details)["request"] == "", details
+        finally:
+            proxy.stop()

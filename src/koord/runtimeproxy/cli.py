@@ -19,10 +19,10 @@ from cri_api.v1 import api_pb2 as cri
 from koord import rlimits
 from koord.hookapi import SOCKET_MODE, prepare_socket
 
-from . import memtrim
+from . import dataplane, memtrim
 from . import store as store_mod
 from .config import BackendMode, OptionError, Options, parse_options
-from .criserver import SERVER_OPTIONS, Backend, CRIServer
+from .criserver import CHANNEL_OPTIONS, SERVER_OPTIONS, Backend, CRIServer, cri_paths, hooked_paths
 from .dispatcher import RuntimeDispatcher
 from .dockerserver import app as docker_app
 from .metrics import HealthServer, ProxyMetrics
@@ -44,30 +44,54 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=options.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if options.backend_mode is BackendMode.DOCKER:
+        log.info("data plane: python (Docker mode serves the Docker API itself)")
+        serve = docker_app.run(options)
+    else:
+        try:
+            plane, why, haproxy = dataplane.choose(options.data_plane)
+        except dataplane.DataPlaneError as exc:
+            print(f"koord-runtime-proxy: {exc}", file=sys.stderr)
+            return 2
+        log.info("data plane: %s, because %s", plane, why)
+        serve = run(options, haproxy)
     try:
-        if options.backend_mode is BackendMode.DOCKER:
-            return asyncio.run(docker_app.run(options))
-        return asyncio.run(run(options))
+        return asyncio.run(serve)
     except KeyboardInterrupt:
         return 0
+    except dataplane.DataPlaneError as exc:
+        log.error("%s", exc)
+        return 1
 
 
 class _State:
-    """What /readyz reports: the store is rebuilt and the backend answered recently."""
+    """What /readyz reports: the store is rebuilt and the backend answered recently.
+
+    With HAProxy also: HAProxy runs, and the last Version call through the public socket
+    (HAProxy, then the backend) was answered.
+    """
 
     def __init__(self, backend: Backend) -> None:
         self.store_ready = False
         self.backend = backend
+        self.haproxy: dataplane.Supervisor | None = None
+        self.public_answered = False
 
     def ready(self) -> tuple[bool, str]:
         if not self.store_ready:
             return False, "store not rebuilt yet"
         if not self.backend.reachable:
             return False, "backend not reachable"
+        if self.haproxy is not None:
+            if not self.haproxy.alive:
+                return False, "haproxy is not running"
+            if not self.public_answered:
+                return False, "Version through the public socket was not answered"
         return True, "ok"
 
 
-async def run(options: Options) -> int:
+async def run(options: Options, haproxy: str | None = None) -> int:
+    """Serves until SIGTERM; with ``haproxy`` (its binary) HAProxy serves the public socket."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -97,19 +121,40 @@ async def run(options: Options) -> int:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         server.add_generic_rpc_handlers((CRIServer(backend, store, dispatcher, metrics,
                                                    (options.skip_key, options.skip_val)),))
-        prepare_socket(Path(options.proxy_endpoint))
-        server.add_insecure_port(f"unix://{options.proxy_endpoint}")
+        layout = None
+        if haproxy is None:
+            python_socket, python_mode = options.proxy_endpoint, SOCKET_MODE
+            prepare_socket(Path(options.proxy_endpoint))
+        else:
+            layout = dataplane.Layout.for_public_socket(options.proxy_endpoint)
+            layout.prepare()
+            python_socket, python_mode = str(layout.hooked_socket), 0o600
+        server.add_insecure_port(f"unix://{python_socket}")
         await server.start()
-        os.chmod(options.proxy_endpoint, SOCKET_MODE)
+        os.chmod(python_socket, python_mode)
+        if layout is not None and haproxy is not None:
+            try:
+                state.haproxy = await _start_haproxy(haproxy, layout, options, metrics)
+            except BaseException:
+                await server.stop(0)
+                layout.remove()
+                raise
         log.info("serving CRI on %s, backend %s (images %s), hook config %s",
                  options.proxy_endpoint, options.runtime_endpoint, options.image_endpoint,
                  options.hook_config_dir)
-        probe = asyncio.create_task(_probe_backend(backend, state, store, metrics))
+        probe = asyncio.create_task(_probe_backend(backend, state, store, metrics, options))
         await stop.wait()
-        log.info("shutting down: finishing in-flight calls (at most %.0fs)", SHUTDOWN_GRACE_SECONDS)
         probe.cancel()
+        if state.haproxy is not None:
+            # HAProxy first: stopping Python first fails calls HAProxy is still sending it.
+            log.info("shutting down: stopping haproxy (in-flight calls get at most %.0fs)",
+                     dataplane.HARD_STOP_AFTER)
+            await state.haproxy.stop()
+        log.info("shutting down: finishing in-flight calls (at most %.0fs)", SHUTDOWN_GRACE_SECONDS)
         await server.stop(SHUTDOWN_GRACE_SECONDS)
         Path(options.proxy_endpoint).unlink(missing_ok=True)
+        if layout is not None:
+            layout.remove()
         return 0
     finally:
         plugins.stop()
@@ -145,16 +190,44 @@ async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
     return False
 
 
+async def _start_haproxy(binary: str, layout: dataplane.Layout, options: Options,
+                         metrics: ProxyMetrics) -> dataplane.Supervisor:
+    routes = dataplane.Routes(options.proxy_endpoint, hooked_paths(), sorted(cri_paths()),
+                              options.runtime_endpoint, options.image_endpoint)
+    dataplane.write_config(routes, layout)
+    prepare_socket(Path(options.proxy_endpoint))
+    supervisor = dataplane.Supervisor(binary, layout, options.proxy_endpoint)
+    metrics.registry.register(dataplane.HAProxyCollector(layout, routes, lambda: supervisor.restarts))
+    await supervisor.start()
+    log.info("haproxy sends the %d hooked paths to %s, the rest to the backend", len(routes.hooked_paths),
+             layout.hooked_socket)
+    return supervisor
+
+
 async def _probe_backend(backend: Backend, state: _State, store: store_mod.Store,
-                         metrics: ProxyMetrics) -> None:
-    while True:
-        try:
-            await backend.runtime.Version(cri.VersionRequest(), timeout=BACKEND_PROBE_SECONDS)
-            backend.reachable = True
-        except grpc.aio.AioRpcError:
-            backend.reachable = False
-        pods, containers = store.sizes()
-        metrics.store_pods.set(pods)
-        metrics.store_containers.set(containers)
-        await asyncio.sleep(BACKEND_PROBE_SECONDS)
+                         metrics: ProxyMetrics, options: Options) -> None:
+    public = None
+    if state.haproxy is not None:
+        public = grpc.aio.insecure_channel(f"unix://{options.proxy_endpoint}", options=CHANNEL_OPTIONS)
+    try:
+        while True:
+            if public is not None:  # first: a client can already call through HAProxy while this runs
+                try:
+                    await public.unary_unary("/runtime.v1.RuntimeService/Version")(
+                        cri.VersionRequest().SerializeToString(), timeout=BACKEND_PROBE_SECONDS)
+                    state.public_answered = True
+                except grpc.aio.AioRpcError:
+                    state.public_answered = False
+            try:
+                await backend.runtime.Version(cri.VersionRequest(), timeout=BACKEND_PROBE_SECONDS)
+                backend.reachable = True
+            except grpc.aio.AioRpcError:
+                backend.reachable = False
+            pods, containers = store.sizes()
+            metrics.store_pods.set(pods)
+            metrics.store_containers.set(containers)
+            await asyncio.sleep(BACKEND_PROBE_SECONDS)
+    finally:
+        if public is not None:
+            await public.close()
 

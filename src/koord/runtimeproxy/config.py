@@ -28,6 +28,15 @@ class BackendMode(enum.StrEnum):
     DOCKER = "Docker"
 
 
+class DataPlane(enum.StrEnum):
+    """Who serves kubelet's socket: HAProxy (Python only for hooked calls), Python alone,
+    or HAProxy when it is installed."""
+
+    AUTO = "auto"
+    HAPROXY = "haproxy"
+    PYTHON = "python"
+
+
 class OptionError(ValueError):
     """A flag value is wrong; the message names the flag."""
 
@@ -44,6 +53,7 @@ class Options:
     metrics_address: str
     hook_timeout: float
     log_level: str
+    data_plane: DataPlane = DataPlane.AUTO
 
 
 def unix_socket_path(value: str, flag: str) -> str:
@@ -107,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hook-timeout", default=str(DEFAULT_HOOK_TIMEOUT),
                    help="default time a plugin has to answer one hook call, e.g. 5s or 500ms; "
                    "a registration's timeout-seconds overrides it (default: 5s)")
+    p.add_argument("--data-plane", default=DataPlane.AUTO.value, choices=[d.value for d in DataPlane],
+                   help="haproxy: HAProxy serves the socket and sends only the hooked lifecycle calls "
+                   "to Python; python: Python serves every call; auto: haproxy when the haproxy "
+                   "binary is on PATH, else python (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log verbosity (default: %(default)s)")
     return p
@@ -127,6 +141,9 @@ def parse_options(argv: list[str] | None = None) -> Options:
     if ns.remote_image_service_endpoint is not None and mode is BackendMode.DOCKER:
         raise OptionError("--remote-image-service-endpoint: has no meaning with --backend-runtime-mode=Docker "
                           "(dockerd serves images on its one socket); remove it")
+    if ns.data_plane == DataPlane.HAPROXY and mode is BackendMode.DOCKER:
+        raise OptionError("--data-plane=haproxy: Docker mode serves the Docker API from Python only; "
+                          "use auto or python")
     if ns.remote_image_service_endpoint:
         image = unix_socket_path(ns.remote_image_service_endpoint, "--remote-image-service-endpoint")
     if not ns.runtime_hook_server_key:
@@ -142,4 +159,5 @@ def parse_options(argv: list[str] | None = None) -> Options:
         metrics_address=check_bind_address(ns.metrics_bind_address, "--metrics-bind-address"),
         hook_timeout=parse_duration(ns.hook_timeout, "--hook-timeout"),
         log_level=ns.log_level,
+        data_plane=DataPlane(ns.data_plane),
     )

@@ -13,6 +13,7 @@ forwarded, so an unhooked call is byte-for-byte the same as a direct one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -89,12 +90,36 @@ class Call:
     raw: bytes
     timeout: float | None
     metadata: tuple[tuple[str, str], ...]
-    upstream: Callable[..., Awaitable[bytes]]
+    upstream: Callable[..., grpc.aio.UnaryUnaryCall]
+    context: grpc.aio.ServicerContext
 
     async def forward(self, changed: Message | None = None) -> bytes:
         """Sends the original bytes, or ``changed`` when a plugin changed the request."""
         request = self.raw if changed is None else changed.SerializeToString()
-        return await self.upstream(request, timeout=self.timeout, metadata=self.metadata)
+        return await unary_call(self.upstream(request, timeout=self.timeout, metadata=self.metadata),
+                                self.context)
+
+
+async def unary_call(call: grpc.aio.UnaryUnaryCall, context: grpc.aio.ServicerContext) -> bytes:
+    """The backend's answer to ``call``; its initial metadata (response headers) goes on to our caller."""
+    try:
+        response = await call
+    except grpc.aio.AioRpcError as err:
+        await _send_headers(context, err.initial_metadata())
+        raise
+    await pass_initial_metadata(call, context)
+    return response
+
+
+async def pass_initial_metadata(call: grpc.aio.Call, context: grpc.aio.ServicerContext) -> None:
+    await _send_headers(context, await call.initial_metadata())
+
+
+async def _send_headers(context: grpc.aio.ServicerContext, metadata: Any) -> None:
+    headers = _user_metadata(metadata)
+    if headers:
+        with contextlib.suppress(grpc.aio.UsageError, ValueError):  # already sent (a second forward)
+            await context.send_initial_metadata(headers)
 
 
 def call_options(context: grpc.aio.ServicerContext) -> tuple[float | None, tuple[tuple[str, str], ...]]:
@@ -112,12 +137,39 @@ async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detai
     raise AssertionError("grpc.aio ServicerContext.abort returned")
 
 
+def _user_metadata(metadata: Any) -> tuple[tuple[str, str], ...]:
+    """What a proxy passes on: everything but pseudo-headers and grpc's own."""
+    return tuple((k, v) for k, v in (metadata or ()) if not k.startswith((":", "grpc-")) and k != "content-type")
+
+
 def _trailing(err: grpc.aio.AioRpcError) -> tuple[tuple[str, str], ...]:
-    return tuple((k, v) for k, v in (err.trailing_metadata() or ()) if not k.startswith((":", "grpc-")))
+    return _user_metadata(err.trailing_metadata())
 
 
 Lifecycle = Callable[[Any, "Call"], Awaitable[bytes]]
 _RUNTIME_SERVICES = ("runtime.v1.RuntimeService", "runtime.v1alpha2.RuntimeService")
+
+LIFECYCLE: dict[str, tuple[type[Message], str]] = {
+    "RunPodSandbox": (cri.RunPodSandboxRequest, "run_pod_sandbox"),
+    "CreateContainer": (cri.CreateContainerRequest, "create_container"),
+    "StartContainer": (cri.StartContainerRequest, "start_container"),
+    "UpdateContainerResources": (cri.UpdateContainerResourcesRequest, "update_container_resources"),
+    "StopContainer": (cri.StopContainerRequest, "stop_container"),
+    "RemoveContainer": (cri.RemoveContainerRequest, "remove_container"),
+    "StopPodSandbox": (cri.StopPodSandboxRequest, "stop_pod_sandbox"),
+    "RemovePodSandbox": (cri.RemovePodSandboxRequest, "remove_pod_sandbox"),
+}
+"""The intercepted methods: the CRI request type that decodes them and the CRIServer method handling them."""
+
+
+def hooked_paths() -> tuple[str, ...]:
+    """The method paths that need this server (the rest may bypass it): LIFECYCLE in both CRI versions."""
+    return tuple(f"/{service}/{method}" for service in _RUNTIME_SERVICES for method in LIFECYCLE)
+
+
+def cri_paths() -> frozenset[str]:
+    """Every method path of CRI v1 and v1alpha2 (both services) that this proxy knows by name."""
+    return _cri_paths(server_streaming=False) | _cri_paths(server_streaming=True)
 
 
 def _cri_paths(server_streaming: bool) -> frozenset[str]:
@@ -145,16 +197,9 @@ class CRIServer(grpc.GenericRpcHandler):
         self._unary = _cri_paths(server_streaming=False)
         self._streaming = _cri_paths(server_streaming=True)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
-        # The intercepted methods: the CRI request type that decodes them and their handler.
         self.lifecycle: dict[str, tuple[type[Message], Lifecycle]] = {
-            "RunPodSandbox": (cri.RunPodSandboxRequest, self.run_pod_sandbox),
-            "CreateContainer": (cri.CreateContainerRequest, self.create_container),
-            "StartContainer": (cri.StartContainerRequest, self.start_container),
-            "UpdateContainerResources": (cri.UpdateContainerResourcesRequest, self.update_container_resources),
-            "StopContainer": (cri.StopContainerRequest, self.stop_container),
-            "RemoveContainer": (cri.RemoveContainerRequest, self.remove_container),
-            "StopPodSandbox": (cri.StopPodSandboxRequest, self.stop_pod_sandbox),
-            "RemovePodSandbox": (cri.RemovePodSandboxRequest, self.remove_pod_sandbox),
+            method: (request_type, getattr(self, handler))
+            for method, (request_type, handler) in LIFECYCLE.items()
         }
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
@@ -177,7 +222,7 @@ class CRIServer(grpc.GenericRpcHandler):
             return self._unary_passthrough(path, channel.unary_unary(path))
         if path in self._streaming:
             return self._stream_passthrough(path, channel.unary_stream(path))
-        return self._generic_passthrough(path, channel.stream_stream(path))
+        return self._generic_passthrough(path, channel.unary_stream(path))
 
     # ------------------------------------------------------------ pass-through handlers
 
@@ -191,7 +236,7 @@ class CRIServer(grpc.GenericRpcHandler):
             timeout, metadata = call_options(context)
             note_size(len(request))
             try:
-                response = await upstream(request, timeout=timeout, metadata=metadata)
+                response = await unary_call(upstream(request, timeout=timeout, metadata=metadata), context)
             except grpc.aio.AioRpcError as err:
                 observe(label, err.code().name, time.perf_counter() - start)
                 await _abort(context, err.code(), err.details(), _trailing(err))
@@ -213,22 +258,29 @@ class CRIServer(grpc.GenericRpcHandler):
         return grpc.unary_stream_rpc_method_handler(handler)
 
     def _generic_passthrough(self, path: str, upstream) -> grpc.RpcMethodHandler:
-        """Any method we do not know: stream-stream carries unary and streaming calls alike."""
+        """Any method we do not know, as unary-stream: on the wire it carries unary calls and
+        server-streaming ones alike (no CRI version has client-streaming methods).
+
+        Not stream-stream: when the backend answers before grpc's client has written the
+        request (UNIMPLEMENTED for a method it lacks), grpc-python fails that call with
+        INTERNAL "Internal error from Core" instead of the backend's status.
+        """
         label = path[1:]
 
-        async def handler(requests, context: grpc.aio.ServicerContext):
+        async def handler(request: bytes, context: grpc.aio.ServicerContext):
             timeout, metadata = call_options(context)
-            async for message in self._relay(upstream(requests, timeout=timeout, metadata=metadata),
+            async for message in self._relay(upstream(request, timeout=timeout, metadata=metadata),
                                              context, label):
                 yield message
 
-        return grpc.stream_stream_rpc_method_handler(handler)
+        return grpc.unary_stream_rpc_method_handler(handler)
 
     async def _relay(self, call, context: grpc.aio.ServicerContext, label: str):
         """Yields the backend's messages; its status ends ours; our cancellation cancels it."""
         start = time.perf_counter()
         code = "OK"
         try:
+            await pass_initial_metadata(call, context)
             async for message in call:
                 self.trimmer.note(len(message))
                 yield message
@@ -242,7 +294,7 @@ class CRIServer(grpc.GenericRpcHandler):
     # ------------------------------------------------------------ the interception path
 
     def _intercepted(self, path: str, request_type: type[Message], lifecycle: Lifecycle,
-                     upstream: Callable[..., Awaitable[bytes]]) -> grpc.RpcMethodHandler:
+                     upstream: Callable[..., grpc.aio.UnaryUnaryCall]) -> grpc.RpcMethodHandler:
         label = path[1:]
         observe = self.metrics.observe_cri
 
@@ -250,7 +302,7 @@ class CRIServer(grpc.GenericRpcHandler):
             start = time.perf_counter()
             timeout, metadata = call_options(context)
             self.trimmer.note(len(request))
-            call = Call(request, timeout, metadata, upstream)
+            call = Call(request, timeout, metadata, upstream, context)
             code = "OK"
             try:
                 try:

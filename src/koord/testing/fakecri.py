@@ -10,7 +10,8 @@ arrived, so a test can check that a proxy forwarded the original bytes or what i
 Methods listed in ``echo`` (and any method it does not implement) fail with
 FAILED_PRECONDITION whose message is a JSON echo of what arrived: metadata, deadline and
 request bytes, for transparency tests. ``fail[method] = (code, message)`` makes a method
-fail. ``GetContainerEvents`` streams an event for every RunPodSandbox.
+fail. ``GetContainerEvents`` streams an event for every RunPodSandbox. Implemented methods
+send ``x-fake-method: <method>`` as initial metadata; ``FakeMirror`` answers its request bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from google.protobuf.message import Message
 
 SERVICE = "runtime.v1.RuntimeService"
 ECHO_CODE = grpc.StatusCode.FAILED_PRECONDITION
+INITIAL_METADATA_KEY = "x-fake-method"
+"""Sent as initial metadata (a response header) by every method the fake implements."""
+MAX_CONCURRENT_CALLS = 256
+"""Enough threads for tests of kubelet's many concurrent calls on one connection."""
+MIRROR_METHOD = "FakeMirror"
+"""A method no CRI has, answering the request's bytes."""
 MAX_MESSAGE_BYTES = 64 << 20
 
 
@@ -78,13 +85,17 @@ class FakeCRI(grpc.GenericRpcHandler):
         self.fail: dict[str, tuple[grpc.StatusCode, str]] = {}
         self.subscribers: list[queue.Queue[cri.ContainerEventResponse | None]] = []
         self._ids = itertools.count(1)
+        self._execs = 0
+        self.most_concurrent_execs = 0
         self._lock = threading.Lock()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), handlers=(self,), options=[
+        pool = futures.ThreadPoolExecutor(max_workers=MAX_CONCURRENT_CALLS)
+        self._server = grpc.server(pool, handlers=(self,), options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         self._server.add_insecure_port(f"unix:{socket}")
         self._unary: dict[str, tuple[type[Message], Callable[[Any], Message]]] = {
             "Version": (cri.VersionRequest, self._version),
+            "ExecSync": (cri.ExecSyncRequest, self._exec_sync),
             "RunPodSandbox": (cri.RunPodSandboxRequest, self._run_pod),
             "StopPodSandbox": (cri.StopPodSandboxRequest, self._stop_pod),
             "RemovePodSandbox": (cri.RemovePodSandboxRequest, self._remove_pod),
@@ -145,6 +156,8 @@ class FakeCRI(grpc.GenericRpcHandler):
         service, _, method = details.method.lstrip("/").partition("/")
         if service == SERVICE and method == "GetContainerEvents":
             return grpc.unary_stream_rpc_method_handler(self._events)
+        if service == SERVICE and method == MIRROR_METHOD:
+            return grpc.unary_unary_rpc_method_handler(self._mirror)
         if service == SERVICE and method in self._unary and method not in self.echo:
             request_type, answer = self._unary[method]
             return grpc.unary_unary_rpc_method_handler(self._serve(method, request_type, answer))
@@ -156,6 +169,7 @@ class FakeCRI(grpc.GenericRpcHandler):
             with self._lock:
                 self.calls.append((method, raw))
                 failure = self.fail.get(method)
+            context.send_initial_metadata(((INITIAL_METADATA_KEY, method),))
             if failure is not None:
                 context.abort(*failure)
             try:
@@ -176,6 +190,10 @@ class FakeCRI(grpc.GenericRpcHandler):
         context.set_trailing_metadata((("x-fake-trailer", "kept"),))
         context.abort(ECHO_CODE, json.dumps(echo))
         raise AssertionError("abort returned")
+
+    def _mirror(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        """Answers the request's own bytes: a message of any size, both ways."""
+        return raw
 
     def _events(self, raw: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         sub: queue.Queue[cri.ContainerEventResponse | None] = queue.Queue()
@@ -203,6 +221,22 @@ class FakeCRI(grpc.GenericRpcHandler):
     def _version(self, req: cri.VersionRequest) -> cri.VersionResponse:
         return cri.VersionResponse(version="0.1.0", runtime_name="fake", runtime_version="1",
                                    runtime_api_version="v1")
+
+    def _exec_sync(self, req: cri.ExecSyncRequest) -> cri.ExecSyncResponse:
+        """Runs nothing: ``["sleep", "<seconds>"]`` (at most 10) takes that long, anything else exits 0 at once.
+
+        ``most_concurrent_execs`` records how many were in progress at once.
+        """
+        with self._lock:
+            self._execs += 1
+            self.most_concurrent_execs = max(self.most_concurrent_execs, self._execs)
+        try:
+            if len(req.cmd) == 2 and req.cmd[0] == "sleep":
+                time.sleep(min(float(req.cmd[1]), 10.0))
+        finally:
+            with self._lock:
+                self._execs -= 1
+        return cri.ExecSyncResponse(exit_code=0)
 
     def _run_pod(self, req: cri.RunPodSandboxRequest) -> cri.RunPodSandboxResponse:
         sid = f"pod-{next(self._ids)}"

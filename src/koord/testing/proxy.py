@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -31,6 +31,8 @@ class RuntimeProxy:
         metrics_bind_address: str = "",
         docker: bool = False,
         endpoint: str | None = None,
+        data_plane: str = "auto",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -42,6 +44,8 @@ class RuntimeProxy:
         self.metrics_bind_address = metrics_bind_address
         self.docker = docker
         """Docker mode: serves the Docker API in front of dockerd instead of CRI."""
+        self.data_plane = data_plane
+        self.env = dict(env) if env is not None else None
         self.stderr_path = self.workdir / "runtimeproxy.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: BinaryIO | None = None
@@ -60,6 +64,8 @@ class RuntimeProxy:
             "--metrics-bind-address",
             self.metrics_bind_address,
             *(["--backend-runtime-mode", "Docker"] if self.docker else []),
+            "--data-plane",
+            self.data_plane,
             *self.extra_args,
         ]
 
@@ -74,6 +80,7 @@ class RuntimeProxy:
             stdout=self._stderr,
             stderr=self._stderr,
             start_new_session=True,
+            env=self.env,
         )
         try:
             wait = wait_docker_ready if self.docker else wait_cri_ready
@@ -93,6 +100,16 @@ class RuntimeProxy:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    def children(self) -> list[int]:
+        """PIDs of the proxy's child processes (HAProxy, when it runs one)."""
+        if self._proc is None:
+            return []
+        try:
+            text = Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
 
     @property
     def returncode(self) -> int | None:

@@ -75,6 +75,15 @@ def test_docker_mode_refuses_an_image_endpoint(capsys) -> None:
     assert "--remote-image-service-endpoint" in capsys.readouterr().err
 
 
+def test_docker_mode_refuses_the_haproxy_data_plane(capsys) -> None:
+    argv = ["--backend-runtime-mode=Docker", "--data-plane=haproxy"]
+    with pytest.raises(OptionError, match="--data-plane=haproxy: Docker mode"):
+        parse_options(argv)
+    assert cli.main(argv) == 2
+    assert "--data-plane" in capsys.readouterr().err
+    assert parse_options(["--backend-runtime-mode=Docker", "--data-plane=auto"]).backend_mode is BackendMode.DOCKER
+
+
 def test_metrics_address_accepts_all_interfaces_and_ipv6() -> None:
     assert parse_options(["--metrics-bind-address", ":9319"]).metrics_address == ":9319"
     assert parse_options(["--metrics-bind-address", "[::1]:0"]).metrics_address == "[::1]:0"
