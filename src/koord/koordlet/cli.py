@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from koord import rlimits
+from koord.health import HealthServer
 from koord.hookapi import Registration
 
-from ..runtimeproxy.metrics import HealthServer
 from . import metriccache, metricsadvisor, qosmanager
 from .flags import parse_args
 from .metrics import KoordletMetrics

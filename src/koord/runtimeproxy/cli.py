@@ -17,6 +17,7 @@ import grpc
 from cri_api.v1 import api_pb2 as cri
 
 from koord import rlimits
+from koord.health import HealthServer
 from koord.hookapi import SOCKET_MODE, prepare_socket
 
 from . import dataplane, memtrim
@@ -25,7 +26,7 @@ from .config import BackendMode, OptionError, Options, parse_options
 from .criserver import CHANNEL_OPTIONS, SERVER_OPTIONS, Backend, CRIServer, cri_paths, hooked_paths
 from .dispatcher import RuntimeDispatcher
 from .dockerserver import app as docker_app
-from .metrics import HealthServer, ProxyMetrics
+from .metrics import ProxyMetrics
 from .pluginsmanager import PluginsManager
 
 log = logging.getLogger("koord-runtime-proxy")

@@ -11,8 +11,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from koord.health import HealthServer
 from koord.hookapi import parse_bind_address
-from koord.runtimeproxy.metrics import HealthServer, ProxyMetrics
+from koord.runtimeproxy.metrics import ProxyMetrics
 
 
 def _get(port: int, path: str, host: str = "127.0.0.1", method: str = "GET") -> tuple[int, str]:

@@ -11,10 +11,12 @@ import logging
 import signal
 from pathlib import Path
 
+from koord.health import HealthServer
+
 from .. import store as store_mod
 from ..config import Options
 from ..dispatcher import RuntimeDispatcher
-from ..metrics import HealthServer, ProxyMetrics
+from ..metrics import ProxyMetrics
 from ..pluginsmanager import PluginsManager
 from .backend import BackendError, DockerBackend
 from .intercept import Interceptor
