@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -17,22 +16,18 @@ import grpc
 from cri_api.v1 import api_pb2 as cri
 
 from koord import rlimits
-from koord.health import HealthServer
 from koord.hookapi import SOCKET_MODE, prepare_socket
 
 from . import dataplane, memtrim
 from . import store as store_mod
 from .config import BackendMode, OptionError, Options, parse_options
 from .criserver import CHANNEL_OPTIONS, SERVER_OPTIONS, Backend, CRIServer, cri_paths, hooked_paths
-from .dispatcher import RuntimeDispatcher
+from .daemon import BACKEND_PROBE_SECONDS, SHUTDOWN_GRACE_SECONDS, HookBoxes, stop_on_signals, wait_for_backend
 from .dockerserver import app as docker_app
 from .metrics import ProxyMetrics
-from .pluginsmanager import PluginsManager
 
 log = logging.getLogger("koord-runtime-proxy")
 
-SHUTDOWN_GRACE_SECONDS = 10.0
-BACKEND_PROBE_SECONDS = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,29 +88,12 @@ class _State:
 
 async def run(options: Options, haproxy: str | None = None) -> int:
     """Serves until SIGTERM; with ``haproxy`` (its binary) HAProxy serves the public socket."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    metrics = ProxyMetrics()
+    stop = stop_on_signals()
     backend = Backend(options.runtime_endpoint, options.image_endpoint)
     state = _State(backend)
-    health = None
-    if options.metrics_address:
-        health = HealthServer(options.metrics_address, metrics, state.ready)
-        health.start()
-
-    def publish_plugins() -> None:
-        metrics.registered_plugins.set(len(plugins.snapshot()))
-        metrics.invalid_registrations.set(len(plugins.invalid()))
-
-    plugins = PluginsManager(options.hook_config_dir, default_timeout=options.hook_timeout,
-                             on_change=publish_plugins)
-    plugins.start()
-    publish_plugins()
+    boxes = HookBoxes.start(options, state.ready)
+    metrics, dispatcher = boxes.metrics, boxes.dispatcher
     store = store_mod.Store()
-    dispatcher = RuntimeDispatcher(plugins, metrics)
     try:
         if not await _prepare(backend, store, state, stop, options):
             return 0
@@ -158,37 +136,20 @@ async def run(options: Options, haproxy: str | None = None) -> int:
             layout.remove()
         return 0
     finally:
-        plugins.stop()
-        await dispatcher.close()
+        await boxes.close()
         await backend.close()
-        if health is not None:
-            health.stop()
 
 
 async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
                    stop: asyncio.Event, options: Options) -> bool:
     """Waits for the backend and rebuilds the store, retrying with backoff; False if told to stop."""
-    delay, waited, last_log = 0.05, 0.0, -10.0
-    while not stop.is_set():
-        try:
-            await store_mod.rebuild(store, backend.reader)
-        except grpc.aio.AioRpcError as exc:
-            if waited - last_log >= 5.0:
-                log.warning("waiting for backend %s: %s", options.runtime_endpoint,
-                            store_mod.describe_error(exc))
-                last_log = waited
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except TimeoutError:
-                pass
-            waited += delay
-            delay = min(delay * 2, 2.0)
-            continue
-        pods, containers = store.sizes()
-        log.info("store rebuilt from the backend: %d pods, %d containers", pods, containers)
-        state.store_ready = backend.reachable = True
-        return True
-    return False
+    if not await wait_for_backend(lambda: store_mod.rebuild(store, backend.reader), (grpc.aio.AioRpcError,),
+                                  store_mod.describe_error, f"backend {options.runtime_endpoint}", stop):
+        return False
+    pods, containers = store.sizes()
+    log.info("store rebuilt from the backend: %d pods, %d containers", pods, containers)
+    state.store_ready = backend.reachable = True
+    return True
 
 
 async def _start_haproxy(binary: str, layout: dataplane.Layout, options: Options,

@@ -8,33 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from pathlib import Path
-
-from koord.health import HealthServer
 
 from .. import store as store_mod
 from ..config import Options
-from ..dispatcher import RuntimeDispatcher
+from ..daemon import BACKEND_PROBE_SECONDS, SHUTDOWN_GRACE_SECONDS, HookBoxes, stop_on_signals, wait_for_backend
 from ..metrics import ProxyMetrics
-from ..pluginsmanager import PluginsManager
 from .backend import BackendError, DockerBackend
 from .intercept import Interceptor
 from .server import DockerServer
 
 log = logging.getLogger("koord-runtime-proxy")
 
-SHUTDOWN_GRACE_SECONDS = 10.0
-BACKEND_PROBE_SECONDS = 2.0
-
 
 async def run(options: Options) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    metrics = ProxyMetrics()
+    stop = stop_on_signals()
     backend = DockerBackend(options.runtime_endpoint)
     store_ready = False
 
@@ -45,22 +33,10 @@ async def run(options: Options) -> int:
             return False, "dockerd not reachable"
         return True, "ok"
 
-    health = None
-    if options.metrics_address:
-        health = HealthServer(options.metrics_address, metrics, ready)
-        health.start()
-
-    def publish_plugins() -> None:
-        metrics.registered_plugins.set(len(plugins.snapshot()))
-        metrics.invalid_registrations.set(len(plugins.invalid()))
-
-    plugins = PluginsManager(options.hook_config_dir, default_timeout=options.hook_timeout,
-                             on_change=publish_plugins)
-    plugins.start()
-    publish_plugins()
+    boxes = HookBoxes.start(options, ready)
+    metrics = boxes.metrics
     store = store_mod.Store()
-    dispatcher = RuntimeDispatcher(plugins, metrics)
-    interceptor = Interceptor(backend, store, dispatcher, (options.skip_key, options.skip_val))
+    interceptor = Interceptor(backend, store, boxes.dispatcher, (options.skip_key, options.skip_val))
 
     def backend_down() -> None:
         backend.reachable = False
@@ -81,32 +57,17 @@ async def run(options: Options) -> int:
         Path(options.proxy_endpoint).unlink(missing_ok=True)
         return 0
     finally:
-        plugins.stop()
-        await dispatcher.close()
-        if health is not None:
-            health.stop()
+        await boxes.close()
 
 
 async def _rebuild(interceptor: Interceptor, stop: asyncio.Event, options: Options) -> bool:
     """Waits for dockerd and rebuilds the store, retrying with backoff; False if told to stop."""
-    delay, waited, last_log = 0.05, 0.0, -10.0
-    while not stop.is_set():
-        try:
-            count = await interceptor.rebuild()
-        except BackendError as exc:
-            if waited - last_log >= 5.0:
-                log.warning("waiting for dockerd %s: %s", options.runtime_endpoint, exc)
-                last_log = waited
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except TimeoutError:
-                pass
-            waited += delay
-            delay = min(delay * 2, 2.0)
-            continue
-        log.info("store rebuilt from dockerd: %d Kubernetes containers", count)
-        return True
-    return False
+    if not await wait_for_backend(interceptor.rebuild, (BackendError,), str, f"dockerd {options.runtime_endpoint}",
+                                  stop):
+        return False
+    pods, containers = interceptor.store.sizes()
+    log.info("store rebuilt from dockerd: %d pods, %d containers", pods, containers)
+    return True
 
 
 async def _probe(backend: DockerBackend, store: store_mod.Store, metrics: ProxyMetrics) -> None:
