@@ -26,7 +26,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as cri
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
-from koord.hookapi import ContainerHookRequest, PodHookRequest
+from koord.hookapi import ContainerHookRequest, PodHookRequest, json_object
 
 from .. import convert
 
@@ -99,16 +99,8 @@ def decode_object(raw: bytes, what: str) -> dict[str, Any]:
     return value
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise DockerJSONError(f"{where}: expected an object, got {type(value).__name__}")
-    return value
-
-
 def _string_map(value: Any, where: str) -> dict[str, str]:
-    out = _object(value, where)
+    out = json_object(value, where, DockerJSONError)
     for key, item in out.items():
         if not isinstance(item, str):
             raise DockerJSONError(f"{where}[{key[:100]!r}]: expected a string, got {type(item).__name__}")
@@ -154,19 +146,19 @@ class ContainerView:
     @classmethod
     def of_create(cls, body: dict[str, Any], name: str) -> ContainerView:
         view = cls(name, _string_map(body.get("Labels"), "Labels"), _string_list(body.get("Env"), "Env"),
-                   _object(body.get("HostConfig"), "HostConfig"), body)
+                   json_object(body.get("HostConfig"), "HostConfig", DockerJSONError), body)
         body["HostConfig"] = view.host_config
         return view
 
     @classmethod
     def of_inspect(cls, answer: dict[str, Any]) -> ContainerView:
-        config = _object(answer.get("Config"), "Config")
+        config = json_object(answer.get("Config"), "Config", DockerJSONError)
         name = answer.get("Name", "")
         if not isinstance(name, str):
             raise DockerJSONError("Name: expected a string")
         return cls(name, _string_map(config.get("Labels"), "Config.Labels"),
                    _string_list(config.get("Env"), "Config.Env"),
-                   _object(answer.get("HostConfig"), "HostConfig"), config)
+                   json_object(answer.get("HostConfig"), "HostConfig", DockerJSONError), config)
 
     @property
     def kind(self) -> str:
