@@ -70,19 +70,20 @@ class Koordlet:
         env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
                         proc_root=a.proc_root_dir)
         self.plugins: list[RuntimePlugin] = build_plugins(env, a.feature_gates)
-        self.hooks = Hooks(a.runtime_hooks_plugin_failure_policy)
+        self.metrics = KoordletMetrics(node_name())
+        self.hooks = Hooks(a.runtime_hooks_plugin_failure_policy, observe=self.metrics.record_plugin_call)
         for plugin in self.plugins:
             plugin.register(self.hooks)
         self.server = RuntimeHookServer(
             self.hooks, network=a.runtime_hooks_network, addr=a.runtime_hooks_addr,
-            executor=self.executor, disabled_stages=a.runtime_hooks_disable_stages)
+            executor=self.executor, disabled_stages=a.runtime_hooks_disable_stages,
+            observe=self.metrics.record_hook_request)
         self.reconciler = (Reconciler(self.hooks, self.executor, self.plugins,
                                       a.containerd_endpoint, a.runtime_hooks_reconcile_interval)
                            if a.runtime_hooks_reconcile_interval > 0 else None)
         defaults = parse_rules(None, None)
         for plugin in self.plugins:
             plugin.update_rules(defaults)
-        self.metrics = KoordletMetrics(node_name())
         self.informer = make_states_informer(a)
         self.informer.register_callback(NODE, self.apply_rules)
         self.informer.register_callback(NODE_SLO, self.apply_rules)

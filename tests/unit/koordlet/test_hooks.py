@@ -88,3 +88,22 @@ def test_running_a_stage_on_the_wrong_context_is_a_type_error():
     hooks = Hooks()
     with pytest.raises(TypeError, match="PreRunPodSandbox runs on a PodContext"):
         hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, _ctx())
+
+
+def test_observer_is_told_each_plugin_call_and_cannot_change_the_answer():
+    seen = []
+
+    def observe(plugin, stage, ok, seconds):
+        seen.append((plugin, stage, ok))
+        assert seconds >= 0
+        raise RuntimeError("metrics exploded")
+
+    hooks = Hooks(FailurePolicy.IGNORE, observe=observe)
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "bad", "", _boom)
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "good", "",
+                             lambda ctx: ctx.response.envs.update(WHO="good"))
+    ctx = _ctx()
+    errors = hooks.run(HookPoint.PRE_CREATE_CONTAINER, ctx)
+    assert seen == [("bad", HookPoint.PRE_CREATE_CONTAINER, False), ("good", HookPoint.PRE_CREATE_CONTAINER, True)]
+    assert [p for p, _ in errors] == ["bad"]
+    assert ctx.response.envs == {"WHO": "good"}

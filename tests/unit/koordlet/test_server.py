@@ -353,3 +353,32 @@ def test_hostile_allocated_cpuset_with_ignore_answers_without_it(short_socket_di
         pod_labels={"koordinator.sh/qosClass": "LSR"},
         pod_annotations={RESOURCE_STATUS: json.dumps({"cpuset": cpuset})})
     assert call(stub, HookPoint.PRE_CREATE_CONTAINER, request).container_resources.cpuset_cpus == ""
+
+
+def test_every_answer_is_counted_by_status_in_koordlets_metrics(short_socket_dir, tmp_path, serve):
+    """OK, INVALID_ARGUMENT (a refused request) and per-plugin durations reach Prometheus."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from koord.koordlet.metrics import KoordletMetrics
+
+    metrics = KoordletMetrics("n1")
+    hooks, executor = koordlet_hooks(tmp_path)
+    hooks.observe = metrics.record_plugin_call
+    _, stub = serve(hooks, addr=str(short_socket_dir / "k.sock"), executor=executor,
+                    observe=metrics.record_hook_request)
+    call(stub, HookPoint.PRE_RUN_POD_SANDBOX)
+    with pytest.raises(grpc.RpcError):
+        call(stub, HookPoint.PRE_RUN_POD_SANDBOX, api_pb2.PodSandboxHookRequest(
+            pod_meta=api_pb2.PodSandboxMetadata(name="x", namespace="y", uid=".."), cgroup_parent=PARENT))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+               for s in f.samples}
+    assert samples[("koordlet_runtime_hook_requests_total",
+                    (("code", "OK"), ("node", "n1"), ("stage", "PreRunPodSandbox")))] == 1
+    assert samples[("koordlet_runtime_hook_requests_total",
+                    (("code", "INVALID_ARGUMENT"), ("node", "n1"), ("stage", "PreRunPodSandbox")))] == 1
+    counts = {dict(labels)["hook"] for (name, labels), value in samples.items()
+              if name == "koordlet_runtime_hook_invoked_duration_milliseconds_count" and value >= 1
+              and dict(labels)["status"] == "succeed" and dict(labels)["stage"] == "PreRunPodSandbox"}
+    assert "GroupIdentity" in counts and "BatchResource" in counts

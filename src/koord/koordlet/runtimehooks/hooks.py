@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 PodHook = Callable[[PodContext], None]
 ContainerHook = Callable[[ContainerContext], None]
+PluginObserver = Callable[[str, HookPoint, bool, float], None]
+"""Told of every plugin function run: (plugin, stage, succeeded, seconds); e.g. for metrics."""
 
 
 class HookError(Exception):
@@ -92,8 +95,10 @@ class Hooks:
     so a plugin never has to check what it was given.
     """
 
-    def __init__(self, failure_policy: FailurePolicy = FailurePolicy.IGNORE) -> None:
+    def __init__(self, failure_policy: FailurePolicy = FailurePolicy.IGNORE,
+                 observe: PluginObserver | None = None) -> None:
         self.failure_policy = failure_policy
+        self.observe = observe
         self._pod: dict[HookPoint, list[_Registration[PodContext]]] = {s: [] for s in HookPoint if s.is_pod}
         self._container: dict[HookPoint, list[_Registration[ContainerContext]]] = {
             s: [] for s in HookPoint if not s.is_pod}
@@ -133,12 +138,15 @@ class Hooks:
         errors: list[tuple[str, Exception]] = []
         for reg in regs:
             before = copy.deepcopy(ctx.response)
+            started = time.perf_counter()
             try:
                 reg.fn(ctx)
                 problems = ctx.response.resources.problems("resources")
                 if problems:
                     raise HookError("answer out of range: " + "; ".join(problems))
+                self._observe(reg.plugin, stage, True, started)
             except Exception as exc:  # a plugin's bug must not take the server down
+                self._observe(reg.plugin, stage, False, started)
                 # None of a failed plugin's changes stay: a half-done answer is never sent.
                 ctx.response = before
                 who = describe(ctx)
@@ -147,6 +155,14 @@ class Hooks:
                     raise HookError(f"plugin {reg.plugin} failed at {stage} for {who}: {exc}") from exc
                 errors.append((reg.plugin, exc))
         return errors
+
+    def _observe(self, plugin: str, stage: HookPoint, ok: bool, started: float) -> None:
+        if self.observe is None:
+            return
+        try:
+            self.observe(plugin, stage, ok, time.perf_counter() - started)
+        except Exception:  # metrics must never change an answer
+            log.exception("hook observer failed for plugin %s at %s", plugin, stage)
 
 
 def describe(ctx: HookContext) -> str:
