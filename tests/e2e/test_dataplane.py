@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -20,16 +19,9 @@ from koord.testing.containerd import Containerd, wait_cri_ready
 from koord.testing.fakecri import FakeCRI
 from koord.testing.kubelet import KubeletClient, grpc_target
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.wait import wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            pytest.fail(f"gave up waiting for {what} after {timeout}s")
-        time.sleep(0.02)
 
 
 def _gone(pid: int) -> bool:
@@ -77,7 +69,7 @@ def _get(proxy: RuntimeProxy, path: str) -> tuple[int, str]:
 def test_killed_haproxy_is_restarted(haproxy_proxy: RuntimeProxy) -> None:
     first = _haproxy_pid(haproxy_proxy)
     os.kill(first, signal.SIGKILL)
-    _wait_until(lambda: haproxy_proxy.children() not in ([], [first]), "a new HAProxy")
+    wait_for(lambda: haproxy_proxy.children() not in ([], [first]), "a new HAProxy")
     wait_cri_ready(haproxy_proxy.endpoint, 10.0)
     assert haproxy_proxy.running
     assert f"haproxy (pid {first}) exited with code" in haproxy_proxy.logs()
@@ -87,7 +79,7 @@ def test_killed_python_side_takes_haproxy_along(containerd: Containerd, tmp_path
     proxy = RuntimeProxy(tmp_path / "p", containerd.endpoint, data_plane="haproxy").start()
     haproxy = _haproxy_pid(proxy)
     proxy.kill()
-    _wait_until(lambda: _gone(haproxy), "HAProxy to die with its parent")
+    wait_for(lambda: _gone(haproxy), "HAProxy to die with its parent")
     assert Path(proxy.endpoint).exists(), "a killed proxy leaves its socket behind"
     proxy.start()  # and the next start replaces it
     try:
@@ -105,7 +97,7 @@ def test_sigterm_with_open_event_stream(tmp_path: Path) -> None:
         haproxy = _haproxy_pid(proxy)
         with grpc.insecure_channel(grpc_target(proxy.endpoint)) as channel:
             events = channel.unary_stream("/runtime.v1.RuntimeService/GetContainerEvents")(b"")
-            _wait_until(lambda: fake.subscriber_count() == 1, "the event stream to reach the backend")
+            wait_for(lambda: fake.subscriber_count() == 1, "the event stream to reach the backend")
             # HAProxy's hard-stop-after (10 s) ends the stream; 12 s covers that plus Python's own stop.
             assert proxy.stop(timeout=12) == 0, proxy.logs(tail=40)
             events.cancel()
@@ -154,7 +146,7 @@ def test_haproxy_required_but_missing_is_a_flag_error(containerd: Containerd, tm
 
 
 def test_readyz_and_passthrough_metrics(haproxy_proxy: RuntimeProxy) -> None:
-    _wait_until(lambda: _get(haproxy_proxy, "/readyz")[0] == 200, "/readyz")
+    wait_for(lambda: _get(haproxy_proxy, "/readyz")[0] == 200, "/readyz")
     with KubeletClient(haproxy_proxy.endpoint) as client:
         for _ in range(3):
             client.runtime.ListContainers(cri.ListContainersRequest())
@@ -169,7 +161,7 @@ def test_readyz_and_passthrough_metrics(haproxy_proxy: RuntimeProxy) -> None:
 
     os.kill(_haproxy_pid(haproxy_proxy), signal.SIGSTOP)  # alive, but nothing goes through it
     try:
-        _wait_until(lambda: _get(haproxy_proxy, "/readyz") == (503, "Version through the public socket was "
+        wait_for(lambda: _get(haproxy_proxy, "/readyz") == (503, "Version through the public socket was "
                                                                      "not answered\n"), "/readyz to fail", 20)
     finally:
         for pid in haproxy_proxy.children():

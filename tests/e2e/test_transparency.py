@@ -30,6 +30,7 @@ from koord.testing.fakecri import ECHO_CODE, INITIAL_METADATA_KEY, MIRROR_METHOD
 from koord.testing.kubelet import KubeletClient, grpc_target, read_cgroup
 from koord.testing.proxy import RuntimeProxy
 from koord.testing.sharedbin import missing_shared_binaries, shared_binary
+from koord.testing.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -527,7 +528,7 @@ def test_container_events_stream_through_proxy(fake_proxy: tuple[FakeCRI, grpc.C
         request_serializer=_serialize,
         response_deserializer=cri.ContainerEventResponse.FromString,
     )(cri.GetEventsRequest(), timeout=30)
-    _wait_until(lambda: fake.subscriber_count() == 1, "the proxy to open the backend's event stream")
+    wait_for(lambda: fake.subscriber_count() == 1, "the proxy to open the backend's event stream")
 
     run = channel.unary_unary(
         "/runtime.v1.RuntimeService/RunPodSandbox",
@@ -542,15 +543,7 @@ def test_container_events_stream_through_proxy(fake_proxy: tuple[FakeCRI, grpc.C
     assert event.container_event_type == cri.CONTAINER_STARTED_EVENT
     assert event.pod_sandbox_status.metadata.name == "evt"
     events.cancel()
-    _wait_until(lambda: fake.subscriber_count() == 0, "the cancel to reach the backend's stream")
-
-
-def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            pytest.fail(f"gave up waiting for {what} after {timeout}s")
-        time.sleep(0.02)
+    wait_for(lambda: fake.subscriber_count() == 0, "the cancel to reach the backend's stream")
 
 
 def test_container_events_unimplemented_like_direct(
@@ -605,7 +598,7 @@ def test_idle_event_stream_outlives_short_timeouts(fake_proxy: tuple[FakeCRI, gr
         request_serializer=_serialize,
         response_deserializer=cri.ContainerEventResponse.FromString,
     )(cri.GetEventsRequest())
-    _wait_until(lambda: fake.subscriber_count() == 1, "the proxy to open the backend's event stream")
+    wait_for(lambda: fake.subscriber_count() == 1, "the proxy to open the backend's event stream")
     time.sleep(3)  # longer than every short timeout of the data plane (the 1 s connect timeout)
     config = cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="late", namespace="e2e", uid="u3"))
     channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox", request_serializer=_serialize)(
