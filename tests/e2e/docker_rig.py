@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from koord.testing.docker import CriDockerd, Dockerd
-from koord.testing.hookplugin import ALL_HOOKS, RecordingPlugin
 from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
-from koord.testing.sockets import make_short_socket_dir
+
+from .rig import PluginRig
 
 
 class DockerEnv:
@@ -37,24 +37,13 @@ class DockerEnv:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class DockerRig:
-    """Plugins, their registration dir and a Docker-mode proxy serving on the session's proxy socket."""
+class DockerRig(PluginRig):
+    """A Docker-mode proxy serving on the session's proxy socket, with plugins."""
 
     def __init__(self, env: DockerEnv) -> None:
+        super().__init__("kdr-")
         self.env = env
         self.dockerd = env.dockerd
-        self.root = make_short_socket_dir("kdr-")
-        self.hook_dir = self.root / "hookserver.d"
-        self.hook_dir.mkdir()
-        self.plugins: list[RecordingPlugin] = []
-        self.proxy: RuntimeProxy | None = None
-        self.clients: list[KubeletClient] = []
-
-    def plugin(self, file_name: str, hooks=ALL_HOOKS, failure_policy: str = "Ignore") -> RecordingPlugin:
-        plugin = RecordingPlugin(self.root / f"{file_name.removesuffix('.json')}.sock", name=file_name).start()
-        self.plugins.append(plugin)
-        plugin.registration(self.hook_dir, file_name, hooks=hooks, failure_policy=failure_policy)
-        return plugin
 
     def start_proxy(self, metrics_bind_address: str = "") -> RuntimeProxy:
         if self.proxy is None:
@@ -83,19 +72,8 @@ class DockerRig:
         assert status == 200, f"inspect {ref}: {status} {body}"
         return body
 
-    def close(self) -> None:
-        errors: list[str] = []
-        with self.env.direct_cri.client() as direct:
-            direct.pods = sorted({p for c in self.clients for p in c.pods})
-            errors += direct.cleanup()
-        for client in self.clients:
-            client.close()
-        if self.proxy is not None:
-            self.proxy.stop()
-            print("--- runtime proxy log ---\n" + self.proxy.logs(tail=200))
-        for plugin in self.plugins:
-            plugin.stop()
-        errors += self.dockerd.remove_all_containers()
-        shutil.rmtree(self.root, ignore_errors=True)
-        if errors:
-            print("cleanup errors:", *errors, sep="\n  ")
+    def cleanup_client(self) -> KubeletClient:
+        return self.env.direct_cri.client()
+
+    def cleanup_backend(self) -> list[str]:
+        return self.dockerd.remove_all_containers()

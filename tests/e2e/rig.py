@@ -23,16 +23,13 @@ SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 LIFECYCLE_HOOKS = tuple(HookPoint)
 
 
-class Rig:
-    """Plugins, their registration dir and a proxy process in front of the session containerd.
+class PluginRig:
+    """Plugins and their registration dir under a short /tmp dir (pytest's tmp_path can push a
+    unix socket path past its 107-byte limit), the proxy a test starts and the kubelet clients
+    it makes; ``close`` removes them in one order whatever the backend."""
 
-    Sockets live under a short /tmp dir: pytest's tmp_path can push a unix socket path
-    past its 107-byte limit.
-    """
-
-    def __init__(self, containerd: Containerd) -> None:
-        self.containerd = containerd
-        self.root = make_short_socket_dir("kh-")
+    def __init__(self, prefix: str) -> None:
+        self.root = make_short_socket_dir(prefix)
         self.hook_dir = self.root / "hookserver.d"
         self.hook_dir.mkdir()
         self.plugins: list[RecordingPlugin] = []
@@ -45,6 +42,38 @@ class Rig:
         self.plugins.append(plugin)
         plugin.registration(self.hook_dir, file_name, hooks=hooks, failure_policy=failure_policy, timeout=timeout)
         return plugin
+
+    def cleanup_client(self) -> KubeletClient:
+        """A client straight at the backend that removes every pod the test's clients made."""
+        raise NotImplementedError
+
+    def cleanup_backend(self) -> list[str]:
+        """What else the backend keeps after the pods are gone; the errors met removing it."""
+        return []
+
+    def close(self) -> None:
+        with self.cleanup_client() as direct:
+            direct.pods = sorted({p for c in self.clients for p in c.pods})
+            errors = direct.cleanup()
+        for client in self.clients:
+            client.close()
+        if self.proxy is not None:
+            self.proxy.stop()
+            print("--- runtime proxy log ---\n" + self.proxy.logs(tail=200))
+        for plugin in self.plugins:
+            plugin.stop()
+        errors += self.cleanup_backend()
+        shutil.rmtree(self.root, ignore_errors=True)
+        if errors:
+            print("cleanup errors:", *errors, sep="\n  ")
+
+
+class Rig(PluginRig):
+    """A proxy process in front of the session containerd, with plugins."""
+
+    def __init__(self, containerd: Containerd) -> None:
+        super().__init__("kh-")
+        self.containerd = containerd
 
     def start_proxy(self, metrics_bind_address: str = "", extra_args=()) -> RuntimeProxy:
         self.proxy = RuntimeProxy(self.root / "proxy", self.containerd.endpoint, hook_config_dir=self.hook_dir,
@@ -65,21 +94,8 @@ class Rig:
         self.clients.append(client)
         return client
 
-    def close(self) -> None:
-        pods = {p for c in self.clients for p in c.pods}
-        with self.containerd.client() as direct:
-            direct.pods = sorted(pods)
-            errors = direct.cleanup()
-        for client in self.clients:
-            client.close()
-        if self.proxy is not None:
-            self.proxy.stop()
-            print("--- runtime proxy log ---\n" + self.proxy.logs(tail=200))
-        for plugin in self.plugins:
-            plugin.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-        if errors:
-            print("pod cleanup errors:", *errors, sep="\n  ")
+    def cleanup_client(self) -> KubeletClient:
+        return self.containerd.client()
 
 
 def empty_answer(hook_name: str):
