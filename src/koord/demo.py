@@ -30,6 +30,9 @@ from koord.testing.workloads import burn_command
 QOS_LABEL = "koordinator.sh/qosClass"
 RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 EXTENDED_SPEC = "node.koordinator.sh/extended-resource-spec"
+_BATCH_500M_2GI = {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "2Gi"}
+BATCH_SPEC = {"containers": {"app": {"requests": _BATCH_500M_2GI, "limits": _BATCH_500M_2GI}}}
+"""The demos' BE pod: 500m / 2Gi of batch resources, which koordlet turns into shares 512, quota 50000, 2 GiB."""
 
 
 def say(text: str) -> None:
@@ -171,13 +174,9 @@ def main() -> int:
         container = direct.run_container(sandbox, "app", backend.image, resources=limit)
         show(direct, sandbox, container, [("cpuset", "cpuset.cpus"), ("cpu", "cpu.cfs_quota_us")])
 
-        spec = {"containers": {"app": {"requests": {"kubernetes.io/batch-cpu": "500",
-                                                    "kubernetes.io/batch-memory": "2Gi"},
-                                       "limits": {"kubernetes.io/batch-cpu": "500",
-                                                  "kubernetes.io/batch-memory": "2Gi"}}}}
         say("BE pod with batch resources 500m / 2Gi, started through the proxy:")
         sandbox = via_proxy.run_pod("demo-be", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
-                                    annotations={EXTENDED_SPEC: json.dumps(spec)}, qos="besteffort")
+                                    annotations={EXTENDED_SPEC: json.dumps(BATCH_SPEC)}, qos="besteffort")
         container = via_proxy.run_container(sandbox, "app", backend.image)
         show(via_proxy, sandbox, container, [("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"),
                                              ("memory", "memory.limit_in_bytes")])

@@ -11,7 +11,7 @@ import sys
 import uuid
 from contextlib import ExitStack
 
-from koord.demo import EXTENDED_SPEC, QOS_LABEL, RESOURCE_STATUS, say, start_koordlet
+from koord.demo import BATCH_SPEC, EXTENDED_SPEC, QOS_LABEL, RESOURCE_STATUS, say, start_koordlet
 from koord.testing.docker import CriDockerd, Dockerd, DockerKubeletClient
 from koord.testing.kubelet import read_cgroup
 from koord.testing.processes import stop_process
@@ -58,13 +58,9 @@ def main() -> int:
         show(dockerd, kubelet, sandbox, container, ["CpusetCpus", "CpuQuota"],
              [("cpuset", "cpuset.cpus"), ("cpu", "cpu.cfs_quota_us")])
 
-        spec = {"containers": {"app": {"requests": {"kubernetes.io/batch-cpu": "500",
-                                                    "kubernetes.io/batch-memory": "2Gi"},
-                                       "limits": {"kubernetes.io/batch-cpu": "500",
-                                                  "kubernetes.io/batch-memory": "2Gi"}}}}
         say("BE pod with batch resources 500m / 2Gi:")
         sandbox = kubelet.run_pod("demo-be", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
-                                  annotations={EXTENDED_SPEC: json.dumps(spec)}, qos="besteffort")
+                                  annotations={EXTENDED_SPEC: json.dumps(BATCH_SPEC)}, qos="besteffort")
         container = kubelet.run_container(sandbox, "app", dockerd.image)
         show(dockerd, kubelet, sandbox, container, ["CpuShares", "CpuQuota", "Memory"],
              [("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes")])
