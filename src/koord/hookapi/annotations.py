@@ -38,6 +38,18 @@ def json_annotation(annotations: Mapping[str, str], key: str, want: type = dict,
     return value
 
 
+def json_document(raw: str | bytes, what: str, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """A JSON object parsed from ``raw`` (a request body, a runtime's verbose info, an API answer);
+    anything else, nesting too deep for the parser included, is ``error`` naming ``what``."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise error(f"{what}: not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise error(f"{what}: not a JSON object (got a {type(value).__name__})")
+    return value
+
+
 def json_object(value: Any, where: str, error: type[Exception] = ValueError) -> dict[str, Any]:
     """``value`` as a JSON object; None (absent, or null as in Go) is ``{}``; anything else is ``error``."""
     if value is None:

@@ -16,7 +16,6 @@ camelCase), and the container's current resources in ``status.resources``.
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from cri_api.v1 import api_pb2 as cri
@@ -25,6 +24,7 @@ from google.protobuf.message import Message
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 
+from .annotations import json_document
 from .hookpoints import ContainerHookRequest, PodHookRequest
 
 MAX_INFO_BYTES = 16 << 20
@@ -104,13 +104,7 @@ def verbose_info(info: dict[str, str], what: str) -> dict[str, Any]:
         raise StatusError(f"{what}: the runtime returned no verbose info (is it containerd with the CRI plugin?)")
     if len(raw) > MAX_INFO_BYTES:
         raise StatusError(f"{what}: verbose info is {len(raw)} bytes, more than {MAX_INFO_BYTES}")
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise StatusError(f"{what}: verbose info is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise StatusError(f"{what}: verbose info is not a JSON object")
-    return value
+    return json_document(raw, f"{what}: verbose info", StatusError)
 
 
 def _config(info: dict[str, Any], message: type[_M], what: str) -> _M:

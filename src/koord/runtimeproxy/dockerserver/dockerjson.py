@@ -26,7 +26,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as cri
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
-from koord.hookapi import ContainerHookRequest, PodHookRequest, json_object
+from koord.hookapi import ContainerHookRequest, PodHookRequest, json_document, json_object
 
 from .. import convert
 
@@ -90,13 +90,7 @@ def parse_name(name: str) -> KubeName:
 
 def decode_object(raw: bytes, what: str) -> dict[str, Any]:
     """A JSON object from ``raw``; anything else is a DockerJSONError naming ``what``."""
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise DockerJSONError(f"{what}: not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise DockerJSONError(f"{what}: expected a JSON object, got {type(value).__name__}")
-    return value
+    return json_document(raw, what, DockerJSONError)
 
 
 def _string_map(value: Any, where: str) -> dict[str, str]:
