@@ -9,7 +9,6 @@ pod is converted on its own: one malformed pod is skipped with a log line naming
 
 from __future__ import annotations
 
-import json
 import logging
 import ssl
 import urllib.error
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from koord.hookapi import parse_quantity
+from koord.hookapi import json_document, parse_quantity
 
 from .meta import (
     CGROUPFS,
@@ -121,11 +120,7 @@ def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
 
 
 def pods_of_list(data: bytes, kube_dir: str, driver: str) -> list[PodMeta]:
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise PodsUnavailable(f"kubelet /pods: not JSON: {exc}") from None
-    items = doc.get("items") if isinstance(doc, dict) else None
+    items = json_document(data, "kubelet /pods", PodsUnavailable).get("items")
     if not isinstance(items, list):
         raise PodsUnavailable("kubelet /pods: not a PodList (no items list)")
     pods = []
