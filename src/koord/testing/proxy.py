@@ -15,8 +15,11 @@ from typing import BinaryIO
 from koord.testing.containerd import wait_cri_ready
 from koord.testing.docker import wait_docker_ready
 from koord.testing.processes import stop_process
+from koord.testing.wait import wait_for
 
 START_TIMEOUT = 20.0
+SERVING_LINES = ("serving CRI on ", "serving the Docker API on ")
+"""What the proxy logs once its start-up is complete (every mode)."""
 
 
 class RuntimeProxy:
@@ -74,6 +77,7 @@ class RuntimeProxy:
         if self.running:
             raise RuntimeError(f"proxy on {self.endpoint} is already running (pid {self.pid})")
         self._stderr = open(self.stderr_path, "ab")
+        log_start = self._stderr.tell()
         self._proc = subprocess.Popen(
             self.command(),
             stdin=subprocess.DEVNULL,
@@ -85,6 +89,11 @@ class RuntimeProxy:
         try:
             wait = wait_docker_ready if self.docker else wait_cri_ready
             wait(self.endpoint, timeout, alive=lambda: self.running)
+            # HAProxy answers on the socket a moment before its supervisor has seen it do so and
+            # start-up is complete: a test that killed HAProxy then was killing a start-up.
+            wait_for(lambda: not self.running or self._started_since(log_start), "the proxy's serving line", timeout)
+            if not self.running:
+                raise RuntimeError(f"the proxy exited with code {self.returncode} during start-up")
         except Exception as err:
             self.kill()
             raise RuntimeError(
@@ -92,6 +101,12 @@ class RuntimeProxy:
                 f"command: {' '.join(self.command())}\n--- proxy stderr tail ---\n{self.logs(tail=60)}"
             ) from err
         return self
+
+    def _started_since(self, offset: int) -> bool:
+        with open(self.stderr_path, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+        return any(line in text for line in SERVING_LINES)
 
     @property
     def running(self) -> bool:
