@@ -31,8 +31,9 @@ start=$(date +%s)
 set +e
 timeout --kill-after=30 "$deadline" \
   vng --run "$kernel" --disable-kvm --cpus 2 --memory "$memory" \
-      --rwdir "$checkout" --cwd "$checkout" --exec "$guest_command" </dev/null
-rc=$?
+      --rwdir "$checkout" --cwd "$checkout" --exec "$guest_command" </dev/null 2>&1 | cat
+# Through a pipe: QEMU reopens a regular file given as its output and truncates it.
+rc=${PIPESTATUS[0]}
 set -e
 echo "test-v2.sh: cgroup v2 lane finished in $(( $(date +%s) - start ))s with exit code $rc"
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
