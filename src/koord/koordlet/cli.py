@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from koord import rlimits
 from koord.health import HealthServer
 from koord.hookapi import Registration
 
-from . import metriccache, metricsadvisor, qosmanager
+from . import features, metriccache, metricsadvisor, qosmanager, upstreamflags
 from .flags import parse_args
 from .metrics import KoordletMetrics
 from .resourceexecutor.executor import CgroupExecutor
@@ -240,14 +239,14 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
     objects: FileObjectsSource | KubeObjectsSource | None = None
     if files:
         objects = FileObjectsSource(files)
-    elif a.kubeconfig or in_cluster():
+    elif kubeconfig_path(a) or in_cluster():
         name = os.environ.get("NODE_NAME")
         if not name:
             log.error("an API server is configured but NODE_NAME is not set: no Node, "
                       "NodeSLO or NodeMetric; using defaults")
         else:
             try:
-                objects = KubeObjectsSource(kube_api_client(a.kubeconfig), name)
+                objects = KubeObjectsSource(kube_api_client(kubeconfig_path(a)), name)
             except Exception as exc:  # bad kubeconfig, no service account, no kubernetes package
                 log.error("cannot reach the API server: %s; no Node, NodeSLO or NodeMetric; "
                           "using defaults", exc)
@@ -255,16 +254,30 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
         log.info("no --node-slo-file/--node-file/--node-metric-file and not in a cluster: "
                  "using defaults")
     informer = StatesInformer(objects=objects, pods_interval=a.kubelet_sync_interval)
-    if a.pods_source == "kubelet":
+    source = a.pods_source
+    if source == "auto":
+        source = "kubelet" if isinstance(objects, KubeObjectsSource) else "cri"
+        log.info("pods from %s (--pods-source=auto: %s)", source,
+                 "the Node comes from the API server" if source == "kubelet" else "no API server")
+    if source == "kubelet":
         informer.pods_source = KubeletPodsSource(
             informer.get_node, kube_dir=a.cgroup_kube_dir,
             driver=driver or CgroupExecutor(a.cgroup_root_dir)._driver_for(None),  # the tree kubelet made
             address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
-            read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout)
+            read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout,
+            token=objects.bearer_token() if isinstance(objects, KubeObjectsSource) else None)
     else:
         informer.pods_source = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir,
                                              driver=driver)
     return informer
+
+
+def kubeconfig_path(a: argparse.Namespace) -> Path | None:
+    """Where upstream looks first: ``--kubeconfig``, then ``$KUBECONFIG`` (in-cluster after)."""
+    if a.kubeconfig is not None:
+        return a.kubeconfig
+    env = os.environ.get("KUBECONFIG", "")
+    return Path(env.split(os.pathsep)[0]) if env else None
 
 
 def node_name() -> str:
@@ -281,10 +294,23 @@ def kube_api_client(kubeconfig: Path | None):
     return client.ApiClient()
 
 
+def warn_about_upstream_only(args: argparse.Namespace) -> None:
+    """One warning per kind of upstream setting that has no effect here, naming them."""
+    ignored = upstreamflags.ignored_flags(args)
+    if ignored:
+        log.warning("upstream flags without a feature here, ignored: %s", ", ".join("--" + n for n in ignored))
+    gates = features.not_implemented(args.feature_gates)
+    if gates:
+        log.warning("feature gates enabled but not implemented here (no effect): %s", ", ".join(gates))
+    if args.unparsed:
+        log.warning("arguments after the flags are not parsed (Go's flag rules) and ignored: %s",
+                    " ".join(args.unparsed)[:300])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    upstreamflags.configure_logging(args)
+    warn_about_upstream_only(args)
     rlimits.raise_open_file_limit()
     stopping = threading.Event()
 

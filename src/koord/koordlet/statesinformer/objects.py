@@ -175,6 +175,14 @@ class KubeObjectsSource:
     def kinds(self) -> set[str]:
         return set(self._kinds)
 
+    def bearer_token(self) -> Callable[[], str | None]:
+        """The API client's credentials, read at each call (in-cluster tokens rotate): upstream
+        reaches the kubelet with the same REST config as the API server."""
+        def token() -> str | None:
+            header = (self.api.configuration.auth_settings().get("BearerToken") or {}).get("value")
+            return header.removeprefix("Bearer ").strip() if isinstance(header, str) else None
+        return token
+
     def _lister(self, kind: str) -> Callable[..., Any]:
         if kind == NODE:
             return self._core.list_node
