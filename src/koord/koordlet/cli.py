@@ -37,6 +37,7 @@ from .statesinformer import (
     NODE,
     NODE_METRIC,
     NODE_SLO,
+    NODE_TOPOLOGY,
     CriPodsSource,
     FileObjectsSource,
     KubeObjectsSource,
@@ -44,6 +45,7 @@ from .statesinformer import (
     in_cluster,
 )
 from .statesinformer.kubelet import KubeletPodsSource
+from .statesinformer.nrt import FileNRTWriter, KubeNRTWriter, NodeTopologyReporter
 from .statesinformer.reporter import (
     FileStatusWriter,
     KubeStatusWriter,
@@ -86,17 +88,20 @@ class Koordlet:
         self.informer = make_states_informer(a)
         self.informer.register_callback(NODE, self.apply_rules)
         self.informer.register_callback(NODE_SLO, self.apply_rules)
+        self.informer.register_callback(NODE_TOPOLOGY, self.apply_rules)
         self.registration: Registration | None = None
         self.health: HealthServer | None = None
         self.metric_cache: metriccache.MetricCache | None = None
         self.reporter: NodeMetricReporter | None = None
+        self.topology: NodeTopologyReporter | None = None
         self.advisor: metricsadvisor.MetricsAdvisor | None = None
         self.qos_manager: qosmanager.QOSManager | None = None
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
         try:
-            rules = parse_rules(self.informer.get_node_slo_object(), self.informer.get_node())
+            rules = parse_rules(self.informer.get_node_slo_object(), self.informer.get_node(),
+                                self.informer.get_node_topo())
         except RuleError as exc:
             log.error("rules from NodeSLO/Node rejected, keeping the current rules: %s", exc)
             return
@@ -118,6 +123,7 @@ class Koordlet:
         self.metric_cache = self._run_module("metric-cache", lambda: metriccache.from_args(self.args))
         self._run_module("states-informer", self.informer.start)
         self._start_reporter()
+        self._start_topology()
         self._start_advisor()
         self.qos_manager = self._run_module("qos-manager", self._start_qos_manager)
         self._start_runtime_hooks()
@@ -171,6 +177,29 @@ class Koordlet:
         log.info("no --node-metric-file and no API server: NodeMetric is not reported")
         return None
 
+    def _start_topology(self) -> None:
+        a = self.args
+        if a.node_topology_sync_interval <= 0:
+            log.info("NodeResourceTopology disabled (--node-topology-sync-interval=0)")
+            return
+        if self.metric_cache is None:
+            log.error("module node-topology cannot start: no metric cache")
+            self.metrics.set_module("node-topology", False)
+            return
+        writer: FileNRTWriter | KubeNRTWriter | None = None
+        if not a.feature_gates.get(features.NODE_TOPOLOGY_REPORT):
+            log.info("NodeResourceTopology kept locally only (feature gate NodeTopologyReport off)")
+        elif a.node_topology_file is not None:
+            writer = FileNRTWriter(a.node_topology_file)
+        elif isinstance(self.informer.objects, KubeObjectsSource):
+            writer = KubeNRTWriter(self.informer.objects.api, self.informer.objects.node_name)
+        self.topology = NodeTopologyReporter(
+            self.informer, self.metric_cache, interval=a.node_topology_sync_interval,
+            var_lib_kubelet=a.var_lib_kubelet_dir, proc_root=a.proc_root_dir, sys_root=a.sys_root_dir,
+            sys_fs_root=a.sys_fs_root_dir, writer=writer,
+            kubelet=None if a.disable_query_kubelet_config else kubelet_client(a, self.informer))
+        self._run_module("node-topology", self.topology.start)
+
     def _start_qos_manager(self) -> qosmanager.QOSManager:
         if self.metric_cache is None:
             raise RuntimeError("no metric cache")
@@ -221,6 +250,8 @@ class Koordlet:
             self.advisor.stop()
         if self.reporter is not None:
             self.reporter.stop()
+        if self.topology is not None:
+            self.topology.stop()
         self.informer.stop()
         if self.metric_cache is not None:
             self.metric_cache.close()
@@ -260,16 +291,24 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
         log.info("pods from %s (--pods-source=auto: %s)", source,
                  "the Node comes from the API server" if source == "kubelet" else "no API server")
     if source == "kubelet":
-        informer.pods_source = KubeletPodsSource(
-            informer.get_node, kube_dir=a.cgroup_kube_dir,
-            driver=driver or CgroupExecutor(a.cgroup_root_dir)._driver_for(None),  # the tree kubelet made
-            address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
-            read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout,
-            token=objects.bearer_token() if isinstance(objects, KubeObjectsSource) else None)
+        informer.pods_source = kubelet_client(a, informer)
     else:
         informer.pods_source = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir,
                                              driver=driver)
     return informer
+
+
+def kubelet_client(a: argparse.Namespace, informer: StatesInformer) -> KubeletPodsSource:
+    """The kubelet at the Node's address, with the API client's credentials (upstream's stub):
+    its /pods and its /configz."""
+    objects = informer.objects
+    driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
+    return KubeletPodsSource(
+        informer.get_node, kube_dir=a.cgroup_kube_dir,
+        driver=driver or CgroupExecutor(a.cgroup_root_dir)._driver_for(None),  # the tree kubelet made
+        address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
+        read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout,
+        token=objects.bearer_token() if isinstance(objects, KubeObjectsSource) else None)
 
 
 def kubeconfig_path(a: argparse.Namespace) -> Path | None:

@@ -136,6 +136,18 @@ def build_parser() -> argparse.ArgumentParser:
       help="use kubelet's read-only port over plain HTTP (default: false)")
     a("--kubelet-read-only-port", type=port_number, default=10255, metavar="PORT",
       help="kubelet's read-only port (default: %(default)s)")
+    a("--var-lib-kubelet-dir", type=Path, default=Path("/var/lib/kubelet/"), metavar="DIR",
+      help="the kubelet's root dir: its cpu_manager_state gives the static CPU allocations "
+      "(default: %(default)s)")
+    a("--node-topology-sync-interval", type=go_duration, default=3.0, metavar="DURATION",
+      help="how often the NodeResourceTopology is computed and, with the NodeTopologyReport gate, "
+      "reported; 0 disables (default: 3s)")
+    a("--disable-query-kubelet-config", type=flag_bool, default=False, nargs="?", const=True, metavar="BOOL",
+      help="do not read the kubelet's /configz: no CPU manager policy in the NodeResourceTopology "
+      "(default: false)")
+    a("--node-topology-file", type=Path, default=None, metavar="FILE",
+      help="standalone mode: write this node's NodeResourceTopology to this file (YAML) instead of "
+      "the API server (default: none)")
     a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD, metavar="SOCKET",
       help="CRI socket the reconciler lists pods from (default: %(default)s)")
     a("--addr", default=":9316", metavar="HOST:PORT",
