@@ -499,6 +499,7 @@ def updated(status: TopologyStatus, nrt: dict) -> dict:
     for zone in status.zones:
         others = [r for r in (old.get(zone["name"]) or {}).get("resources") or []
                   if r.get("name") not in MANAGED_RESOURCES]
-        zones.append(dict(zone, resources=sorted(zone["resources"] + others, key=lambda r: r["name"])))
+        zones.append(dict(zone, resources=sorted(copy.deepcopy(zone["resources"] + others),
+                                                 key=lambda r: r["name"])))
     new["zones"] = zones
     return new
