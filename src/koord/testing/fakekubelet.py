@@ -33,7 +33,7 @@ class FakeKubelet:
                 kubelet.paths.append(self.path)
                 kubelet.tokens.append(self.headers.get("Authorization", ""))
                 if self.path == "/pods/":
-                    body = {"kind": "PodList", "apiVersion": "v1", "items": kubelet.pods}
+                    body: dict[str, Any] = {"kind": "PodList", "apiVersion": "v1", "items": kubelet.pods}
                 elif self.path == "/configz":
                     body = {"kubeletconfig": kubelet.config}
                 else:
