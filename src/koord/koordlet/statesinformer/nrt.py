@@ -194,6 +194,9 @@ class NodeTopologyReporter:
         return data
 
     def report_once(self) -> dict | None:
+        if not self.informer.has_synced():  # upstream waits for the Node and the pods too
+            self._skip("the states informer has not synced the Node and the pods yet")
+            return None
         node = self.informer.get_node()
         if node is None:
             self._skip("no Node object yet")
