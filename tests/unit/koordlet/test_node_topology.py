@@ -315,3 +315,15 @@ def test_round_is_skipped_until_inputs_exist(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "not computed" in r.getMessage()]
     assert len(said) == 2 and "Node" in said[0] and "CPU" in said[1]
     assert mk.NODE_CPU_INFO == "node_cpu_info"
+
+
+@pytest.mark.parametrize("node, named", [
+    ({"metadata": []}, "Node metadata"),
+    ({"metadata": {"annotations": ["x"]}}, "metadata.annotations"),
+    ({"metadata": {"annotations": {t.SYSTEM_QOS_RESOURCE: 5}}}, t.SYSTEM_QOS_RESOURCE),
+    ({"metadata": {"annotations": {t.SYSTEM_QOS_RESOURCE: '{"cpusetExclusive": "yes"}'}}}, "cpusetExclusive"),
+    ({"metadata": {"labels": "x"}}, "metadata.labels"),
+])
+def test_hostile_node_is_refused_naming_the_field(node, named):
+    with pytest.raises(t.TopologyError, match=named):
+        compute(node)

@@ -302,3 +302,9 @@ def test_proxy_parses_like_pflag(argv, ok, capsys):
     with pytest.raises(SystemExit) as exc:
         proxy_config.parse_options(argv)
     assert exc.value.code == 2
+
+
+def test_every_proxy_flag_states_its_default():
+    for action in proxy_config.build_parser()._actions:
+        if action.dest not in ("help", "version"):
+            assert "default" in (action.help or ""), action.option_strings

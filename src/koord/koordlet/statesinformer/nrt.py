@@ -117,7 +117,8 @@ class FileNRTWriter:
 
     def write(self, node: dict, status: Any) -> dict | None:
         try:
-            raw = self.path.read_bytes()[:documents.MAX_BYTES + 1]
+            with open(self.path, "rb") as f:
+                raw = f.read(documents.MAX_BYTES + 1)
             current = parse_object(raw, self.path, "NodeResourceTopology")
         except FileNotFoundError:
             current = new_nrt(node)

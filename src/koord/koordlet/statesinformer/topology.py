@@ -128,6 +128,14 @@ class KubeletConfig:
     """kubeReserved + systemReserved cpu: how many cpus the static policy keeps for the system."""
 
 
+def _mapping(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TopologyError(f"{where}: want an object")
+    return value
+
+
 def _strings(value: Any, where: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -196,6 +204,8 @@ def _annotation_object(annotations: Mapping[str, str], key: str, where: str) -> 
     text = annotations.get(key)
     if not text:
         return None
+    if not isinstance(text, str) or len(text) > 256 * 1024:
+        raise TopologyError(f"{where} annotation {key}: want a JSON string of at most 256 KiB")
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
@@ -409,8 +419,8 @@ def compute(*, node: dict, pods: list[PodMeta], cpu_info: Any, numa_info: Any, b
             if cpu_manager_state:
                 allocs = pod_cpu_allocs(cpu_manager_entries(cpu_manager_state), pods, shared) or None
         topo_policy = topology_policy(kubelet.topology_manager_policy, kubelet.topology_manager_scope)
-    node_meta = node.get("metadata") or {}
-    node_annotations = node_meta.get("annotations") or {}
+    node_meta = _mapping(node.get("metadata"), "Node metadata")
+    node_annotations = _mapping(node_meta.get("annotations"), "Node metadata.annotations")
     reservation = node_reservation(node_annotations, cpus)
     system_qos = system_qos_resource(node_annotations)
     ls_pools, be_pools = cpu_share_pools(shared, pods)
@@ -431,7 +441,7 @@ def compute(*, node: dict, pods: list[PodMeta], cpu_info: Any, numa_info: Any, b
         SYSTEM_QOS_RESOURCE: go_json(system_qos),
     }
     labels = {}
-    node_labels = node_meta.get("labels") or {}
+    node_labels = _mapping(node_meta.get("labels"), "Node metadata.labels")
     if node_labels.get(ENABLE_NUMA_RESERVATION):
         labels[ENABLE_NUMA_RESERVATION] = node_labels[ENABLE_NUMA_RESERVATION]
     return TopologyStatus(annotations=annotations, labels=labels, policy=topo_policy, zones=zones)
