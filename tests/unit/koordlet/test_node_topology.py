@@ -329,3 +329,19 @@ def test_round_is_skipped_until_inputs_exist(tmp_path, caplog):
 def test_hostile_node_is_refused_naming_the_field(node, named):
     with pytest.raises(t.TopologyError, match=named):
         compute(node)
+
+
+def test_informer_calls_back_when_the_topology_changes():
+    from koord.koordlet.statesinformer import NODE_TOPOLOGY, StatesInformer
+
+    informer = StatesInformer()
+    fired = []
+    informer.register_callback(NODE_TOPOLOGY, lambda: fired.append(informer.get_node_topo()))
+    status = compute({"metadata": {"name": "n"}})
+    obj = t.updated(status, t.new_nrt({"metadata": {"name": "n"}}))
+    informer.set_node_topo(obj)
+    informer.set_node_topo(json.loads(json.dumps(obj)))  # same content: no callback
+    assert fired == [obj]
+    rules = parse_rules(None, {"metadata": {"annotations": {t.KUBELET_CPU_MANAGER_POLICY: '{"policy":"static"}'}}},
+                        informer.get_node_topo())
+    assert rules.kubelet_cpu_manager_policy == "none"  # the topology's word, not the Node's
