@@ -52,3 +52,26 @@ def test_upstream_nodeslo_defaults_validate():
 def test_schemas_refuse_what_upstream_refuses(kind, obj, where):
     found = crds.errors(kind, obj)
     assert found and any(where in e for e in found), found
+
+
+def test_nodeslo_rendered_from_upstreams_default_configmap_is_read_with_its_meaning():
+    """upstream's slo-controller renders resourceUsedThresholdWithBE as its
+    DefaultResourceThresholdStrategy with the ConfigMap's clusterStrategy over it."""
+    from pathlib import Path
+
+    import yaml
+
+    from koord.koordlet.qosmanager.slo import threshold_config
+    from koord.koordlet.statesinformer.specs import merged_node_slo
+
+    configmap = yaml.safe_load((Path(crds.CRD_DIR).parent / "slo-controller-config.yaml").read_text())
+    cluster = json.loads(configmap["data"]["resource-threshold-config"])["clusterStrategy"]
+    upstream_default = {"enable": False, "cpuSuppressThresholdPercent": 65, "cpuSuppressPolicy": "cpuset",
+                        "memoryEvictThresholdPercent": 70, "cpuEvictPolicy": "evictByRealLimit"}
+    node_slo = {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO", "metadata": {"name": "n1"},
+                "spec": {"resourceUsedThresholdWithBE": {**upstream_default, **cluster}}}
+    assert crds.errors("NodeSLO", node_slo) == []
+    got = threshold_config(merged_node_slo(node_slo))
+    assert got is not None
+    assert (got.enable, got.cpu_suppress_threshold_percent, got.cpu_suppress_policy,
+            got.memory_evict_threshold_percent) == (True, 65, "cpuset", 70)
