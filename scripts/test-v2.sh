@@ -23,12 +23,15 @@ export PATH="$checkout/.venv/bin:$PATH"
 memory=${KOORD_V2_MEMORY:-6G}
 deadline=${KOORD_V2_TIMEOUT:-1800}
 echo "test-v2.sh: booting $(basename "$kernel") (cgroup v2, TCG, 2 cpus, $memory), deadline ${deadline}s"
+guest_command="scripts/v2-guest.sh"
+if [ $# -gt 0 ]; then
+  guest_command+=" $(printf '%q ' "$@")"
+fi
 start=$(date +%s)
 set +e
 timeout --kill-after=30 "$deadline" \
   vng --run "$kernel" --disable-kvm --cpus 2 --memory "$memory" \
-      --rwdir "$checkout" --cwd "$checkout" \
-      --exec "scripts/v2-guest.sh $(printf '%q ' "$@")" </dev/null
+      --rwdir "$checkout" --cwd "$checkout" --exec "$guest_command" </dev/null
 rc=$?
 set -e
 echo "test-v2.sh: cgroup v2 lane finished in $(( $(date +%s) - start ))s with exit code $rc"
