@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from koord.commonflags import version_text
@@ -72,7 +72,7 @@ names = st.sampled_from(sorted(KNOWN))
 values = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
 
 
-@settings(deadline=None)  # a loaded CI machine must not turn slowness into a failure
+
 @given(st.lists(st.tuples(names, values), max_size=6), st.lists(st.sampled_from(["-", "--"]), min_size=6, max_size=6),
        st.lists(st.booleans(), min_size=6, max_size=6))
 def test_every_spelling_gives_the_same_flags(flag_values, dashes, joined):
@@ -90,7 +90,7 @@ def test_every_spelling_gives_the_same_flags(flag_values, dashes, joined):
     assert goflags.parse(argv, KNOWN) == (want, [])
 
 
-@settings(deadline=None)  # a loaded CI machine must not turn slowness into a failure
+
 @given(st.lists(st.text(max_size=20), max_size=10))
 def test_any_command_line_parses_or_is_refused(argv):
     try:
