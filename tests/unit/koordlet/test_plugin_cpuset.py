@@ -9,13 +9,13 @@ import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
     PodMeta,
-    Resources,
 )
 from koord.koordlet.runtimehooks.rule import parse_rules
 
