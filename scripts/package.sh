@@ -41,7 +41,13 @@ ENV=$ROOT$PREFIX
 # the staging tree, then rewrite the staging prefix to the installed one.
 "$PYTHON" -m venv "$ENV"
 "$ENV/bin/python" -m pip install -q --no-compile --upgrade pip >/dev/null
-"$ENV/bin/python" -m pip install -q --no-compile --no-warn-script-location ".[kubernetes]"
+# From a clean copy of the sources: a build/ left in the checkout by an earlier build would
+# put stale modules into the package.
+SOURCE=$STAGE/source
+mkdir -p "$SOURCE"
+cp -r pyproject.toml README.md LICENSE src "$SOURCE/"
+find "$SOURCE" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+"$ENV/bin/python" -m pip install -q --no-compile --no-warn-script-location "$SOURCE[kubernetes]"
 "$ENV/bin/python" -m pip uninstall -q -y pip >/dev/null
 rm -f "$ENV"/bin/activate* "$ENV"/bin/Activate.ps1 "$ENV"/bin/pip*
 grep -rlI --null -F "$ENV" "$ENV" | xargs -0 -r sed -i "s#$ENV#$PREFIX#g"
