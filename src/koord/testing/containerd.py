@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,9 +24,11 @@ from typing import BinaryIO
 
 import grpc
 
+from koord.testing.cgroups import hierarchies, pod_dir, remove_tree
 from koord.testing.image import DEFAULT_REF, build_pause_image
-from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target, remove_pod_cgroup
+from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target
 from koord.testing.processes import stop_process
+from koord.testing.wait import scaled
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ def containerd_binaries_present() -> None:
 def wait_cri_ready(endpoint: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
     """Polls CRI Version every 50 ms until it answers; raises TimeoutError otherwise."""
     pb, grpc_mod = cri_modules("v1")
+    timeout = scaled(timeout)
     end = time.monotonic() + timeout
     last: Exception | None = None
     with grpc.insecure_channel(grpc_target(endpoint)) as channel:
@@ -152,7 +156,14 @@ class Containerd:
         image_ref: str = DEFAULT_REF,
         cgroup_root: Path = CGROUP_ROOT,
         image_cache: Path | None = None,
+        cgroup_driver: str = "cgroupfs",
     ) -> None:
+        """``cgroup_driver="systemd"``: containerd's systemd driver, with runc wrapped so that the
+        cgroups land where systemd would create them (see ``koord.testing.runc_systemd``);
+        pods then need kubelet's systemd parents (``KubeletClient(kube_dir="kubepods.slice")``)."""
+        if cgroup_driver not in ("cgroupfs", "systemd"):
+            raise ValueError(f"cgroup driver {cgroup_driver!r}: want 'cgroupfs' or 'systemd'")
+        self.cgroup_driver = cgroup_driver
         self.workdir = Path(workdir).resolve()
         self.root = self.workdir / "root"
         self.state = self.workdir / "state"
@@ -209,15 +220,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   runtime_type = "io.containerd.runc.v2"
 
 [{cri}.containerd.runtimes.runc.options]
-  SystemdCgroup = false
+  SystemdCgroup = {"true" if self.systemd else "false"}
   Root = "{self.runc_root}"
+{f'  BinaryName = "{self.runc_wrapper}"' if self.systemd else ""}
 """
+
+    @property
+    def systemd(self) -> bool:
+        return self.cgroup_driver == "systemd"
+
+    @property
+    def runc_wrapper(self) -> Path:
+        return self.workdir / "runc-systemd"
+
+    def _write_runc_wrapper(self) -> None:
+        real = shutil.which("runc")
+        if real is None:
+            raise RuntimeError("runc is not on PATH")
+        self.runc_wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m koord.testing.runc_systemd {real} \"$@\"\n")
+        self.runc_wrapper.chmod(0o755)
 
     def start(self, timeout: float = 30.0) -> Containerd:
         """Starts containerd, waits for CRI and imports the test image (idempotent image build)."""
         containerd_binaries_present()
         for directory in (self.root, self.state, self.opt, self.runc_root, self.cni_conf_dir, self.cni_bin_dir):
             directory.mkdir(parents=True, exist_ok=True)
+        if self.systemd:
+            self._write_runc_wrapper()
         self.config_path.write_text(self.config_toml())
         self._spawn(timeout)
         self.reimport_image()
@@ -361,8 +390,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             for path in state.get("cgroup_paths", {}).values():
                 container_pids += _cgroup_pids(Path(path))
         for parent in self.pod_cgroup_parents:
-            for subsystem in ("pids", "memory", "cpu", "freezer"):
-                container_pids += _cgroup_pids(self.cgroup_root / subsystem / parent.strip("/"))
+            for hierarchy in hierarchies(self.cgroup_root):
+                container_pids += _cgroup_pids(hierarchy / pod_dir(parent))
         _kill(container_pids)
         shims = _processes_mentioning(f"{self.workdir}/")
         _kill(shims)
@@ -374,10 +403,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def _remove_pod_cgroups(self) -> list[str]:
         problems = []
         for parent in sorted(self.pod_cgroup_parents):
-            problems += remove_pod_cgroup(parent, self.cgroup_root)
+            problems += remove_tree(pod_dir(parent), self.cgroup_root)
             # QoS and kubepods dirs are shared with other sessions: removed only when empty.
-            for hierarchy in (p for p in self.cgroup_root.iterdir() if p.is_dir()):
-                for shared in (hierarchy / parent.strip("/")).parents:
+            for hierarchy in hierarchies(self.cgroup_root):
+                for shared in (hierarchy / pod_dir(parent)).parents:
                     if shared == hierarchy:
                         break
                     try:
