@@ -74,7 +74,7 @@ def test_systemd_unit_flags_parse(node_parser):
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.read_string((DEPLOY / "koordlet.service").read_text().replace("\\\n", " "))
     command = shlex.split(unit["Service"]["ExecStart"])
-    assert command[0] == "/usr/local/bin/koordlet"
+    assert command[0] == "/usr/bin/koordlet"
     args = node_parser.parse_args(command[1:])
     assert args.node_metric_file == Path("/etc/koordlet/nodemetric.yaml") and args.addr == ":9316"
 
@@ -150,3 +150,37 @@ def test_image_has_no_tests_or_demos_and_a_pinned_base():
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base), base
     assert "rm -rf src/koord/testing src/koord/demo.py src/koord/demo_docker.py" in text
     assert "ENV agent_mode=dsMode" in text
+
+
+EXAMPLES = DEPLOY.parent / "examples" / "koordlet"
+
+
+def test_systemd_unit_reads_the_example_input_files(node_parser):
+    """The package installs examples/koordlet/*.yaml where koordlet.service looks for them."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string((DEPLOY / "koordlet.service").read_text().replace("\\\n", " "))
+    args = node_parser.parse_args(shlex.split(unit["Service"]["ExecStart"])[1:])
+    named = {args.node_file, args.node_slo_file, args.node_metric_file}
+    assert {p.parent for p in named} == {Path("/etc/koordlet")}
+    assert {p.name for p in named} == {p.name for p in EXAMPLES.glob("*.yaml")}
+
+
+def test_example_input_files_are_what_koordlet_accepts():
+    """Each example goes through the readers koordlet uses for it; a typo in a field is an error here."""
+    from koord.koordlet.qosmanager import nodeinfo, slo
+    from koord.koordlet.runtimehooks.rule import parse_rules
+    from koord.koordlet.statesinformer.objects import load_object_file
+    from koord.koordlet.statesinformer.specs import merged_node_slo, node_metric_collect_policy
+
+    node = load_object_file(EXAMPLES / "node.yaml", "Node")
+    node_slo = load_object_file(EXAMPLES / "nodeslo.yaml", "NodeSLO")
+    node_metric = load_object_file(EXAMPLES / "nodemetric.yaml", "NodeMetric")
+    kubernetes_validate.validate(node, K8S_VERSION, strict=True)
+    assert nodeinfo.capacity_milli_cpu(node) == 4000 and nodeinfo.capacity_memory(node) == 8 << 30
+    thresholds = slo.threshold_config(merged_node_slo(node_slo))
+    assert thresholds is not None and thresholds.enable is False
+    assert thresholds.cpu_suppress_threshold_percent == 65 and thresholds.memory_evict_threshold_percent == 70
+    parse_rules(merged_node_slo(node_slo), node)
+    policy = node_metric_collect_policy(node_metric)
+    assert policy["reportIntervalSeconds"] == 60 and policy["aggregateDurationSeconds"] == 300
+    assert {o["metadata"]["name"] for o in (node, node_slo, node_metric)} == {"node-1"}

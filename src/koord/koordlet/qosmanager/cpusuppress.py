@@ -32,7 +32,7 @@ from ..metriccache import (
 )
 from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import BatchResult, Update, quota_value
-from ..runtimehooks.protocol import KubeQoS
+from ..resources import KubeQoS
 from ..statesinformer import PodMeta
 from .framework import Context, Strategy
 from .nodeinfo import (

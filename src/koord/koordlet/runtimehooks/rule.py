@@ -19,7 +19,7 @@ from typing import Any
 
 from koord.hookapi import cpuset_value, json_annotation, json_object
 
-from .protocol import KoordQoS, KubeQoS
+from ..resources import KoordQoS, KubeQoS
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
 NODE_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"

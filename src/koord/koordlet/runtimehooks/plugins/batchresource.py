@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from koord import cgrouplimits
 from koord.hookapi import HookPoint, json_annotation, parse_quantity
 
+from ...resources import KoordQoS, Resources
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
-from ..protocol import ContainerContext, KoordQoS, PodContext, Resources
+from ..protocol import ContainerContext, PodContext
 
 log = logging.getLogger(__name__)
 
