@@ -185,3 +185,20 @@ def enable_v2_controllers(rel: str, root: Path = CGROUP_ROOT,
             current = current / part
             current.mkdir(exist_ok=True)
         (current / "cgroup.subtree_control").write_text(wanted)
+
+
+def remove_tree(rel: str, root: Path = CGROUP_ROOT) -> list[str]:
+    """Removes the cgroup dir ``rel`` and every dir below it, deepest first, in every
+    hierarchy (v1: each controller's tree; v2: the one tree), once no task is left in them.
+    Returns the dirs that stayed (still busy)."""
+    root = Path(root)
+    tops = ([root / rel.strip("/")] if cgroup_version(root) == 2
+            else [h / rel.strip("/") for h in root.iterdir() if h.is_dir() and not h.is_symlink()])
+    stayed = []
+    for top in (t for t in tops if t.is_dir()):
+        for d in sorted([top, *(p for p in top.rglob("*") if p.is_dir())], key=lambda p: -len(p.parts)):
+            try:
+                d.rmdir()
+            except OSError:
+                stayed.append(str(d))
+    return stayed

@@ -19,6 +19,7 @@ from typing import Any
 
 from koord.hookapi import cpuset_value, json_annotation, json_object
 
+from ..qosmanager.slo import CFS_QUOTA_POLICY, SLOError, threshold_config
 from .protocol import KoordQoS, KubeQoS
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
@@ -120,6 +121,9 @@ class Rules:
     be_cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
     kubelet_cpu_manager_policy: str = "none"
     cpu_normalization_ratio: float | None = None
+    batch_cfs_quota: bool = True
+    """False while BE CPU suppress limits the besteffort dir by cfs quota: BE pods and
+    containers then get quota -1 (see ``batch_cfs_quota_enabled``)."""
 
 
 def parse_rules(node_slo: dict | None, node: dict | None) -> Rules:
@@ -127,6 +131,7 @@ def parse_rules(node_slo: dict | None, node: dict | None) -> Rules:
     annotations = _node_annotations(node)
     return Rules(
         group_identity=_group_identity(node_slo),
+        batch_cfs_quota=batch_cfs_quota_enabled(node_slo),
         cpu_shared_pools=_shared_pools(annotations, NODE_CPU_SHARED_POOLS),
         be_cpu_shared_pools=_shared_pools(annotations, NODE_BE_CPU_SHARED_POOLS),
         kubelet_cpu_manager_policy=_cpu_manager_policy(annotations),
@@ -163,6 +168,25 @@ def _group_identity(node_slo: dict | None) -> GroupIdentityRule:
         # Core scheduling replaces group identity: the classes stay neutral then.
         values[attr] = ClassCPUQoS(enable and cpu_policy == CPU_POLICY_GROUP_IDENTITY, bvt)
     return GroupIdentityRule(**values)
+
+
+def batch_cfs_quota_enabled(node_slo: dict | None) -> bool:
+    """Whether BE pods keep a cfs quota of their batch-cpu limit.
+
+    Not while ``resourceUsedThresholdWithBE`` enables suppress with ``cpuSuppressPolicy:
+    cfsQuota``: cgroup v1 refuses a parent's quota below a child's (EINVAL), so a BE pod's
+    own quota would be the floor of the besteffort quota suppress writes. The pods are then
+    held by their shares and the besteffort quota alone. The thresholds are validated as
+    the QoS manager validates them, so both read one NodeSLO the same way.
+    """
+    if node_slo is None:
+        return True
+    obj = node_slo if "spec" in node_slo else {"spec": node_slo}
+    try:
+        config = threshold_config(obj)
+    except SLOError as exc:
+        raise RuleError(str(exc)) from None
+    return config is None or not (config.enable and config.cpu_suppress_policy == CFS_QUOTA_POLICY)
 
 
 def _bvt(value: Any, where: str) -> int:
