@@ -22,6 +22,11 @@ MIN_CFS_QUOTA_US = 1000
 MAX_CFS_QUOTA_US = (1 << 44) - 1
 """cpu.cfs_quota_us: -1, or 1 ms up to the kernel's max_cfs_runtime (2^44 - 1 µs, ~203 days)."""
 
+MAX_CFS_BURST_US = MAX_CFS_QUOTA_US
+"""cpu.cfs_burst_us (v1) / cpu.max.burst (v2): 0 up to max_cfs_runtime; the kernel also
+refuses a burst above the cgroup's own limited quota (EINVAL), which only the writer,
+knowing the quota, can check."""
+
 MAX_MEMORY_BYTES = (1 << 63) - 1
 """memory.limit_in_bytes / memory.max: -1 (unlimited) or a positive int64."""
 
@@ -35,6 +40,7 @@ MIN_OOM_SCORE_ADJ, MAX_OOM_SCORE_ADJ = -1000, 1000
 class Kind(enum.Enum):
     SHARES = "cpu shares"
     QUOTA = "cfs quota"
+    BURST = "cfs burst"
     PERIOD = "cfs period"
     MEMORY = "memory limit"
     BVT = "group identity"
@@ -57,6 +63,9 @@ def problem(kind: Kind, value: int) -> str | None:
     elif kind is Kind.QUOTA:
         ok = value == UNLIMITED or MIN_CFS_QUOTA_US <= value <= MAX_CFS_QUOTA_US
         want = f"-1 (unlimited) or [{MIN_CFS_QUOTA_US}, {MAX_CFS_QUOTA_US}]"
+    elif kind is Kind.BURST:
+        ok = 0 <= value <= MAX_CFS_BURST_US
+        want = f"[0, {MAX_CFS_BURST_US}]"
     elif kind is Kind.MEMORY:
         ok = value == UNLIMITED or 0 < value <= MAX_MEMORY_BYTES
         want = f"-1 (unlimited) or [1, {MAX_MEMORY_BYTES}]"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -98,6 +100,12 @@ def qos_node(containerd: Containerd, kubelet: KubeletClient, tmp_path: Path) -> 
     kube = f"koordtest-{uuid.uuid4().hex[:8]}/kubepods"
     for qos_dir in ("besteffort", "burstable"):
         enable_v2_controllers(f"{kube}/{qos_dir}")
+    # A node gives kubepods the weight of its cpus; here the test's top dir gets 4 times a
+    # default group's, so its pods are not starved by group fairness on this shared machine
+    # (other test runs, each in its own group) without starving those runs either.
+    top = Cgroup(kube.split("/")[0])
+    top.dir("cpu").mkdir(parents=True, exist_ok=True)
+    top.set_cpu_weight_from_shares(4096)
     cpus = os.cpu_count() or 1
     node_file = tmp_path / "node.json"
     write_json(node_file, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node"},
@@ -108,9 +116,9 @@ def qos_node(containerd: Containerd, kubelet: KubeletClient, tmp_path: Path) -> 
     try:
         yield node
     finally:
+        containerd.remove_pods_of(kubelet)  # burners first: they would slow koordlet's exit
         rc = node.koordlet.stop() if node.koordlet else None
         print(f"--- koordlet log (exit {rc}) ---\n{node.logs()[-20000:]}")
-        containerd.remove_pods_of(kubelet)
         remove_tree(kube.split("/")[0])
         assert rc in (None, 0), "koordlet must exit 0 on SIGTERM"
 
@@ -152,3 +160,119 @@ def test_cfs_quota_suppress_goes_below_a_be_pods_own_limit(qos_node: QoSNode) ->
              "suppress off: besteffort -1 and the BE pod back at 50000", 60)
     logs = node.logs()
     assert "EINVAL" not in logs and "Invalid argument" not in logs, "no write was refused"
+
+
+# ---- CPUBurst ------------------------------------------------------------------------------
+
+LS_LIMIT = {"cpu_period": 100000, "cpu_quota": 50000, "cpu_shares": 512}
+CPU_BURST = "koordinator.sh/cpuBurst"
+
+
+def burst_us(cgroup: Cgroup) -> int:
+    return int(cgroup.read("cpu", "cpu.cfs_burst_us", "cpu.max.burst"))
+
+
+def test_cpu_burst_sets_the_burst_file_clamped_to_the_quota(qos_node: QoSNode) -> None:
+    """cpuBurstOnly: an LS container limited to half a core, burning more, gets limit x
+    cpuBurstPercent as its burst and its pod the sum; at 1000% (upstream's default) the
+    value is clamped to the quota without one refused write; a pod that opts out keeps 0."""
+    node = qos_node
+    node.start_koordlet()
+    pod, container = node.run_pod("ls", "burstable", "LS", burn_command(1), resources=LS_LIMIT)
+    out_pod, out_container = node.run_pod("ls-out", "burstable", "LS", burn_command(0.2), resources=LS_LIMIT,
+                                          annotations={CPU_BURST: '{"policy": "none"}'})
+    if not container.file("cpu", "cpu.cfs_burst_us", "cpu.max.burst").exists():
+        pytest.fail(f"this kernel has no burst file under {container.dir('cpu')}")
+    node.slo({"cpuBurstStrategy": {"policy": "cpuBurstOnly", "cpuBurstPercent": 50}})
+    # 0.5 core x 50% = 0.25 core = 25000 µs per 100 ms period
+    wait_for(settled(lambda: burst_us(container) == 25000 and burst_us(pod) == 25000),
+             "container and pod burst 25000 µs", 30)
+    assert container.cpu_max() == (50000, 100000), "cpuBurstOnly leaves the quota alone"
+
+    node.slo({"cpuBurstStrategy": {"policy": "cpuBurstOnly"}})  # 1000%: 500000 µs wanted
+    wait_for(settled(lambda: burst_us(container) == 50000), "the burst clamped to the quota 50000", 30)
+    time.sleep(2)
+    assert (burst_us(container), burst_us(pod)) == (50000, 50000)
+    assert (burst_us(out_container), burst_us(out_pod)) == (0, 0), "the opted-out pod keeps its values"
+    assert out_container.cpu_max() == (50000, 100000)
+    logs = node.logs()
+    assert logs.count("clamped to it") == 1, "the clamp is said once"
+    assert "EINVAL" not in logs and "Invalid argument" not in logs
+
+
+class PodsOnlyProcStat:
+    """A ``--proc-root-dir`` whose ``stat`` counts only the CPU time of the test's kube dir.
+
+    This machine is shared: other test runs keep its cpus busy, so the real node is never
+    idle and CPUBurst (rightly) would never raise a quota. The node koordlet sees here is the
+    test's pods alone: their real cgroup CPU time, rewritten every 0.2 s as /proc/stat
+    ticks; cpuinfo and meminfo are the host's.
+    """
+
+    def __init__(self, root: Path, kube: str) -> None:
+        self.root, self.kube = root, Cgroup(kube)
+        root.mkdir(parents=True, exist_ok=True)
+        for name in ("cpuinfo", "meminfo"):
+            shutil.copyfile(f"/proc/{name}", root / name)
+        self.cpus = os.cpu_count() or 1
+        self.tck = os.sysconf("SC_CLK_TCK")
+        self.start = time.monotonic()
+        self._stop = threading.Event()
+        self._write()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        try:
+            busy = self.kube.cpu_usage_ns() * self.tck // 10**9
+        except (OSError, ValueError):
+            busy = 0
+        total = int((time.monotonic() - self.start + 1000) * self.cpus * self.tck)
+        lines = [f"cpu  {busy} 0 0 {max(total - busy, 0)} 0 0 0 0 0 0"]
+        lines += [f"cpu{i} {busy // self.cpus} 0 0 {max(total - busy, 0) // self.cpus} 0 0 0 0 0 0"
+                  for i in range(self.cpus)]
+        tmp = self.root / "stat.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.replace(self.root / "stat")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._write()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_cfs_quota_burst_rises_while_idle_and_falls_when_the_node_fills(qos_node: QoSNode) -> None:
+    """cfsQuotaBurstOnly: a throttled LS container's quota rises 1.2x a tick (pod too) while the
+    share pool is below its threshold, and falls back to its limit once a burner fills the node."""
+    node = qos_node
+    proc = PodsOnlyProcStat(node.workdir / "proc", node.kube)
+    try:
+        run_cfs_quota_burst(node, proc)
+    finally:
+        proc.stop()
+
+
+def run_cfs_quota_burst(node: QoSNode, proc: PodsOnlyProcStat) -> None:
+    # A small limit (0.2 core) and a low threshold (25% of the cpus), so that the test's pods
+    # fill the share pool even while other test runs compete for the cpus.
+    node.start_koordlet("--proc-root-dir", str(proc.root))
+    limit = {"cpu_period": 100000, "cpu_quota": 20000, "cpu_shares": 205}
+    pod, container = node.run_pod("ls", "burstable", "LS", burn_command(1), resources=limit)
+    pod.set_cpu_max(20000)  # a pod-level limit, as kubelet sets for a pod whose containers all have one
+    node.slo({"cpuBurstStrategy": {"policy": "cfsQuotaBurstOnly", "cfsQuotaBurstPercent": 300,
+                                   "sharePoolThresholdPercent": 25}})
+    seen = wait_for(settled(lambda: (q := container.cpu_quota()) >= 28800 and q), "the quota to rise", 90)
+    pod_quota = pod.cpu_quota()
+    print(f"idle node: container quota 20000 -> {seen}, pod {pod_quota}")
+    assert seen <= 60000 and pod_quota >= seen, "within 300% of the limit, the pod at least as wide"
+
+    cpus = os.cpu_count() or 1
+    node.run_pod("filler", "burstable", "LS", burn_command(cpus))
+    wait_for(settled(lambda: container.cpu_quota() == 20000 and pod.cpu_quota() == 20000),
+             "the quota back at the limit once the node is full", 90)
+    logs = node.logs()
+    assert "share pool overload" in logs
+    assert "EINVAL" not in logs and "Invalid argument" not in logs

@@ -52,6 +52,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help="no memory eviction this long after the last one (default: %(default)s)")
     g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=20, metavar="N",
                    help="no CPU eviction this long after the last one (default: %(default)s)")
+    g.add_argument("--reconcile-interval-seconds", type=_seconds, default=1, metavar="N",
+                   help="CPUBurst period; 0 disables (default: %(default)s)")
     g.add_argument("--only-evict-by-api", action="store_true",
                    help="evict only through the API server's Eviction subresource, never by "
                    "stopping containers through CRI")
@@ -65,6 +67,7 @@ class QOSConfig:
     memory_evict_cool_time: float = 4.0
     cpu_evict_cool_time: float = 20.0
     only_evict_by_api: bool = False
+    reconcile_interval: float = 1.0
     collect_interval: float = 1.0
     gates: Mapping[str, bool] = field(default_factory=lambda: dict(QOS_FEATURE_GATES))
     cri_endpoint: str = "/var/run/containerd/containerd.sock"
@@ -82,6 +85,7 @@ class QOSConfig:
             memory_evict_cool_time=args.memory_evict_cool_time_seconds,
             cpu_evict_cool_time=args.cpu_evict_cool_time_seconds,
             only_evict_by_api=args.only_evict_by_api,
+            reconcile_interval=getattr(args, "reconcile_interval_seconds", 1),
             collect_interval=float(getattr(args, "collect_res_used_interval", 1.0) or 1.0),
             gates=gates,
             cri_endpoint=getattr(args, "containerd_endpoint", cls.cri_endpoint),
@@ -193,6 +197,7 @@ class QOSManager:
                  metric_cache: MetricCache, executor: ResourceExecutor, *,
                  registry: CollectorRegistry | None = None, evictor: Evictor | None = None,
                  api_client: object = None, clock: Callable[[], float] = time.time) -> None:
+        from .cpuburst import CPUBurst
         from .cpuevict import CPUEvict
         from .cpusuppress import CPUSuppress
         from .memoryevict import MemoryEvict
@@ -205,7 +210,7 @@ class QOSManager:
             evictor.metrics = metrics
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
         self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
-                                           MemoryEvict(self.ctx)]
+                                           MemoryEvict(self.ctx), CPUBurst(self.ctx)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 

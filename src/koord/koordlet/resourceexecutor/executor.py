@@ -54,6 +54,7 @@ _FILES: dict[str, _File] = {
     "cpu_shares": _File("cpu", "cpu.shares", "cpu.weight"),
     "cpu_quota": _File("cpu", "cpu.cfs_quota_us", "cpu.max"),
     "cpu_period": _File("cpu", "cpu.cfs_period_us", "cpu.max"),
+    "cpu_burst": _File("cpu", "cpu.cfs_burst_us", "cpu.max.burst"),
     "memory_limit": _File("memory", "memory.limit_in_bytes", "memory.max"),
     "cpuset_cpus": _File("cpuset", "cpuset.cpus", "cpuset.cpus"),
     "cpuset_mems": _File("cpuset", "cpuset.mems", "cpuset.mems"),
@@ -79,6 +80,7 @@ _LIMITS = {
     "cpu_shares": cgrouplimits.Kind.SHARES,
     "cpu_quota": cgrouplimits.Kind.QUOTA,
     "cpu_period": cgrouplimits.Kind.PERIOD,
+    "cpu_burst": cgrouplimits.Kind.BURST,
     "memory_limit": cgrouplimits.Kind.MEMORY,
     "cpu_bvt_warp_ns": cgrouplimits.Kind.BVT,
 }
