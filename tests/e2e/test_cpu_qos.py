@@ -276,3 +276,35 @@ def run_cfs_quota_burst(node: QoSNode, proc: PodsOnlyProcStat) -> None:
     logs = node.logs()
     assert "share pool overload" in logs
     assert "EINVAL" not in logs and "Invalid argument" not in logs
+
+
+# ---- OOMScoreAdj ---------------------------------------------------------------------------
+
+def oom_score_adj(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+def test_oom_score_adj_reaches_every_process_of_the_container(qos_node: QoSNode) -> None:
+    """The spec's value for the container (over the pod's default) on every pid of its
+    cgroup.procs, the sandbox's pause left alone; a negative value, which this machine's root
+    may not set without CAP_SYS_RESOURCE, is reported once and nothing else breaks."""
+    node = qos_node
+    node.start_koordlet("--feature-gates", "OOMScoreAdj=true")
+    annotations = {"koordinator.sh/oom-score-adj": "100", "koordinator.sh/oom-score-adj-spec": '{"main": 300}'}
+    pod, container = node.run_pod("oom", "burstable", "LS", burn_command(0.05), annotations=annotations)
+    pause = [p for d in pod.dir("cpu").iterdir() if d.is_dir() and d.name != container.rel.rsplit("/", 1)[1]
+             for p in Cgroup(f"{pod.rel}/{d.name}").procs()]
+    pause_before = {p: oom_score_adj(p) for p in pause}
+    wait_for(settled(lambda: container.procs() and all(oom_score_adj(p) == 300 for p in container.procs())),
+             "oom_score_adj 300 on every process of the container", 30)
+    print(f"container pids {container.procs()} at 300; sandbox pids {pause_before}")
+    assert pause_before and {p: oom_score_adj(p) for p in pause} == pause_before, "the sandbox is left alone"
+
+    _, negative = node.run_pod("oom-neg", "burstable", "LS", burn_command(0.05),
+                               annotations={"koordinator.sh/oom-score-adj": "-100"})
+    wait_for(lambda: "refused oom_score_adj -100" in node.logs(), "the refusal of -100 reported", 30)
+    time.sleep(2)
+    logs = node.logs()
+    assert logs.count("refused oom_score_adj -100") == 1, "said once"
+    assert all(oom_score_adj(p) >= 0 for p in negative.procs())
+    assert all(oom_score_adj(p) == 300 for p in container.procs())

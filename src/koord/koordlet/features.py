@@ -22,6 +22,7 @@ RUNTIME_HOOK_GATES: dict[str, bool] = {
     "GPUEnvInject": False,
     "CPUNormalization": False,
     "Resctrl": False,
+    "OOMScoreAdj": False,
 }
 """One gate per runtime-hooks plugin, named after the plugin."""
 

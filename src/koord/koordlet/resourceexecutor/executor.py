@@ -60,6 +60,7 @@ _FILES: dict[str, _File] = {
     "cpuset_mems": _File("cpuset", "cpuset.mems", "cpuset.mems"),
     "cpu_bvt_warp_ns": _File("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns"),
     "tasks": _File("cpu", "tasks", "cgroup.threads"),
+    "procs": _File("cpu", "cgroup.procs", "cgroup.procs"),
     # Read by the metrics advisor. v2's cpu.stat holds usage_usec where v1 has cpuacct.usage
     # (ns); callers parse by ``version``.
     "cpuacct_usage": _File("cpuacct", "cpuacct.usage", "cpu.stat"),
@@ -72,7 +73,7 @@ _FILES: dict[str, _File] = {
     "memory_pressure": _File("cpuacct", "memory.pressure", "memory.pressure"),
     "io_pressure": _File("cpuacct", "io.pressure", "io.pressure"),
 }
-_READ_ONLY = {"tasks", "cpuacct_usage", "cpu_stat", "memory_stat", "memory_usage",
+_READ_ONLY = {"tasks", "procs", "cpuacct_usage", "cpu_stat", "memory_stat", "memory_usage",
               "cpuset_cpus_effective", "cpu_pressure", "memory_pressure", "io_pressure"}
 
 # Every integer resource is checked against what its kernel file accepts before a write.

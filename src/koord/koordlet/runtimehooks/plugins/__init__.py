@@ -14,10 +14,11 @@ from .cpunormalization import CPUNormalization
 from .cpuset import CPUSetAllocator
 from .gpu import GPUEnvInject
 from .groupidentity import GroupIdentity
+from .oomscoreadj import OOMScoreAdj
 from .resctrl import Resctrl
 
 PLUGIN_ORDER: tuple[type[RuntimePlugin], ...] = (
-    GroupIdentity, BatchResource, CPUSetAllocator, CPUNormalization, GPUEnvInject, Resctrl,
+    GroupIdentity, BatchResource, CPUSetAllocator, CPUNormalization, GPUEnvInject, Resctrl, OOMScoreAdj,
 )
 
 
