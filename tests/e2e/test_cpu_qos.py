@@ -308,3 +308,38 @@ def test_oom_score_adj_reaches_every_process_of_the_container(qos_node: QoSNode)
     assert logs.count("refused oom_score_adj -100") == 1, "said once"
     assert all(oom_score_adj(p) >= 0 for p in negative.procs())
     assert all(oom_score_adj(p) == 300 for p in container.procs())
+
+
+# ---- CoreSched: cpu.idle at the kube-QoS level ----------------------------------------------
+
+def cpu_idle(cgroup: Cgroup) -> int:
+    return int(cgroup.read("cpu", "cpu.idle"))
+
+
+def test_core_sched_policy_sets_cpu_idle_of_the_kube_qos_dirs(qos_node: QoSNode) -> None:
+    """cpuPolicy coreSched with BE's schedIdle 1: besteffort's cpu.idle 1, burstable's and the
+    kube dir's 0; back to 0 when the policy changes. Core scheduling itself is missing on this
+    kernel: said in one line, and pods keep starting."""
+    node = qos_node
+    node.start_koordlet("--feature-gates", "CoreSched=true")
+    be_pod, _ = node.run_pod("be", "besteffort", "BE", burn_command(0.05))
+    node.run_pod("ls", "burstable", "LS", burn_command(0.05))
+    kube, besteffort, burstable = (Cgroup(node.kube), Cgroup(f"{node.kube}/besteffort"),
+                                   Cgroup(f"{node.kube}/burstable"))
+    if not besteffort.file("cpu", "cpu.idle").exists():
+        pytest.fail(f"this kernel has no cpu.idle under {besteffort.dir('cpu')}")
+    strategy = {"policies": {"cpuPolicy": "coreSched"},
+                "lsClass": {"cpuQOS": {"enable": True}}, "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}
+    node.slo({"resourceQOSStrategy": strategy})
+    wait_for(settled(lambda: (cpu_idle(besteffort), cpu_idle(burstable), cpu_idle(kube)) == (1, 0, 0)),
+             "besteffort cpu.idle 1, burstable and kubepods 0", 30)
+    _, late = node.run_pod("be-late", "besteffort", "BE", burn_command(0.05))
+    assert late.procs(), "a pod still starts with the coreSched policy on a kernel without core scheduling"
+
+    strategy["policies"] = {"cpuPolicy": "groupIdentity"}
+    node.slo({"resourceQOSStrategy": strategy})
+    wait_for(settled(lambda: (cpu_idle(besteffort), cpu_idle(burstable), cpu_idle(kube)) == (0, 0, 0)),
+             "cpu.idle back to 0 once the policy is groupIdentity", 30)
+    logs = node.logs()
+    said = logs.count("core scheduling is not supported") + logs.count("supports core scheduling")
+    assert said == 1, "the kernel's core-scheduling support is said in one line"

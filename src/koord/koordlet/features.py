@@ -23,6 +23,7 @@ RUNTIME_HOOK_GATES: dict[str, bool] = {
     "CPUNormalization": False,
     "Resctrl": False,
     "OOMScoreAdj": False,
+    "CoreSched": False,
 }
 """One gate per runtime-hooks plugin, named after the plugin."""
 

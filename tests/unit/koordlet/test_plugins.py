@@ -25,7 +25,7 @@ ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
 def test_order_and_names_match_gates() -> None:
     assert [c.name for c in PLUGIN_ORDER] == [
         "GroupIdentity", "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl",
-        "OOMScoreAdj"]
+        "OOMScoreAdj", "CoreSched"]
     assert set(RUNTIME_HOOK_GATES) == {c.name for c in PLUGIN_ORDER}
     assert DEFAULT_FEATURE_GATES == {**RUNTIME_HOOK_GATES, **QOS_FEATURE_GATES, **ADVISOR_FEATURE_GATES}
     assert len(DEFAULT_FEATURE_GATES) == len(RUNTIME_HOOK_GATES) + len(QOS_FEATURE_GATES) + len(ADVISOR_FEATURE_GATES)

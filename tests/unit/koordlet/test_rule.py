@@ -199,8 +199,8 @@ def test_batch_cfs_quota_change_refreshes_pods() -> None:
     assert plugin.update_rules(on)
     assert plugin.update_rules(off)
     assert not plugin.update_rules(parse_rules(be_threshold(enable=True, cpuSuppressPolicy="cfsQuota"), None))
-    assert plugin.update_rules(on)
-    assert not plugin.update_rules(parse_rules({"spec": {}}, None))
+    assert plugin.update_rules(parse_rules({"spec": {}}, None))
+    assert not plugin.update_rules(parse_rules(be_threshold(enable=False, cpuSuppressPolicy="cfsQuota"), None))
 
 
 @pytest.mark.parametrize("raw, field", [

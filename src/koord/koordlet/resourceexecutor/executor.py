@@ -59,6 +59,7 @@ _FILES: dict[str, _File] = {
     "cpuset_cpus": _File("cpuset", "cpuset.cpus", "cpuset.cpus"),
     "cpuset_mems": _File("cpuset", "cpuset.mems", "cpuset.mems"),
     "cpu_bvt_warp_ns": _File("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns"),
+    "cpu_idle": _File("cpu", "cpu.idle", "cpu.idle"),
     "tasks": _File("cpu", "tasks", "cgroup.threads"),
     "procs": _File("cpu", "cgroup.procs", "cgroup.procs"),
     # Read by the metrics advisor. v2's cpu.stat holds usage_usec where v1 has cpuacct.usage
@@ -84,12 +85,13 @@ _LIMITS = {
     "cpu_burst": cgrouplimits.Kind.BURST,
     "memory_limit": cgrouplimits.Kind.MEMORY,
     "cpu_bvt_warp_ns": cgrouplimits.Kind.BVT,
+    "cpu_idle": cgrouplimits.Kind.IDLE,
 }
 
 # Write order inside one cgroup: period before quota so a v1 quota below the old period is
 # accepted; mems before cpus as runc does.
 _APPLY_ORDER = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit",
-                "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns")
+                "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns", "cpu_idle")
 
 
 def shares_to_weight(shares: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ...features import DEFAULT_FEATURE_GATES, RUNTIME_HOOK_GATES
 from ..hooks import PluginEnv, RuntimePlugin
 from .batchresource import BatchResource
+from .coresched import CoreSched
 from .cpunormalization import CPUNormalization
 from .cpuset import CPUSetAllocator
 from .gpu import GPUEnvInject
@@ -19,6 +20,7 @@ from .resctrl import Resctrl
 
 PLUGIN_ORDER: tuple[type[RuntimePlugin], ...] = (
     GroupIdentity, BatchResource, CPUSetAllocator, CPUNormalization, GPUEnvInject, Resctrl, OOMScoreAdj,
+    CoreSched,
 )
 
 
