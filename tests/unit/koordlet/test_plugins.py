@@ -65,7 +65,8 @@ def test_build_all_and_register() -> None:
     for plugin in plugins:
         plugin.register(hooks)
     assert [name for name, _ in hooks.registrations(HookPoint.PRE_CREATE_CONTAINER)] == [
-        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "OOMScoreAdj"]
+        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "OOMScoreAdj",
+        "CoreSched"]
     assert hooks.stages() == {HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER,
                               HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, HookPoint.POST_START_CONTAINER,
                               HookPoint.POST_STOP_POD_SANDBOX}

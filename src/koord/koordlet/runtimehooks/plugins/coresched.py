@@ -6,60 +6,77 @@ class's ``schedIdle`` (``kubepods/besteffort`` 1 when BE's schedIdle is 1, ``bur
 it), through the reconciler's kube-QoS level. SCHED_IDLE groups yield the cpu to every
 non-idle sibling at once, which is what protects LS pods from BE ones without group identity.
 
-Core-scheduling cookies (prctl PR_SCHED_CORE) are not assigned: when a class enables core
-scheduling, koordlet probes the kernel once and says in one line whether it supports it.
+Core-scheduling cookies (``cookies.py``): when a class enables core scheduling, koordlet
+probes the kernel once and says in one line whether it supports it; where it does, every
+process of a new container (PostStartContainer) and of a running one (the reconciler's
+rounds) gets its group's cookie, and processes of pods the rule no longer enables lose
+theirs. SYSTEM pods and sandboxes are left alone. Where the kernel lacks it, nothing but
+cpu.idle is done and pods start as usual.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
-import os
 
-from ..hooks import Hooks, PluginEnv, RuntimePlugin
-from ..protocol import KubeQoS, Resources
+from koord.hookapi import HookPoint
+
+from ...resourceexecutor.executor import CgroupError
+from ..hooks import HookError, Hooks, PluginEnv, RuntimePlugin
+from ..protocol import ContainerContext, KoordQoS, KubeQoS, Resources
 from ..rule import Rules
+from .cookies import CookieError, CookieManager, CookieOps, PrctlCookies, pod_group, supported
 
 log = logging.getLogger(__name__)
-
-PR_SCHED_CORE, PR_SCHED_CORE_GET = 62, 0
-PIDTYPE_PID = 0
-
-
-def core_sched_support() -> tuple[bool, str]:
-    """Asks the kernel for this process's core-scheduling cookie: (supported, why not)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    cookie = ctypes.c_uint64(0)
-    if libc.prctl(PR_SCHED_CORE, PR_SCHED_CORE_GET, os.getpid(), PIDTYPE_PID, ctypes.byref(cookie)) == 0:
-        return True, ""
-    err = ctypes.get_errno()
-    return False, f"prctl(PR_SCHED_CORE) failed with {errno.errorcode.get(err, err)} (no CONFIG_SCHED_CORE?)"
 
 
 class CoreSched(RuntimePlugin):
     name = "CoreSched"
 
-    def __init__(self, env: PluginEnv) -> None:
+    def __init__(self, env: PluginEnv, ops: CookieOps | None = None) -> None:
         super().__init__(env)
-        self.probe = core_sched_support
+        self.ops: CookieOps = ops if ops is not None else PrctlCookies()
+        self.cookies = CookieManager(self.ops)
+        self.supported: bool | None = None
+        """None until a rule enables core scheduling and the kernel was asked."""
         self._said: set[str] = set()
 
     def register(self, hooks: Hooks) -> None:
-        """No hook stage: cpu.idle lives at the kube-QoS level, which the reconciler writes."""
+        """cpu.idle lives at the kube-QoS level, which the reconciler writes; cookies go to
+        processes, which exist from PostStartContainer on (the reconciler replays
+        PreCreateContainer for running containers)."""
+        description = "core scheduling cookies of the container's processes"
+        for stage in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER):
+            hooks.register_container(stage, self.name, description, self.set_container_cookie)
 
     def update_rules(self, rules: Rules) -> bool:
         changed = super().update_rules(rules)
-        if changed and rules.core_sched is not None and rules.core_sched.enabled and "probe" not in self._said:
-            self._said.add("probe")
-            supported, why = self.probe()
-            if supported:
-                log.info("plugin %s: the kernel supports core scheduling; koordlet does not assign "
-                         "cookies yet: only cpu.idle is applied", self.name)
+        if changed and rules.core_sched is not None and rules.core_sched.enabled and self.supported is None:
+            self.supported, why = supported(self.ops)
+            if self.supported:
+                log.info("plugin %s: the kernel supports core scheduling: cookies by group", self.name)
             else:
                 log.warning("plugin %s: core scheduling is not supported by this kernel: %s; "
                             "cpu.idle is still applied, pods start as usual", self.name, why)
         return changed
+
+    def set_container_cookie(self, ctx: ContainerContext) -> None:
+        req = ctx.request
+        rule = self.rules.core_sched if self.rules is not None else None
+        if rule is None or not self.supported or not req.container_id or req.koord_qos is KoordQoS.SYSTEM:
+            return
+        enabled, group = pod_group(rule, req.pod_labels, req.kube_qos, req.pod_meta.uid)
+        ex = self.env.executor
+        try:
+            text = ex.read(ex.container_dir(req.pod_cgroup_parent, req.container_id), "procs")
+        except CgroupError:
+            return  # not started yet, or gone
+        pids = [int(p) for p in text.split() if p.isascii() and p.isdigit()]
+        try:
+            cookie = self.cookies.apply(enabled, group, pids)
+        except CookieError as exc:
+            raise HookError(f"core scheduling cookie for group {group!r}: {exc}") from None
+        log.debug("plugin %s: pod %s container %s: group %r cookie %#x for %d processes", self.name,
+                  req.pod_meta, req.container_name, group, cookie, len(pids))
 
     def kube_qos_resources(self, qos: KubeQoS) -> Resources | None:
         if self.rules is None or self.rules.core_sched is None:
