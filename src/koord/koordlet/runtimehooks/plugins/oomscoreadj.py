@@ -2,11 +2,13 @@
 annotations, so a pod can say which of its containers the kernel's OOM killer takes first.
 
 ``koordinator.sh/oom-score-adj`` is the pod's default, ``koordinator.sh/oom-score-adj-spec``
-(``{"<container>": <value>}``) names containers and wins; values in [-1000, 1000]. The values
-follow the annotations while the pod runs: the reconciler replays this for every running
-container each round (processes started since get the value too), and the proxy's
-PostStartContainer sets it as soon as the first process exists. Only processes whose value
-differs are written; the sandbox (pause) container is never touched.
+(``{"<container>": <value>}``) names containers and wins; values in [-1000, 1000]. The
+proxy's PostStartContainer sets it as soon as the first process exists, and the reconciler
+replays this for every running container each round, so processes started since get it too
+and a value some other writer changed is put back. Only processes whose value differs are
+written; the sandbox (pause) container is never touched. The reconciler's pods come from
+CRI, where a sandbox's annotations never change: an annotation edited on a running pod is
+not seen here.
 
 Lowering a value below what a process has needs CAP_SYS_RESOURCE; a kernel that refuses
 (EACCES) is reported once per container and value, never retried in a loop of log lines.
