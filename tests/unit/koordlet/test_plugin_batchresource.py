@@ -10,6 +10,7 @@ import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint, parse_quantity
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.batchresource import BatchResource
 from koord.koordlet.runtimehooks.protocol import (
@@ -19,7 +20,6 @@ from koord.koordlet.runtimehooks.protocol import (
     PodContext,
     PodMeta,
     PodRequest,
-    Resources,
 )
 from koord.koordlet.runtimehooks.rule import Rules
 

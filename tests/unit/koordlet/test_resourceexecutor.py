@@ -10,7 +10,7 @@ import pytest
 
 from koord.hookapi import format_cpuset, parse_cpuset
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor, shares_to_weight
-from koord.koordlet.runtimehooks.protocol import KubeQoS, Resources
+from koord.koordlet.resources import KubeQoS, Resources
 
 POD = "kubepods/besteffort/pod1"
 V1_UNLIMITED = "9223372036854771712"

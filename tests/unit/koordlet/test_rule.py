@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from koord.koordlet.runtimehooks.protocol import KoordQoS, KubeQoS
+from koord.koordlet.resources import KoordQoS, KubeQoS
 from koord.koordlet.runtimehooks.rule import (
     CPUSharedPool,
     GroupIdentityRule,

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from koord import cgrouplimits
 from koord.hookapi import format_cpuset, parse_cpuset
 
-from ..runtimehooks.protocol import KubeQoS, Resources
+from ..resources import KubeQoS, Resources
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from koord.hookapi import cpuset_value, json_annotation, json_object
 
-from ..qosmanager.slo import CFS_QUOTA_POLICY, SLOError, threshold_config
-from .protocol import KoordQoS, KubeQoS
+from ..resources import KoordQoS, KubeQoS
+from ..slo import CFS_QUOTA_POLICY, SLOError, threshold_config
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
 NODE_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
@@ -160,22 +160,26 @@ class Rules:
     kubelet_cpu_manager_policy: str = "none"
     cpu_normalization_ratio: float | None = None
     batch_cfs_quota: bool = True
-    core_sched: CoreSchedRule | None = None
-    """None without a NodeSLO: nothing about core scheduling or cpu.idle is written then."""
     """False while BE CPU suppress limits the besteffort dir by cfs quota: BE pods and
     containers then get quota -1 (see ``batch_cfs_quota_enabled``)."""
+    core_sched: CoreSchedRule | None = None
+    """None without a NodeSLO: nothing about core scheduling or cpu.idle is written then."""
 
 
-def parse_rules(node_slo: dict | None, node: dict | None) -> Rules:
-    """NodeSLO (the object or its ``spec``) and the Node object -> Rules, defaults merged in."""
+def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None = None) -> Rules:
+    """NodeSLO (the object or its ``spec``), the Node and this node's NodeResourceTopology
+    -> Rules, defaults merged in. The cpuset pools and the kubelet policy come from the
+    topology koordlet computed (as upstream reads them), from the Node's annotations when
+    there is none yet (a Node file written by hand)."""
     annotations = _node_annotations(node)
+    pools_from = _node_annotations(topology) if topology is not None else annotations
     return Rules(
         group_identity=_group_identity(node_slo),
         batch_cfs_quota=batch_cfs_quota_enabled(node_slo),
         core_sched=_core_sched(node_slo),
-        cpu_shared_pools=_shared_pools(annotations, NODE_CPU_SHARED_POOLS),
-        be_cpu_shared_pools=_shared_pools(annotations, NODE_BE_CPU_SHARED_POOLS),
-        kubelet_cpu_manager_policy=_cpu_manager_policy(annotations),
+        cpu_shared_pools=_shared_pools(pools_from, NODE_CPU_SHARED_POOLS),
+        be_cpu_shared_pools=_shared_pools(pools_from, NODE_BE_CPU_SHARED_POOLS),
+        kubelet_cpu_manager_policy=_cpu_manager_policy(pools_from),
         cpu_normalization_ratio=_normalization_ratio(annotations),
     )
 

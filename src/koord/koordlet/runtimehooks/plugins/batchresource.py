@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from koord import cgrouplimits
 from koord.hookapi import HookPoint, json_annotation, parse_quantity
 
+from ...resources import KoordQoS, KubeQoS, Resources
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
-from ..protocol import ContainerContext, KoordQoS, KubeQoS, PodContext, Resources
+from ..protocol import ContainerContext, PodContext
 from .cpunormalization import normalized_quota
 
 log = logging.getLogger(__name__)
