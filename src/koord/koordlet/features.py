@@ -13,6 +13,7 @@ CPU_EVICT = "CPUEvict"
 BE_MEMORY_EVICT = "BEMemoryEvict"
 MEMORY_EVICT = "MemoryEvict"
 PSI_COLLECTOR = "PSICollector"
+CPU_BURST = "CPUBurst"
 
 RUNTIME_HOOK_GATES: dict[str, bool] = {
     "GroupIdentity": True,
@@ -21,6 +22,8 @@ RUNTIME_HOOK_GATES: dict[str, bool] = {
     "GPUEnvInject": False,
     "CPUNormalization": False,
     "Resctrl": False,
+    "OOMScoreAdj": False,
+    "CoreSched": False,
 }
 """One gate per runtime-hooks plugin, named after the plugin."""
 
@@ -30,6 +33,7 @@ QOS_FEATURE_GATES: dict[str, bool] = {
     CPU_EVICT: False,
     BE_MEMORY_EVICT: False,
     MEMORY_EVICT: False,
+    CPU_BURST: True,
 }
 
 ADVISOR_FEATURE_GATES: dict[str, bool] = {PSI_COLLECTOR: False}

@@ -59,8 +59,8 @@ class Resources:
     """Resource values, every field of the protocol's LinuxContainerResources; None means
     "not set by anyone" (the protocol's zero value).
 
-    cpu_bvt_warp_ns is koordlet-only (group identity): it is written to cgroup files
-    and never travels on the wire.
+    cpu_bvt_warp_ns (group identity) and cpu_idle are koordlet-only: they are written to
+    cgroup files and never travel on the wire.
     """
 
     cpu_period: int | None = None
@@ -70,6 +70,7 @@ class Resources:
     cpuset_cpus: str | None = None
     cpuset_mems: str | None = None
     cpu_bvt_warp_ns: int | None = None
+    cpu_idle: int | None = None
     unified: dict[str, str] = field(default_factory=dict)
     memory_swap_limit: int | None = None
     oom_score_adj: int | None = None
@@ -137,6 +138,7 @@ _KERNEL_LIMITS = (
     ("memory_limit", cgrouplimits.Kind.MEMORY),
     ("memory_swap_limit", cgrouplimits.Kind.MEMORY),
     ("cpu_bvt_warp_ns", cgrouplimits.Kind.BVT),
+    ("cpu_idle", cgrouplimits.Kind.IDLE),
     ("oom_score_adj", cgrouplimits.Kind.OOM_SCORE_ADJ),
 )
 

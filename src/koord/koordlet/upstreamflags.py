@@ -55,7 +55,6 @@ NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "tsdb-min-block-duration": (DURATION, "10m0s"),
     "tsdb-max-block-duration": (DURATION, "10m0s"),
     "tsdb-head-chunks-write-buffer-size": (INT, "1048576"),
-    "reconcile-interval-seconds": (INT, "1"),
     "qos-extension-plugins": (MAP, ""),
     "runtime-hooks-nri-connect-timeout": (DURATION, "6s"),
     "runtime-hooks-nri-backoff-duration": (DURATION, "1s"),

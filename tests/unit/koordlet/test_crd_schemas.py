@@ -61,7 +61,7 @@ def test_nodeslo_rendered_from_upstreams_default_configmap_is_read_with_its_mean
 
     import yaml
 
-    from koord.koordlet.qosmanager.slo import threshold_config
+    from koord.koordlet.slo import threshold_config
     from koord.koordlet.statesinformer.specs import merged_node_slo
 
     configmap = yaml.safe_load((Path(crds.CRD_DIR).parent / "slo-controller-config.yaml").read_text())

@@ -27,7 +27,8 @@ ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
 
 def test_order_and_names_match_gates() -> None:
     assert [c.name for c in PLUGIN_ORDER] == [
-        "GroupIdentity", "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl"]
+        "GroupIdentity", "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl",
+        "OOMScoreAdj", "CoreSched"]
     assert set(RUNTIME_HOOK_GATES) == {c.name for c in PLUGIN_ORDER}
     parts = (RUNTIME_HOOK_GATES, QOS_FEATURE_GATES, ADVISOR_FEATURE_GATES, STATES_FEATURE_GATES)
     assert DEFAULT_FEATURE_GATES == {k: v for part in parts for k, v in part.items()}
@@ -91,7 +92,8 @@ def test_build_all_and_register() -> None:
     for plugin in plugins:
         plugin.register(hooks)
     assert [name for name, _ in hooks.registrations(HookPoint.PRE_CREATE_CONTAINER)] == [
-        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject"]
+        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "OOMScoreAdj",
+        "CoreSched"]
     assert hooks.stages() == {HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER,
                               HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, HookPoint.POST_START_CONTAINER,
                               HookPoint.POST_STOP_POD_SANDBOX}

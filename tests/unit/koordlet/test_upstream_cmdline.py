@@ -213,14 +213,14 @@ def test_every_upstream_flag_is_known():
 
 
 def test_ignored_upstream_flags_and_gates_are_named_once(caplog):
-    args = flags.parse_args(["-enable-pprof", "-audit-verbose=4", "-feature-gates=CoreSched=true",
+    args = flags.parse_args(["-enable-pprof", "-audit-verbose=4", "-feature-gates=TerwayQoS=true",
                              "-v=1", "left", "over"])
     with caplog.at_level(logging.WARNING):
         cli.warn_about_upstream_only(args)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3
     assert "--audit-verbose, --enable-pprof" in lines[0]
-    assert "CPUBurst, CoreSched, RdtResctrl" in lines[1]
+    assert "RdtResctrl, TerwayQoS" in lines[1]
     assert "left over" in lines[2]
 
 

@@ -33,6 +33,7 @@ from ..metriccache import (
 from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import BatchResult, Update, quota_value
 from ..resources import KubeQoS
+from ..slo import CFS_QUOTA_POLICY, CPUSET_POLICY
 from ..statesinformer import PodMeta
 from .framework import Context, Strategy
 from .nodeinfo import (
@@ -46,7 +47,6 @@ from .nodeinfo import (
     reserved_milli_cpu,
     system_qos_exclusive_cpus,
 )
-from .slo import CFS_QUOTA_POLICY, CPUSET_POLICY
 from .suppresscalc import (
     UNLIMITED,
     Suppress,

@@ -18,10 +18,10 @@ from ..features import QOS_FEATURE_GATES
 from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
+from ..slo import SLOError, ThresholdConfig, threshold_config
 from ..statesinformer import StatesInformer
 from .evictor import Evictor
 from .metrics import QOSMetrics
-from .slo import SLOError, ThresholdConfig, threshold_config
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help="no memory eviction this long after the last one (default: %(default)s)")
     g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=20, metavar="N",
                    help="no CPU eviction this long after the last one (default: %(default)s)")
+    g.add_argument("--reconcile-interval-seconds", type=_seconds, default=1, metavar="N",
+                   help="CPUBurst period; 0 disables (default: %(default)s)")
     g.add_argument("--only-evict-by-api", type=flag_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="evict only through the API server's Eviction subresource, never by "
                    "stopping containers through CRI (default: false)")
@@ -62,6 +64,7 @@ class QOSConfig:
     memory_evict_cool_time: float = 4.0
     cpu_evict_cool_time: float = 20.0
     only_evict_by_api: bool = False
+    reconcile_interval: float = 1.0
     collect_interval: float = 1.0
     gates: Mapping[str, bool] = field(default_factory=lambda: dict(QOS_FEATURE_GATES))
     cri_endpoint: str = "/var/run/containerd/containerd.sock"
@@ -79,6 +82,7 @@ class QOSConfig:
             memory_evict_cool_time=args.memory_evict_cool_time_seconds,
             cpu_evict_cool_time=args.cpu_evict_cool_time_seconds,
             only_evict_by_api=args.only_evict_by_api,
+            reconcile_interval=getattr(args, "reconcile_interval_seconds", 1),
             collect_interval=float(getattr(args, "collect_res_used_interval", 1.0) or 1.0),
             gates=gates,
             cri_endpoint=getattr(args, "containerd_endpoint", cls.cri_endpoint),

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from ..metriccache import MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
 from ..statesinformer import StatesInformer
+from .cpuburst import CPUBurst
 from .cpuevict import CPUEvict
 from .cpusuppress import CPUSuppress
 from .evictor import Evictor
@@ -47,7 +48,7 @@ class QOSManager:
             evictor.metrics = metrics
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
         self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
-                                           MemoryEvict(self.ctx)]
+                                           MemoryEvict(self.ctx), CPUBurst(self.ctx)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 from ...features import RUNTIME_HOOK_GATES, UPSTREAM_GATES
 from ..hooks import PluginEnv, RuntimePlugin
 from .batchresource import BatchResource
+from .coresched import CoreSched
 from .cpunormalization import CPUNormalization
 from .cpuset import CPUSetAllocator
 from .gpu import GPUEnvInject
 from .groupidentity import GroupIdentity
+from .oomscoreadj import OOMScoreAdj
 from .resctrl import Resctrl
 
 PLUGIN_ORDER: tuple[type[RuntimePlugin], ...] = (
-    GroupIdentity, BatchResource, CPUSetAllocator, CPUNormalization, GPUEnvInject, Resctrl,
+    GroupIdentity, BatchResource, CPUSetAllocator, CPUNormalization, GPUEnvInject, Resctrl, OOMScoreAdj,
+    CoreSched,
 )
 
 
