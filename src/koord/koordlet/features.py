@@ -13,6 +13,12 @@ CPU_EVICT = "CPUEvict"
 BE_MEMORY_EVICT = "BEMemoryEvict"
 MEMORY_EVICT = "MemoryEvict"
 PSI_COLLECTOR = "PSICollector"
+CPU_ALLOCATABLE_EVICT = "CPUAllocatableEvict"
+MEMORY_ALLOCATABLE_EVICT = "MemoryAllocatableEvict"
+CGROUP_RECONCILE = "CgroupReconcile"
+RDT_RESCTRL = "RdtResctrl"
+SYSTEM_CONFIG = "SystemConfig"
+RESCTRL_COLLECTOR = "ResctrlCollector"
 
 RUNTIME_HOOK_GATES: dict[str, bool] = {
     "GroupIdentity": True,
@@ -30,9 +36,14 @@ QOS_FEATURE_GATES: dict[str, bool] = {
     CPU_EVICT: False,
     BE_MEMORY_EVICT: False,
     MEMORY_EVICT: False,
+    CPU_ALLOCATABLE_EVICT: False,
+    MEMORY_ALLOCATABLE_EVICT: False,
+    CGROUP_RECONCILE: False,
+    RDT_RESCTRL: True,
+    SYSTEM_CONFIG: False,
 }
 
-ADVISOR_FEATURE_GATES: dict[str, bool] = {PSI_COLLECTOR: False}
+ADVISOR_FEATURE_GATES: dict[str, bool] = {PSI_COLLECTOR: False, RESCTRL_COLLECTOR: False}
 
 DEFAULT_FEATURE_GATES: dict[str, bool] = {**RUNTIME_HOOK_GATES, **QOS_FEATURE_GATES, **ADVISOR_FEATURE_GATES}
 

@@ -85,7 +85,7 @@ def test_defaults_match_issue_4():
     assert args.runtime_hooks_reconcile_interval == 10.0
     assert args.containerd_endpoint == "/var/run/containerd/containerd.sock"
     assert {k for k, v in args.feature_gates.items() if v} == {
-        "GroupIdentity", "CPUSetAllocator", "BatchResource", "BECPUSuppress"}
+        "GroupIdentity", "CPUSetAllocator", "BatchResource", "BECPUSuppress", "RdtResctrl"}
 
 
 def test_flag_values_are_parsed():

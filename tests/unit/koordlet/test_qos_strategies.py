@@ -389,10 +389,12 @@ def test_add_flags_defaults() -> None:
     add_flags(p)
     cfg = QOSConfig.from_args(p.parse_args([]))
     assert (cfg.cpu_suppress_interval, cfg.cpu_evict_interval, cfg.memory_evict_interval,
-            cfg.memory_evict_cool_time, cfg.cpu_evict_cool_time, cfg.only_evict_by_api) == \
-        (1, 1, 1, 4, 20, False)
+            cfg.memory_evict_cool_time, cfg.cpu_evict_cool_time, cfg.only_evict_by_api,
+            cfg.reconcile_interval) == (1, 1, 1, 4, 20, False, 1)
     assert cfg.gates == {"BECPUSuppress": True, "BECPUEvict": False, "CPUEvict": False,
-                         "BEMemoryEvict": False, "MemoryEvict": False}
+                         "BEMemoryEvict": False, "MemoryEvict": False, "CPUAllocatableEvict": False,
+                         "MemoryAllocatableEvict": False, "CgroupReconcile": False,
+                         "RdtResctrl": True, "SystemConfig": False}
     with pytest.raises(SystemExit):
         p.parse_args(["--cpu-suppress-interval-seconds", "-1"])
 

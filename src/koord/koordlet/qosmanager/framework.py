@@ -52,6 +52,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help="no memory eviction this long after the last one (default: %(default)s)")
     g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=20, metavar="N",
                    help="no CPU eviction this long after the last one (default: %(default)s)")
+    g.add_argument("--reconcile-interval-seconds", type=_seconds, default=1, metavar="N",
+                   help="CgroupReconcile/RdtResctrl/SystemConfig period; 0 disables (default: %(default)s)")
     g.add_argument("--only-evict-by-api", action="store_true",
                    help="evict only through the API server's Eviction subresource, never by "
                    "stopping containers through CRI")
@@ -64,6 +66,7 @@ class QOSConfig:
     memory_evict_interval: float = 1.0
     memory_evict_cool_time: float = 4.0
     cpu_evict_cool_time: float = 20.0
+    reconcile_interval: float = 1.0
     only_evict_by_api: bool = False
     collect_interval: float = 1.0
     gates: Mapping[str, bool] = field(default_factory=lambda: dict(QOS_FEATURE_GATES))
@@ -81,6 +84,7 @@ class QOSConfig:
             memory_evict_interval=args.memory_evict_interval_seconds,
             memory_evict_cool_time=args.memory_evict_cool_time_seconds,
             cpu_evict_cool_time=args.cpu_evict_cool_time_seconds,
+            reconcile_interval=getattr(args, "reconcile_interval_seconds", 1),
             only_evict_by_api=args.only_evict_by_api,
             collect_interval=float(getattr(args, "collect_res_used_interval", 1.0) or 1.0),
             gates=gates,
@@ -196,6 +200,7 @@ class QOSManager:
         from .cpuevict import CPUEvict
         from .cpusuppress import CPUSuppress
         from .memoryevict import MemoryEvict
+        from .memoryqos import CgroupReconcile
 
         cfg = config if isinstance(config, QOSConfig) else QOSConfig.from_args(config)
         metrics = QOSMetrics(cfg.node_name, registry)
@@ -205,7 +210,7 @@ class QOSManager:
             evictor.metrics = metrics
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
         self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
-                                           MemoryEvict(self.ctx)]
+                                           MemoryEvict(self.ctx), CgroupReconcile(self.ctx)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
