@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -72,6 +73,8 @@ class QOSConfig:
     gates: Mapping[str, bool] = field(default_factory=lambda: dict(QOS_FEATURE_GATES))
     cri_endpoint: str = "/var/run/containerd/containerd.sock"
     node_name: str = ""
+    sys_fs_root: Path = Path("/sys/fs")
+    proc_root: Path = Path("/proc")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, node_name: str = "") -> QOSConfig:
@@ -90,6 +93,8 @@ class QOSConfig:
             gates=gates,
             cri_endpoint=getattr(args, "containerd_endpoint", cls.cri_endpoint),
             node_name=node_name,
+            sys_fs_root=Path(getattr(args, "sys_fs_root_dir", cls.sys_fs_root)),
+            proc_root=Path(getattr(args, "proc_root_dir", cls.proc_root)),
         )
 
 
@@ -201,6 +206,7 @@ class QOSManager:
         from .cpusuppress import CPUSuppress
         from .memoryevict import MemoryEvict
         from .memoryqos import CgroupReconcile
+        from .resctrl import ResctrlReconcile
 
         cfg = config if isinstance(config, QOSConfig) else QOSConfig.from_args(config)
         metrics = QOSMetrics(cfg.node_name, registry)
@@ -210,7 +216,8 @@ class QOSManager:
             evictor.metrics = metrics
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
         self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
-                                           MemoryEvict(self.ctx), CgroupReconcile(self.ctx)]
+                                           MemoryEvict(self.ctx), CgroupReconcile(self.ctx),
+                                           ResctrlReconcile(self.ctx)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
