@@ -368,7 +368,7 @@ def test_gates_choose_threads_and_a_failing_tick_is_logged_and_retried(
                          evictor=RecordingEvictor())
     with caplog.at_level(logging.ERROR):
         manager.start()
-        assert [t.name for t in manager._threads] == ["qos-BECPUSuppress"]
+        assert [t.name for t in manager._threads] == ["qos-BECPUSuppress", "qos-ResctrlReconcile"]
         deadline = time.time() + 5
         while len(calls) < 3 and time.time() < deadline:
             time.sleep(0.02)
