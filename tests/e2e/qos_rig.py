@@ -17,7 +17,7 @@ import pytest
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
-from koord.koordlet.statesinformer import NODE, NODE_SLO, FileObjectsSource, StatesInformer
+from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObjectsSource, StatesInformer
 from koord.koordlet.statesinformer.kubelet import KubeletPodsSource
 from koord.testing.cgroups import CGROUP_ROOT, enable_v2_controllers
 from koord.testing.containerd import Containerd
@@ -60,11 +60,11 @@ class QOSRig:
     def run_pod(self, name: str, qos: str, koord_qos: str, command: list[str], *,
                 requests: dict[str, str] | None = None, limits: dict[str, str] | None = None,
                 resources: dict | None = None, annotations: dict[str, str] | None = None,
-                priority: int | None = None) -> tuple[str, str]:
+                priority: int | None = None, labels: dict[str, str] | None = None) -> tuple[str, str]:
         """A pod with one container ``main`` on containerd, listed by the kubelet stand-in
         with the given spec; returns (sandbox id, container id)."""
-        sandbox = self.kubelet.run_pod(name, labels={QOS_LABEL: koord_qos}, qos=qos, kube_dir=self.kube,
-                                       annotations=annotations)
+        sandbox = self.kubelet.run_pod(name, labels={QOS_LABEL: koord_qos, **(labels or {})}, qos=qos,
+                                       kube_dir=self.kube, annotations=annotations)
         cid = self.kubelet.run_container(sandbox, "main", self.image, command=command, resources=resources)
         self.pods.append(pod_json(self.kubelet, sandbox, {"main": cid}, qos=qos,
                                   requests={"main": requests or {}}, limits={"main": limits or {}},
@@ -77,10 +77,15 @@ class QOSRig:
         self.pods = [p for p in self.pods if p["metadata"]["uid"] != uid]
         self.server.pods = list(self.pods)
 
-    def start(self, config: QOSConfig) -> QOSManager:
+    def start(self, config: QOSConfig, cri_endpoint: str | None = None) -> QOSManager:
+        """The modules, pods listed from the kubelet stand-in, or from CRI when ``cri_endpoint``
+        is given (CRI knows the sandbox, not the requests)."""
         box: dict[str, StatesInformer] = {}
-        pods = KubeletPodsSource(lambda: box["informer"].get_node(), kube_dir=self.kube, driver="cgroupfs",
-                                 insecure_tls=True, read_only_port=self.server.port)
+        pods: KubeletPodsSource | CriPodsSource = KubeletPodsSource(
+            lambda: box["informer"].get_node(), kube_dir=self.kube, driver="cgroupfs",
+            insecure_tls=True, read_only_port=self.server.port)
+        if cri_endpoint is not None:
+            pods = CriPodsSource(cri_endpoint, kube_dir=self.kube, driver="cgroupfs")
         informer = StatesInformer(objects=FileObjectsSource({NODE: self.node_file, NODE_SLO: self.slo_file}),
                                   pods=pods, pods_interval=1.0)
         box["informer"] = informer
