@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from koord.koordlet.metriccache import MetricCache
+from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
+from koord.koordlet.metricsadvisor.config import AdvisorConfig
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObjectsSource, StatesInformer
@@ -45,6 +47,7 @@ class QOSRig:
     cache: MetricCache | None = None
     qos: QOSManager | None = None
     executor: ResourceExecutor | None = None
+    advisor: MetricsAdvisor | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
 
     def node(self, capacity: dict[str, str], allocatable: dict[str, str]) -> None:
@@ -77,9 +80,10 @@ class QOSRig:
         self.pods = [p for p in self.pods if p["metadata"]["uid"] != uid]
         self.server.pods = list(self.pods)
 
-    def start(self, config: QOSConfig, cri_endpoint: str | None = None) -> QOSManager:
+    def start(self, config: QOSConfig, cri_endpoint: str | None = None, advisor: bool = False) -> QOSManager:
         """The modules, pods listed from the kubelet stand-in, or from CRI when ``cri_endpoint``
-        is given (CRI knows the sandbox, not the requests)."""
+        is given (CRI knows the sandbox, not the requests); with ``advisor`` the metrics
+        advisor measures the pods' usage into the metric cache."""
         box: dict[str, StatesInformer] = {}
         pods: KubeletPodsSource | CriPodsSource = KubeletPodsSource(
             lambda: box["informer"].get_node(), kube_dir=self.kube, driver="cgroupfs",
@@ -93,12 +97,18 @@ class QOSRig:
         self.executor = ResourceExecutor(CGROUP_ROOT, driver="cgroupfs", kube_dir=self.kube)
         self.qos = QOSManager(config, informer, self.cache, self.executor)
         informer.start()
+        if advisor:
+            self.advisor = MetricsAdvisor(AdvisorConfig(cgroup_kube_dir=self.kube, cgroup_driver="cgroupfs"),
+                                          informer, self.cache)
+            self.advisor.start()
         self.qos.start()
         return self.qos
 
     def stop(self) -> None:
         if self.qos is not None:
             self.qos.stop()
+        if self.advisor is not None:
+            self.advisor.stop()
         if self.informer is not None:
             self.informer.stop()
         if self.cache is not None:
