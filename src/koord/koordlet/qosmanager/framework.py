@@ -75,6 +75,7 @@ class QOSConfig:
     node_name: str = ""
     sys_fs_root: Path = Path("/sys/fs")
     proc_root: Path = Path("/proc")
+    sys_root: Path = Path("/sys")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, node_name: str = "") -> QOSConfig:
@@ -95,6 +96,7 @@ class QOSConfig:
             node_name=node_name,
             sys_fs_root=Path(getattr(args, "sys_fs_root_dir", cls.sys_fs_root)),
             proc_root=Path(getattr(args, "proc_root_dir", cls.proc_root)),
+            sys_root=Path(getattr(args, "sys_root_dir", cls.sys_root)),
         )
 
 
@@ -159,6 +161,9 @@ class Strategy:
     def run_once(self) -> None:
         raise NotImplementedError
 
+    def teardown(self) -> None:
+        """Runs once after the last tick, when the manager stops."""
+
 
 class EvictStrategy(Strategy):
     """An eviction strategy: on when any of its gates is, and quiet for ``cool_time`` after
@@ -207,6 +212,7 @@ class QOSManager:
         from .memoryevict import MemoryEvict
         from .memoryqos import CgroupReconcile
         from .resctrl import ResctrlReconcile
+        from .sysconfig import SystemConfig
 
         cfg = config if isinstance(config, QOSConfig) else QOSConfig.from_args(config)
         metrics = QOSMetrics(cfg.node_name, registry)
@@ -217,7 +223,7 @@ class QOSManager:
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
         self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
                                            MemoryEvict(self.ctx), CgroupReconcile(self.ctx),
-                                           ResctrlReconcile(self.ctx)]
+                                           ResctrlReconcile(self.ctx), SystemConfig(self.ctx)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -246,6 +252,10 @@ class QOSManager:
                 log.exception("QoS strategy %s: tick failed; next tick in %ss",
                               strategy.name, strategy.interval)
             self._stop.wait(strategy.interval)
+        try:
+            strategy.teardown()
+        except Exception:
+            log.exception("QoS strategy %s: teardown failed", strategy.name)
 
     def stop(self) -> None:
         self._stop.set()
