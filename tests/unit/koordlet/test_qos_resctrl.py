@@ -177,3 +177,28 @@ def test_collector_off_without_monitoring_flags(tmp_path: Path) -> None:
     make_cpuinfo(tmp_path / "proc", flags=("cat_l3", "mba"))
     config = AdvisorConfig(proc_root=tmp_path / "proc", sys_fs_root=tmp_path / "sys/fs", resctrl_collector=True)
     assert ResctrlCollector(Env(config, FakeStatesInformer(), MetricCache(None))).collect(1.0) == []
+
+
+@given(st.dictionaries(st.sampled_from(["enable", "catRangeStartPercent", "catRangeEndPercent", "mbaPercent", "x"]),
+                       st.one_of(st.integers(-500, 500), st.booleans(), st.none(), st.text(max_size=4)),
+                       max_size=5))
+def test_resctrl_qos_parser_is_total(section: dict) -> None:
+    from koord.koordlet.qosmanager.resourceqos import resctrl_qos
+    from koord.koordlet.qosmanager.slo import SLOError
+
+    try:
+        q = resctrl_qos(slo(beClass=section), "BE")
+    except SLOError:
+        return
+    assert 0 <= q.values["catRangeStartPercent"] < q.values["catRangeEndPercent"] <= 100
+    assert 1 <= q.values["mbaPercent"] <= 100
+
+
+@given(st.binary(max_size=400))
+def test_cpuinfo_parser_is_total(tmp_path_factory, data: bytes) -> None:
+    from koord.koordlet.resctrlfs import cpu_info
+
+    proc = tmp_path_factory.mktemp("proc")
+    (proc / "cpuinfo").write_bytes(data)
+    info = cpu_info(proc)
+    assert isinstance(info.flags, frozenset)

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
-from koord.koordlet.qosmanager.sysconfig import SystemConfig
+from koord.koordlet.qosmanager.sysconfig import KNOBS, SystemConfig, wanted_values
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.testing.pods import FakeStatesInformer
 
@@ -91,3 +93,14 @@ def test_missing_reaper_file_is_not_an_error(tmp_path: Path, caplog) -> None:
     assert read(files) == {"min_free_kbytes": INITIAL["min_free_kbytes"], "watermark_scale_factor": "99"}
     assert "does not exist on this kernel" in caplog.text
     assert not files["reap_background"].exists()
+
+
+@given(st.dictionaries(st.sampled_from(["minFreeKbytesFactor", "watermarkScaleFactor", "memcgReapBackGround", "x"]),
+                       st.one_of(st.integers(-10**6, 10**6), st.booleans(), st.none(), st.text(max_size=4),
+                                 st.floats(allow_nan=True)), max_size=4),
+       st.integers(0, 1 << 50))
+def test_system_strategy_parser_is_total(system: dict, capacity: int) -> None:
+    values, errors = wanted_values(system, capacity)
+    for knob, value in values.items():
+        assert knob.lo <= value <= knob.hi
+    assert len(values) + len(errors) == sum(1 for k in KNOBS if system.get(k.field) is not None)
