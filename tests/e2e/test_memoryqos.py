@@ -18,7 +18,7 @@ import pytest
 
 from koord.koordlet.qosmanager import QOSConfig
 from koord.testing.cgroups import Cgroup
-from koord.testing.wait import wait_for
+from koord.testing.wait import scaled, wait_for
 
 from .qos_rig import QOSRig, qos_rig  # noqa: F401 (fixture)
 
@@ -104,7 +104,7 @@ def test_memory_qos_follows_the_classes(qos_rig: QOSRig, caplog: pytest.LogCaptu
         return got
 
     def settle(expected: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while (got := current()) != expected and time.monotonic() < deadline:
             time.sleep(0.2)
         assert got == expected
