@@ -66,10 +66,12 @@ def slo(**classes: dict) -> dict:
     return {"spec": {"resourceQOSStrategy": {k_: {"resctrlQOS": v} for k_, v in classes.items()}}}
 
 
-def rig(tmp_path: Path, informer: FakeStatesInformer, **tree: object) -> tuple[ResctrlReconcile, Path]:
+def rig(tmp_path: Path, informer: FakeStatesInformer, rdt: bool = True,
+        **tree: object) -> tuple[ResctrlReconcile, Path]:
     sys_fs, proc, cgroup = tmp_path / "sys/fs", tmp_path / "proc", tmp_path / "cgroup"
     root = make_resctrl_tree(sys_fs, **tree)  # type: ignore[arg-type]
-    make_cpuinfo(proc)
+    if rdt:
+        make_cpuinfo(proc)
     cgroup.mkdir()
     executor = ResourceExecutor(cgroup, driver="cgroupfs", version=1)
     qos = QOSManager(QOSConfig(gates={"RdtResctrl": True}, sys_fs_root=sys_fs, proc_root=proc),
@@ -136,8 +138,8 @@ def test_refused_like_the_kernel_with_no_partial_state(tmp_path: Path, caplog, t
 
 
 def test_cpu_without_mba_does_nothing(tmp_path: Path, caplog) -> None:
-    strategy, root = rig(tmp_path, FakeStatesInformer([], slo(beClass={"enable": True})))
     make_cpuinfo(tmp_path / "proc", flags=("cat_l3",))
+    strategy, root = rig(tmp_path, FakeStatesInformer([], slo(beClass={"enable": True})), rdt=False)
     with caplog.at_level(logging.INFO):
         strategy.run_once()
         strategy.run_once()

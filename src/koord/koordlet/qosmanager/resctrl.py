@@ -86,11 +86,13 @@ class ResctrlReconcile(Strategy):
         super().__init__(ctx, ctx.config.reconcile_interval, RDT_RESCTRL)
         self.fs = ResctrlFS(ctx.config.sys_fs_root)
         self.last: list[GroupPlan] | None = None
+        self._cpu: CPUInfo | None = None
 
     def supported(self) -> CPUInfo | None:
+        """The CPU's RDT flags (read once: they do not change) and the mount (every tick)."""
         ctx = self.ctx
         try:
-            cpu = cpu_info(ctx.config.proc_root)
+            cpu = self._cpu = self._cpu or cpu_info(ctx.config.proc_root)
         except ResctrlError as exc:
             ctx.log_once(self.name + "/support", f"cannot tell whether the CPU has RDT: {exc}",
                          logging.WARNING)
