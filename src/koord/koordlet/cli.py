@@ -26,6 +26,7 @@ from koord.hookapi import Registration
 from . import features, metriccache, metricsadvisor, qosmanager, upstreamflags
 from .flags import parse_args
 from .metrics import KoordletMetrics
+from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
 from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
@@ -220,6 +221,7 @@ class Koordlet:
         def start() -> metricsadvisor.MetricsAdvisor:
             advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args),
                                                     self.informer, cache)
+            self.metrics.registry.register(ResctrlPrometheus(cache, node_name()))
             advisor.start()
             return advisor
         self.advisor = self._run_module("metrics-advisor", start)

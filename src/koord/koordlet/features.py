@@ -14,6 +14,12 @@ BE_MEMORY_EVICT = "BEMemoryEvict"
 MEMORY_EVICT = "MemoryEvict"
 PSI_COLLECTOR = "PSICollector"
 CPU_BURST = "CPUBurst"
+CPU_ALLOCATABLE_EVICT = "CPUAllocatableEvict"
+MEMORY_ALLOCATABLE_EVICT = "MemoryAllocatableEvict"
+CGROUP_RECONCILE = "CgroupReconcile"
+RDT_RESCTRL = "RdtResctrl"
+SYSTEM_CONFIG = "SystemConfig"
+RESCTRL_COLLECTOR = "ResctrlCollector"
 
 RUNTIME_HOOK_GATES: dict[str, bool] = {
     "GroupIdentity": True,
@@ -34,9 +40,14 @@ QOS_FEATURE_GATES: dict[str, bool] = {
     BE_MEMORY_EVICT: False,
     MEMORY_EVICT: False,
     CPU_BURST: True,
+    CPU_ALLOCATABLE_EVICT: False,
+    MEMORY_ALLOCATABLE_EVICT: False,
+    CGROUP_RECONCILE: False,
+    RDT_RESCTRL: True,
+    SYSTEM_CONFIG: False,
 }
 
-ADVISOR_FEATURE_GATES: dict[str, bool] = {PSI_COLLECTOR: False}
+ADVISOR_FEATURE_GATES: dict[str, bool] = {PSI_COLLECTOR: False, RESCTRL_COLLECTOR: False}
 
 NODE_TOPOLOGY_REPORT = "NodeTopologyReport"
 STATES_FEATURE_GATES: dict[str, bool] = {NODE_TOPOLOGY_REPORT: True}

@@ -41,6 +41,11 @@ class ThresholdConfig:
     memory_evict_lower_percent: int | None = None
     cpu_evict_policy: str = EVICT_BY_REAL_LIMIT
     evict_enabled_priority_threshold: int | None = None
+    cpu_allocatable_evict_threshold_percent: int | None = None
+    cpu_allocatable_evict_lower_percent: int | None = None
+    memory_allocatable_evict_threshold_percent: int | None = None
+    memory_allocatable_evict_lower_percent: int | None = None
+    allocatable_evict_priority_threshold: int | None = None
 
     @property
     def memory_lower_percent(self) -> int:
@@ -68,6 +73,13 @@ _PERCENT_FIELDS = {
     "cpuEvictLowerPercent": "cpu_evict_lower_percent",
     "memoryEvictThresholdPercent": "memory_evict_threshold_percent",
     "memoryEvictLowerPercent": "memory_evict_lower_percent",
+}
+
+_ALLOCATABLE_PERCENT_FIELDS = {
+    "cpuAllocatableEvictThresholdPercent": "cpu_allocatable_evict_threshold_percent",
+    "cpuAllocatableEvictLowerPercent": "cpu_allocatable_evict_lower_percent",
+    "memoryAllocatableEvictThresholdPercent": "memory_allocatable_evict_threshold_percent",
+    "memoryAllocatableEvictLowerPercent": "memory_allocatable_evict_lower_percent",
 }
 
 
@@ -115,6 +127,13 @@ def threshold_config(node_slo: dict | None) -> ThresholdConfig | None:
     if raw.get("evictEnabledPriorityThreshold") is not None:
         values["evict_enabled_priority_threshold"] = _int(
             raw["evictEnabledPriorityThreshold"], "evictEnabledPriorityThreshold", -2**31, 2**31 - 1)
+    for key, attr in _ALLOCATABLE_PERCENT_FIELDS.items():
+        # Requests may be meant to exceed allocatable (110% is upstream's example).
+        if raw.get(key) is not None:
+            values[attr] = _int(raw[key], key, 0, 10000)
+    if raw.get("allocatableEvictPriorityThreshold") is not None:
+        values["allocatable_evict_priority_threshold"] = _int(
+            raw["allocatableEvictPriorityThreshold"], "allocatableEvictPriorityThreshold", -2**31, 7999)
     config = ThresholdConfig(**values)
     if config.memory_lower_percent > config.memory_evict_threshold_percent:
         raise SLOError(f"{FIELD}.memoryEvictLowerPercent={config.memory_lower_percent} is above "

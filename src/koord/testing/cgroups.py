@@ -174,6 +174,17 @@ class Cgroup:
         value = int(text)
         return None if value >= (1 << 62) else value
 
+    def memory_qos(self) -> dict[str, int] | None:
+        """``{"min", "low", "high"}`` in bytes (high -1 when ``max``/unlimited) where the kernel
+        has the files: cgroup v2, or v1 on an Anolis kernel; None elsewhere."""
+        if not self.file("memory", "memory.min").exists():
+            return None
+        out = {}
+        for name in ("min", "low", "high"):
+            text = self.read("memory", f"memory.{name}")
+            out[name] = -1 if text == "max" or int(text) >= (1 << 62) else int(text)
+        return out
+
     def memory_usage(self) -> int:
         return int(self.read("memory", "memory.usage_in_bytes", "memory.current"))
 

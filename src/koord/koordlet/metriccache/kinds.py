@@ -18,6 +18,9 @@ BE_ALLOCATION = "be_allocation"
 PSI_RESOURCE = "psi_resource"
 PSI_PRECISION = "psi_precision"
 PSI_DEGREE = "psi_degree"
+QOS = "qos"
+CACHE_ID = "cache_id"
+RESCTRL_MB_TYPE = "resctrl_mb_type"
 
 # node_be label values.
 BE_RESOURCE_CPU = "cpu"
@@ -48,6 +51,8 @@ POD_CPU_THROTTLED = "pod_cpu_throttled"
 CONTAINER_CPU_THROTTLED = "container_cpu_throttled"
 POD_PSI = "pod_psi"
 CONTAINER_PSI = "container_psi"
+RESCTRL_LLC = "resctrl_resource_llc"
+RESCTRL_MB = "resctrl_resource_mb"
 
 _PSI = (PSI_RESOURCE, PSI_PRECISION, PSI_DEGREE)
 
@@ -75,6 +80,8 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     CONTAINER_CPU_THROTTLED: (CONTAINER_ID,),
     POD_PSI: (POD_UID, *_PSI),
     CONTAINER_PSI: (CONTAINER_ID, *_PSI),
+    RESCTRL_LLC: (QOS, CACHE_ID),
+    RESCTRL_MB: (QOS, CACHE_ID, RESCTRL_MB_TYPE),
 }
 
 # KV keys written by the NodeInfo collector.

@@ -462,6 +462,11 @@ class MetricCache:
         points.sort()
         return [(t / 1000, v) for t, _, v in points]
 
+    def series_labels(self, kind: str) -> list[dict[str, str]]:
+        """The label sets of every series of ``kind`` the cache holds (old ones included)."""
+        with self._lock:
+            return [dict(s.labels) for s in self._by_kind.get(kind, ())]
+
     def aggregate(self, kind: str, start: float, end: float, agg: Aggregation,
                   labels: Mapping[str, str] | None = None) -> float | None:
         return aggregate(self.query(kind, start, end, labels), agg)

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..features import ADVISOR_FEATURE_GATES, PSI_COLLECTOR
+from ..features import ADVISOR_FEATURE_GATES, PSI_COLLECTOR, RESCTRL_COLLECTOR
 from ..flagtypes import flag_bool, positive_duration
 from ..statesinformer.meta import DEFAULT_KUBE_DIR
 
@@ -24,6 +24,9 @@ class AdvisorConfig:
     psi_collector_interval: float = 10.0
     enable_pagecache_collector: bool = False
     psi_collector: bool = False
+    sys_fs_root: Path = Path("/sys/fs")
+    resctrl_collector_interval: float = 10.0
+    resctrl_collector: bool = False
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +44,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                        help="PSI collect interval, with the PSICollector gate (default: 10s)")
     group.add_argument("--enable-pagecache-collector", type=flag_bool, default=False, nargs="?", const=True,
                        metavar="BOOL", help="also store memory usage with page cache (default: false)")
+    group.add_argument("--enable-resctrl-collector", type=flag_bool, default=False, nargs="?", const=True,
+                       metavar="BOOL", help="collect LLC occupancy and memory bandwidth of the LSR/LS/BE "
+                       "resctrl groups (also needs gate ResctrlCollector) (default: false)")
+    group.add_argument("--resctrl-collector-interval", type=positive_duration, default=10.0, metavar="DURATION",
+                       help="resctrl collect interval (default: 10s)")
     if "--sys-root-dir" not in parser._option_string_actions:  # noqa: SLF001 - shared flag
         group.add_argument("--sys-root-dir", type=Path, default=Path("/sys"), metavar="DIR",
                            help="host /sys: CPU topology, NUMA nodes (default: %(default)s)")
@@ -61,4 +69,8 @@ def from_args(args: argparse.Namespace) -> AdvisorConfig:
         psi_collector_interval=args.psi_collector_interval,
         enable_pagecache_collector=args.enable_pagecache_collector,
         psi_collector=bool(gates.get(PSI_COLLECTOR, ADVISOR_FEATURE_GATES[PSI_COLLECTOR])),
+        sys_fs_root=Path(getattr(args, "sys_fs_root_dir", "/sys/fs")),
+        resctrl_collector_interval=args.resctrl_collector_interval,
+        resctrl_collector=bool(args.enable_resctrl_collector and gates.get(
+            RESCTRL_COLLECTOR, ADVISOR_FEATURE_GATES[RESCTRL_COLLECTOR])),
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from ..features import BE_CPU_EVICT, CPU_EVICT
+from ..features import BE_CPU_EVICT, CPU_ALLOCATABLE_EVICT, CPU_EVICT
 from ..metriccache import (
     BE_ALLOCATION,
     BE_ALLOCATION_REAL_LIMIT,
@@ -29,6 +29,7 @@ from ..metriccache import (
     Aggregation,
 )
 from ..slo import EVICT_BY_ALLOCATABLE, ThresholdConfig
+from .allocatable import evict_by_allocatable
 from .evictcalc import (
     BATCH_CPU,
     BEUsage,
@@ -50,7 +51,7 @@ class CPUEvict(EvictStrategy):
     name = "CPUEvict"
 
     def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, ctx.config.cpu_evict_interval, (BE_CPU_EVICT, CPU_EVICT),
+        super().__init__(ctx, ctx.config.cpu_evict_interval, (BE_CPU_EVICT, CPU_ALLOCATABLE_EVICT, CPU_EVICT),
                          ctx.config.cpu_evict_cool_time)
 
     def window(self, cfg: ThresholdConfig) -> float:
@@ -62,6 +63,8 @@ class CPUEvict(EvictStrategy):
         try:
             if ctx.config.gates.get(BE_CPU_EVICT):
                 evicted += self.evict_by_be_satisfaction(cfg, now)
+            if ctx.config.gates.get(CPU_ALLOCATABLE_EVICT):
+                evicted += evict_by_allocatable(self, cfg, "cpu", CPU_ALLOCATABLE_EVICT)
             if ctx.config.gates.get(CPU_EVICT):
                 evicted += self.evict_by_node_usage(cfg, now)
         except NodeInfoError as exc:

@@ -155,3 +155,89 @@ def pick_until_released(victims: Sequence[PodMeta], release: float,
         picked.append(pod)
         released += amount(pod)
     return picked
+
+
+# ---- allocatable evictions (CPUAllocatableEvict, MemoryAllocatableEvict) -------------------
+
+PRIORITY_CLASS_LABEL = "koordinator.sh/priority-class"
+PROD, MID, BATCH, FREE, NONE = "koord-prod", "koord-mid", "koord-batch", "koord-free", ""
+_PRIORITY_RANGES = {PROD: (9000, 9999), MID: (7000, 7999), BATCH: (5000, 5999), FREE: (3000, 3999)}
+_PRIORITY_DEFAULTS = {PROD: 9500, MID: 7500, BATCH: 5500, FREE: 3500, NONE: 0}
+PRIORITY_MID_MAX = 7999
+"""An allocatable eviction never reaches koord-prod pods: its priority threshold stays below."""
+_CLASS_RESOURCES = {MID: ("kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"),
+                    BATCH: (BATCH_CPU, "kubernetes.io/batch-memory")}
+
+
+def priority_class(pod: PodMeta) -> str:
+    """Koordinator's priority class: the label, else by spec priority, else by QoS class
+    (LS-like classes prod, BE batch)."""
+    label = pod.labels.get(PRIORITY_CLASS_LABEL)
+    if label is not None:
+        return label if label in _PRIORITY_RANGES else NONE
+    if pod.priority is not None:
+        for cls, (lo, hi) in _PRIORITY_RANGES.items():
+            if lo <= pod.priority <= hi:
+                return cls
+        return NONE
+    if pod.koord_qos in ("SYSTEM", "LSE", "LSR", "LS"):
+        return PROD
+    if pod.koord_qos == "BE":
+        return BATCH
+    return NONE
+
+
+def priority_value(pod: PodMeta) -> int:
+    """spec.priority when non-zero, else the default of the pod's priority class."""
+    if pod.priority:
+        return pod.priority
+    return _PRIORITY_DEFAULTS[priority_class(pod)]
+
+
+def class_request(pod: PodMeta, resource: str) -> tuple[str, int]:
+    """(resource name, amount) the pod requests of ``resource`` ("cpu" or "memory") in its
+    priority class's currency: mid-* or batch-* for those classes, else cpu / memory.
+    CPU amounts are milli-cores, memory bytes; unset or negative requests count zero."""
+    names = _CLASS_RESOURCES.get(priority_class(pod))
+    name = (names[0] if resource == "cpu" else names[1]) if names else resource
+    return name, sum(max(c.requests.get(name, 0), 0) for c in pod.containers)
+
+
+def allocatable_release(pods: Sequence[PodMeta], allocatable: Mapping[str, int | None], resource: str,
+                        threshold_percent: int, lower_percent: int, priority_threshold: int) -> dict[str, int]:
+    """Per resource name, what to release: the requests of pods at or under the priority
+    threshold, summed by currency; where they exceed ``threshold``% of the node's
+    allocatable, the excess over ``lower``% of it (all of it when the node has none)."""
+    requested: dict[str, int] = {}
+    for p in pods:
+        if not p.running or priority_value(p) > priority_threshold:
+            continue
+        name, amount = class_request(p, resource)
+        requested[name] = requested.get(name, 0) + amount
+    release: dict[str, int] = {}
+    for name, amount in requested.items():
+        total = allocatable.get(name)
+        if not total:
+            if amount > 0:
+                release[name] = amount
+            continue
+        if amount / total > threshold_percent / 100:
+            release[name] = int(amount - lower_percent / 100 * total)
+    return release
+
+
+def allocatable_victims(pods: Sequence[PodMeta], used: Mapping[str, float], feature: str,
+                        priority_threshold: int, resource: str) -> list[PodMeta]:
+    """Running pods at or under the priority threshold, labelled
+    ``koordinator.sh/eviction-enabled=true``, allowed by their policy, with a usage sample;
+    by eviction-priority annotation, priority, priority label (ascending), then larger
+    request first."""
+    candidates = [
+        p for p in pods
+        if p.running and p.uid in used and eviction_allowed(p, feature)
+        and p.labels.get(EVICTION_ENABLED_LABEL) == "true" and priority_value(p) <= priority_threshold
+    ]
+    candidates.sort(key=lambda p: (
+        _int_or(p.annotations.get(EVICTION_PRIORITY), 0), priority_value(p),
+        _int_or(p.labels.get(PRIORITY_LABEL), priority_value(p)), -class_request(p, resource)[1]))
+    return candidates

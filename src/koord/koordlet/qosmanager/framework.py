@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..features import QOS_FEATURE_GATES
 from ..flagtypes import flag_bool
@@ -50,7 +51,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=20, metavar="N",
                    help="no CPU eviction this long after the last one (default: %(default)s)")
     g.add_argument("--reconcile-interval-seconds", type=_seconds, default=1, metavar="N",
-                   help="CPUBurst period; 0 disables (default: %(default)s)")
+                   help="CPUBurst, CgroupReconcile, RdtResctrl and SystemConfig period; 0 disables "
+                        "(default: %(default)s)")
     g.add_argument("--only-evict-by-api", type=flag_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="evict only through the API server's Eviction subresource, never by "
                    "stopping containers through CRI (default: false)")
@@ -63,12 +65,15 @@ class QOSConfig:
     memory_evict_interval: float = 1.0
     memory_evict_cool_time: float = 4.0
     cpu_evict_cool_time: float = 20.0
-    only_evict_by_api: bool = False
     reconcile_interval: float = 1.0
+    only_evict_by_api: bool = False
     collect_interval: float = 1.0
     gates: Mapping[str, bool] = field(default_factory=lambda: dict(QOS_FEATURE_GATES))
     cri_endpoint: str = "/var/run/containerd/containerd.sock"
     node_name: str = ""
+    sys_fs_root: Path = Path("/sys/fs")
+    proc_root: Path = Path("/proc")
+    sys_root: Path = Path("/sys")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, node_name: str = "") -> QOSConfig:
@@ -81,12 +86,15 @@ class QOSConfig:
             memory_evict_interval=args.memory_evict_interval_seconds,
             memory_evict_cool_time=args.memory_evict_cool_time_seconds,
             cpu_evict_cool_time=args.cpu_evict_cool_time_seconds,
-            only_evict_by_api=args.only_evict_by_api,
             reconcile_interval=getattr(args, "reconcile_interval_seconds", 1),
+            only_evict_by_api=args.only_evict_by_api,
             collect_interval=float(getattr(args, "collect_res_used_interval", 1.0) or 1.0),
             gates=gates,
             cri_endpoint=getattr(args, "containerd_endpoint", cls.cri_endpoint),
             node_name=node_name,
+            sys_fs_root=Path(getattr(args, "sys_fs_root_dir", cls.sys_fs_root)),
+            proc_root=Path(getattr(args, "proc_root_dir", cls.proc_root)),
+            sys_root=Path(getattr(args, "sys_root_dir", cls.sys_root)),
         )
 
 
@@ -150,6 +158,9 @@ class Strategy:
 
     def run_once(self) -> None:
         raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Runs once after the last tick, when the manager stops."""
 
 
 class EvictStrategy(Strategy):

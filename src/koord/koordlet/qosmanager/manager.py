@@ -24,7 +24,10 @@ from .cpusuppress import CPUSuppress
 from .evictor import Evictor
 from .framework import Context, QOSConfig, Strategy
 from .memoryevict import MemoryEvict
+from .memoryqos import CgroupReconcile
 from .metrics import QOSMetrics
+from .resctrl import ResctrlReconcile
+from .sysconfig import SystemConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,8 @@ class QOSManager:
             evictor.metrics = metrics
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
         self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
-                                           MemoryEvict(self.ctx), CPUBurst(self.ctx)]
+                                           MemoryEvict(self.ctx), CPUBurst(self.ctx), CgroupReconcile(self.ctx),
+                                           ResctrlReconcile(self.ctx), SystemConfig(self.ctx)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -77,6 +81,10 @@ class QOSManager:
                 log.exception("QoS strategy %s: tick failed; next tick in %ss",
                               strategy.name, strategy.interval)
             self._stop.wait(strategy.interval)
+        try:
+            strategy.teardown()
+        except Exception:
+            log.exception("QoS strategy %s: teardown failed", strategy.name)
 
     def stop(self) -> None:
         self._stop.set()

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from ..features import BE_MEMORY_EVICT, MEMORY_EVICT
+from ..features import BE_MEMORY_EVICT, MEMORY_ALLOCATABLE_EVICT, MEMORY_EVICT
 from ..metriccache import NODE_MEMORY_USAGE, POD_MEMORY_USAGE, POD_UID
 from ..slo import ThresholdConfig
+from .allocatable import evict_by_allocatable
 from .evictcalc import be_memory_victims, labelled_victims, release_memory
 from .framework import Context, EvictStrategy
 from .nodeinfo import NodeInfoError, capacity_memory
@@ -30,10 +31,21 @@ class MemoryEvict(EvictStrategy):
     name = "MemoryEvict"
 
     def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, ctx.config.memory_evict_interval, (BE_MEMORY_EVICT, MEMORY_EVICT),
+        super().__init__(ctx, ctx.config.memory_evict_interval,
+                         (BE_MEMORY_EVICT, MEMORY_ALLOCATABLE_EVICT, MEMORY_EVICT),
                          ctx.config.memory_evict_cool_time)
 
     def evict(self, cfg: ThresholdConfig, now: float) -> int:
+        """BEMemoryEvict, then MemoryAllocatableEvict, then MemoryEvict (upstream's order)."""
+        gates = self.ctx.config.gates
+        evicted = self.evict_by_usage(cfg) if gates.get(BE_MEMORY_EVICT) else 0
+        if gates.get(MEMORY_ALLOCATABLE_EVICT):
+            evicted += evict_by_allocatable(self, cfg, "memory", MEMORY_ALLOCATABLE_EVICT)
+        if not gates.get(BE_MEMORY_EVICT) and gates.get(MEMORY_EVICT):
+            evicted += self.evict_by_usage(cfg)
+        return evicted
+
+    def evict_by_usage(self, cfg: ThresholdConfig) -> int:
         ctx = self.ctx
         node = ctx.informer.get_node()
         used = ctx.last(NODE_MEMORY_USAGE)

@@ -73,6 +73,17 @@ _FILES: dict[str, _File] = {
     "cpu_pressure": _File("cpuacct", "cpu.pressure", "cpu.pressure"),
     "memory_pressure": _File("cpuacct", "memory.pressure", "memory.pressure"),
     "io_pressure": _File("cpuacct", "io.pressure", "io.pressure"),
+    # Memory QoS: v2 has min/low/high/oom.group; on v1 only Anolis kernels have them, with
+    # the same names, plus the wmark/priority files (which Anolis has on v2 too).
+    "memory_min": _File("memory", "memory.min", "memory.min"),
+    "memory_low": _File("memory", "memory.low", "memory.low"),
+    "memory_high": _File("memory", "memory.high", "memory.high"),
+    "memory_wmark_ratio": _File("memory", "memory.wmark_ratio", "memory.wmark_ratio"),
+    "memory_wmark_scale_factor": _File("memory", "memory.wmark_scale_factor", "memory.wmark_scale_factor"),
+    "memory_wmark_min_adj": _File("memory", "memory.wmark_min_adj", "memory.wmark_min_adj"),
+    "memory_priority": _File("memory", "memory.priority", "memory.priority"),
+    "memory_use_priority_oom": _File("memory", "memory.use_priority_oom", "memory.use_priority_oom"),
+    "memory_oom_group": _File("memory", "memory.oom.group", "memory.oom.group"),
 }
 _READ_ONLY = {"tasks", "procs", "cpuacct_usage", "cpu_stat", "memory_stat", "memory_usage",
               "cpuset_cpus_effective", "cpu_pressure", "memory_pressure", "io_pressure"}
@@ -86,6 +97,21 @@ _LIMITS = {
     "memory_limit": cgrouplimits.Kind.MEMORY,
     "cpu_bvt_warp_ns": cgrouplimits.Kind.BVT,
     "cpu_idle": cgrouplimits.Kind.IDLE,
+}
+
+MEMORY_MAX = (1 << 63) - 1
+"""memory.high's "no limit": v2 spells it ``max``; v1 (Anolis) reads back LONG_MAX page-aligned."""
+PAGE_SIZE = 4096
+_MEMORY_BYTES = ("memory_min", "memory_low", "memory_high")
+# Memory QoS files: the ranges the kernel (and the NodeSLO API) accept.
+_RANGES: dict[str, tuple[int, int]] = {
+    **{name: (0, MEMORY_MAX) for name in _MEMORY_BYTES},
+    "memory_wmark_ratio": (0, 100),
+    "memory_wmark_scale_factor": (1, 1000),
+    "memory_wmark_min_adj": (-25, 50),
+    "memory_priority": (0, 12),
+    "memory_use_priority_oom": (0, 1),
+    "memory_oom_group": (0, 1),
 }
 
 # Write order inside one cgroup: period before quota so a v1 quota below the old period is
@@ -305,6 +331,9 @@ class CgroupExecutor:
         why = cgrouplimits.problem(kind, number) if kind is not None else None
         if why:
             raise bad(why)
+        lo, hi = _RANGES.get(resource, (number, number))
+        if not lo <= number <= hi:
+            raise bad(f"is out of range: the kernel accepts [{lo}, {hi}]")
         return str(number)
 
     def _to_file_text(self, resource: str, canonical: str) -> str:
@@ -312,6 +341,8 @@ class CgroupExecutor:
             if resource == "cpu_shares":
                 return str(shares_to_weight(int(canonical)))
             if resource == "memory_limit" and canonical == "-1":
+                return "max"
+            if resource == "memory_high" and int(canonical) == MEMORY_MAX:
                 return "max"
         return canonical
 
@@ -329,6 +360,12 @@ class CgroupExecutor:
                 return -1
             if text.lstrip("-").isdigit() and int(text) >= _V1_MEMORY_UNLIMITED:
                 return -1
+        if resource in _MEMORY_BYTES:
+            # The kernel keeps these in pages: a value reads back rounded down to one.
+            if text == "max" or (text.isdigit() and int(text) >= _V1_MEMORY_UNLIMITED):
+                return MEMORY_MAX
+            if text.isdigit():
+                return int(text) // PAGE_SIZE * PAGE_SIZE
         try:
             return int(text)
         except ValueError:

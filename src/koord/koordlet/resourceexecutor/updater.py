@@ -32,7 +32,7 @@ from pathlib import Path
 
 from koord.hookapi import format_cpuset, parse_cpuset
 
-from .executor import CgroupError, CgroupExecutor
+from .executor import MEMORY_MAX, CgroupError, CgroupExecutor
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,17 @@ def merge_wider(resource: str, current: str, wanted: int | str) -> int | str:
         if cur == -1 or new == -1:
             return -1
         return max(cur, new)
+    if resource in ("memory_min", "memory_low", "memory_high"):
+        # A child's protection or throttling above its parent's is not in effect; raise the
+        # parents first so the children's new values count from the start.
+        return max(memory_value(current), int(wanted))
     return wanted
+
+
+def memory_value(text: str) -> int:
+    """A memory.min/low/high file's value in bytes; ``max`` as the largest int64."""
+    text = text.strip()
+    return MEMORY_MAX if text == "max" else int(text)
 
 
 def quota_value(text: str) -> int:

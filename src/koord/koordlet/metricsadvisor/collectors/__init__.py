@@ -10,11 +10,13 @@ from .node_resource import NodeResourceCollector
 from .pod_resource import PodResourceCollector
 from .pod_throttled import PodThrottledCollector
 from .psi import PSICollector
+from .resctrl import ResctrlCollector
 from .system_resource import SystemResourceCollector
 
 COLLECTORS: tuple[type[Collector], ...] = (
     NodeInfoCollector, NodeResourceCollector, PodResourceCollector, HostApplicationCollector,
-    SystemResourceCollector, BEResourceCollector, PodThrottledCollector, PSICollector)
+    SystemResourceCollector, BEResourceCollector, PodThrottledCollector, PSICollector,
+    ResctrlCollector)
 
 
 def all_collectors(env: Env) -> list[Collector]:
@@ -23,4 +25,5 @@ def all_collectors(env: Env) -> list[Collector]:
 
 __all__ = ["BEResourceCollector", "COLLECTORS", "HostApplicationCollector", "NodeInfoCollector",
            "NodeResourceCollector", "PSICollector", "PodResourceCollector", "PodThrottledCollector",
+           "ResctrlCollector",
            "SystemResourceCollector", "all_collectors"]

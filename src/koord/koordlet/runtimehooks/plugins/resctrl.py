@@ -32,6 +32,7 @@ from typing import TypeVar
 
 from koord.hookapi import HookPoint, json_annotation, json_object
 
+from ... import resctrlfs
 from ...resourceexecutor.executor import CgroupError
 from ..hooks import HookError, Hooks, InvalidInput, RuntimePlugin
 from ..protocol import ContainerContext, PodContext
@@ -106,23 +107,19 @@ def _per_cache(raw: dict, key: str, value_key: str, where: str, target: dict[int
 
 
 def l3_mask(cbm: int, start: int, end: int) -> str:
-    """Bits for ways [ceil(ways*start%), ceil(ways*end%)) of a contiguous root mask, in hex."""
-    if cbm <= 0 or (cbm + 1) & cbm:
-        raise HookError(f"root cbm_mask {cbm:x} is not a contiguous low mask")
-    ways = cbm.bit_length()
-    start_way, end_way = -(-ways * start // 100), -(-ways * end // 100)
-    if end_way <= start_way:
-        raise HookError(f"L3 range [{start}, {end}] covers no cache way of {ways}")
-    return f"{(1 << end_way) - (1 << start_way):x}"
+    """The shared way-mask calculation, its refusals as this plugin's errors."""
+    try:
+        return resctrlfs.l3_mask(cbm, start, end)
+    except resctrlfs.ResctrlError as exc:
+        raise HookError(str(exc)) from None
 
 
 def _root_ids(schemata: str, resource: str) -> list[int]:
     """Cache/domain ids of one resource line of the root schemata ("L3:0=fff;1=fff")."""
-    for line in schemata.splitlines():
-        name, _, domains = line.strip().partition(":")
-        if name == resource:
-            return [int(d.split("=")[0]) for d in domains.split(";") if "=" in d]
-    return []
+    try:
+        return sorted(resctrlfs.parse_schemata(schemata).get(resource, {}))
+    except resctrlfs.ResctrlError as exc:
+        raise HookError(f"root schemata: {exc}") from None
 
 
 class Resctrl(RuntimePlugin):

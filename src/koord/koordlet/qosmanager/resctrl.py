@@ -1,0 +1,183 @@
+"""ResctrlReconcile (gate RdtResctrl, on by default as upstream): class-level LLC and
+memory-bandwidth isolation from NodeSLO ``resourceQOSStrategy.<class>.resctrlQOS``.
+
+Three resctrl groups, ``LSR`` (LSE and LSR pods), ``LS`` and ``BE``, each with an L3 mask
+per cache id from [catRangeStartPercent, catRangeEndPercent) of the root's ``cbm_mask``
+and an MB value from ``mbaPercent``; a disabled class gets the full mask and 100. Every
+tick the thread ids of the running pods of enabled classes that are not yet in their
+class's group are appended to its ``tasks`` (pods with the per-pod
+``node.koordinator.sh/resctrl`` annotation are left to the Resctrl runtime hook).
+As upstream, nothing is done unless ``/proc/cpuinfo`` lists both ``cat_l3`` and ``mba``.
+
+Everything is computed and checked before the first write: a mask the kernel would refuse,
+or too few free CLOSIDs for the three groups, is an error and nothing is created or written.
+Unlike upstream, the mask is computed from ``info/L3/cbm_mask`` and the cache ids from the
+root ``schemata`` (upstream reads both through the node CPU info in the metric cache), and
+the resctrl file system is never mounted by koordlet.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..features import RDT_RESCTRL
+from ..resctrlfs import (
+    CPUInfo,
+    Info,
+    ResctrlError,
+    ResctrlFS,
+    check_l3,
+    check_mb,
+    cpu_info,
+    l3_mask,
+    mb_value,
+)
+from ..resourceexecutor.executor import CgroupError
+from ..runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION
+from ..slo import SLOError
+from ..statesinformer import PodMeta
+from ..statesinformer.meta import CGROUPFS, SYSTEMD, container_cgroup_dir
+from .framework import Context, Strategy
+from .resourceqos import BE, LS, LSR, ClassQOS, pod_class, resctrl_qos
+
+log = logging.getLogger(__name__)
+
+GROUPS = (LSR, LS, BE)
+"""Group name = NodeSLO class whose resctrlQOS it takes."""
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    name: str
+    enable: bool
+    l3: dict[int, str]
+    mb: dict[int, str]
+
+
+def plan_groups(configs: Mapping[str, ClassQOS], info: Info, cpu: CPUInfo) -> list[GroupPlan]:
+    """Every group's schemata, checked as the kernel checks them; ResctrlError otherwise."""
+    plans = []
+    for group in GROUPS:
+        values = configs[group].values
+        mask = l3_mask(info.cbm, values["catRangeStartPercent"], values["catRangeEndPercent"])
+        l3 = {i: mask for i in info.l3_ids}
+        mb_v = mb_value(values["mbaPercent"], cpu.amd, info.mb_granularity)
+        mb = {i: str(mb_v) for i in info.mb_ids}
+        for i, m in l3.items():
+            check_l3(m, info, f"group {group} L3 cache {i}")
+        if mb:
+            check_mb(mb_v, info, cpu.amd, f"group {group} MB")
+        plans.append(GroupPlan(group, configs[group].enable, l3, mb))
+    return plans
+
+
+def pod_group(pod: PodMeta) -> str | None:
+    """The group a pod's tasks belong to; None for SYSTEM pods (upstream leaves them)."""
+    cls = pod_class(pod)
+    return cls if cls in GROUPS else None
+
+
+class ResctrlReconcile(Strategy):
+    name = "ResctrlReconcile"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, ctx.config.reconcile_interval, RDT_RESCTRL)
+        self.fs = ResctrlFS(ctx.config.sys_fs_root)
+        self.last: list[GroupPlan] | None = None
+        self._cpu: CPUInfo | None = None
+
+    def supported(self) -> CPUInfo | None:
+        """The CPU's RDT flags (read once: they do not change) and the mount (every tick)."""
+        ctx = self.ctx
+        try:
+            cpu = self._cpu = self._cpu or cpu_info(ctx.config.proc_root)
+        except ResctrlError as exc:
+            ctx.log_once(self.name + "/support", f"cannot tell whether the CPU has RDT: {exc}",
+                         logging.WARNING)
+            return None
+        missing = [f for f in ("cat_l3", "mba") if f not in cpu.flags]
+        if missing:
+            ctx.log_once(self.name + "/support", f"resctrl unsupported: the CPU flags in "
+                         f"{ctx.config.proc_root}/cpuinfo lack {' and '.join(missing)}; nothing is done")
+            return None
+        if not self.fs.mounted():
+            ctx.log_once(self.name + "/support", f"resctrl not mounted at {self.fs.root} (mount -t "
+                         "resctrl resctrl /sys/fs/resctrl); nothing is done", logging.WARNING)
+            return None
+        ctx.log_once(self.name + "/support", None)
+        return cpu
+
+    def run_once(self) -> None:
+        ctx = self.ctx
+        node_slo = ctx.informer.get_node_slo()
+        if node_slo is None:
+            ctx.log_once(self.name, "no NodeSLO yet: nothing to do", logging.WARNING)
+            return
+        cpu = self.supported()
+        if cpu is None:
+            return
+        try:
+            configs = {g: resctrl_qos(node_slo, g) for g in GROUPS}
+            info = self.fs.info()
+            plans = plan_groups(configs, info, cpu)
+            created = self.fs.ensure_groups(GROUPS, info)
+        except (SLOError, ResctrlError) as exc:
+            ctx.log_once(self.name, f"skipped, nothing written: {exc}", logging.ERROR)
+            return
+        ctx.log_once(self.name, None)
+        if created:
+            log.info("%s: created resctrl groups %s under %s", self.name, ", ".join(created), self.fs.root)
+        self.last = plans
+        for plan in plans:
+            lines = {"L3": plan.l3, **({"MB": plan.mb} if plan.mb else {})}
+            try:
+                if self.fs.write_schemata(plan.name, lines):
+                    log.info("%s: group %s schemata %s", self.name, plan.name,
+                             " ".join(f"{r}:{v}" for r, v in lines.items()))
+            except ResctrlError as exc:
+                ctx.log_once(self.name + "/write/" + plan.name, str(exc), logging.ERROR)
+        self.add_tasks([p for p in plans if p.enable], ctx.informer.get_all_pods())
+
+    def add_tasks(self, plans: Sequence[GroupPlan], pods: Sequence[PodMeta]) -> None:
+        enabled = {p.name for p in plans}
+        current: dict[str, set[int]] = {}
+        for pod in pods:
+            group = pod_group(pod)
+            if not pod.running or group not in enabled or RESCTRL_ANNOTATION in pod.annotations:
+                continue
+            assert group is not None
+            if group not in current:
+                try:
+                    current[group] = self.fs.tasks(group)
+                except ResctrlError as exc:
+                    self.ctx.log_once(self.name + "/tasks/" + group, str(exc), logging.ERROR)
+                    continue
+            new = [t for t in self.pod_tids(pod) if t not in current[group]]
+            if not new:
+                continue
+            try:
+                moved = self.fs.add_tasks(group, new)
+            except OSError as exc:
+                log.warning("%s: pod %s: adding %d tasks to group %s failed: %s", self.name, pod.key,
+                            len(new), group, exc.strerror or exc)
+                continue
+            current[group].update(new)
+            log.info("%s: pod %s: %d new tasks into group %s", self.name, pod.key, moved, group)
+
+    def pod_tids(self, pod: PodMeta) -> list[int]:
+        """Thread ids in the pod's container cgroups and its sandbox's (upstream reads the
+        sandbox too, for VM-based runtimes). A cgroup gone meanwhile has none."""
+        executor = self.ctx.executor
+        dirs = [c.cgroup_dir for c in pod.containers if c.cgroup_dir]
+        if pod.sandbox_id:
+            driver = SYSTEMD if pod.cgroup_dir.endswith(".slice") else CGROUPFS
+            dirs.append(container_cgroup_dir(pod.cgroup_dir, pod.sandbox_id, driver))
+        tids: list[int] = []
+        for d in dirs:
+            try:
+                tids += [int(t) for t in executor.read(d, "tasks").split() if t.isdigit()]
+            except CgroupError:
+                continue
+        return tids

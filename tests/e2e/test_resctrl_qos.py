@@ -1,0 +1,95 @@
+"""Class-level resctrl (RdtResctrl) end to end: real BE and LS pods on containerd, their real
+thread ids, and a resctrl tree shaped like the kernel's under a temporary sys-fs root (no
+machine here has RDT); the ResctrlCollector reading the groups' monitoring files.
+
+The tree stands in for the kernel only where no kernel is available: the groups' schemata,
+the LSR/LS/BE group dirs and their ``tasks`` are what koordlet wrote.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from koord.koordlet.metriccache import Aggregation
+from koord.koordlet.metriccache import kinds as k
+from koord.koordlet.metricsadvisor.collectors.resctrl import ResctrlCollector
+from koord.koordlet.metricsadvisor.config import AdvisorConfig
+from koord.koordlet.metricsadvisor.framework import Env
+from koord.koordlet.qosmanager import QOSConfig
+from koord.koordlet.qosmanager.resctrl import ResctrlReconcile
+from koord.koordlet.resctrlfs import parse_schemata
+from koord.koordlet.runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION
+from koord.testing.cgroups import Cgroup
+from koord.testing.containerd import Containerd
+from koord.testing.resctrltree import add_group_files, make_cpuinfo, make_resctrl_tree
+from koord.testing.wait import wait_for
+
+from .qos_rig import QOSRig, qos_rig  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
+
+
+def threads(cg: Cgroup) -> set[int]:
+    return {int(t) for t in cg.read("cpu", "tasks", "cgroup.threads").split()}
+
+
+def group_tasks(root: Path, group: str) -> set[int]:
+    f = root / group / "tasks"
+    return {int(t) for t in f.read_text().split()} if f.exists() else set()
+
+
+def test_class_groups_get_masks_and_their_pods_tasks(qos_rig: QOSRig, containerd: Containerd,  # noqa: F811
+                                                     tmp_path: Path) -> None:
+    rig = qos_rig
+    sys_fs, proc = tmp_path / "sys-fs", tmp_path / "proc"
+    root = make_resctrl_tree(sys_fs, cbm="fff", cache_ids=(0, 1))
+    make_cpuinfo(proc)
+    be_sandbox, be_cid = rig.run_pod("be-pod", "besteffort", "BE", [])
+    ls_sandbox, ls_cid = rig.run_pod("ls-pod", "burstable", "LS", [])
+    hooked_sandbox, hooked_cid = rig.run_pod(
+        "be-hooked", "besteffort", "BE", [], annotations={RESCTRL_ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'})
+    rig.slo({"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True, "catRangeEndPercent": 30,
+                                                                "mbaPercent": 35}},
+                                     "lsClass": {"resctrlQOS": {"enable": False}}}})
+    qos = rig.start(QOSConfig(reconcile_interval=1.0, gates={"RdtResctrl": True}, sys_fs_root=sys_fs,
+                              proc_root=proc), cri_endpoint=containerd.endpoint)
+    be = Cgroup.of_container(rig.kubelet.pod_cgroup_parent(be_sandbox), be_cid)
+    be_sandbox_cg = Cgroup.of_container(rig.kubelet.pod_cgroup_parent(be_sandbox), be_sandbox)
+    ls = Cgroup.of_container(rig.kubelet.pod_cgroup_parent(ls_sandbox), ls_cid)
+    hooked = Cgroup.of_container(rig.kubelet.pod_cgroup_parent(hooked_sandbox), hooked_cid)
+    want_be = threads(be) | threads(be_sandbox_cg)
+    assert want_be, "the BE pod has no threads?"
+    wait_for(lambda: group_tasks(root, "BE") >= want_be, f"BE pod threads {sorted(want_be)} in the BE group", 30)
+    print(f"BE group tasks {sorted(group_tasks(root, 'BE'))}; BE pod threads {sorted(want_be)}")
+    assert (root / "BE" / "schemata").read_text() == "L3:0=f;1=f;\nMB:0=40;1=40;\n"
+    assert parse_schemata((root / "LS" / "schemata").read_text()) == {"L3": {0: "fff", 1: "fff"},
+                                                                      "MB": {0: "100", 1: "100"}}
+    assert not (threads(ls) & group_tasks(root, "LS")), "a disabled class's pod was moved"
+    assert not (threads(hooked) & group_tasks(root, "BE")), "a pod of the per-pod hook was moved"
+    strategy = next(s for s in qos.strategies if isinstance(s, ResctrlReconcile))
+    assert strategy.last is not None and [p.name for p in strategy.last] == ["LSR", "LS", "BE"]
+
+    # A new BE pod's threads join on a later tick.
+    new_sandbox, new_cid = rig.run_pod("be-late", "besteffort", "BE", [])
+    late = threads(Cgroup.of_container(rig.kubelet.pod_cgroup_parent(new_sandbox), new_cid))
+    wait_for(lambda: group_tasks(root, "BE") >= late, "the late BE pod's threads in the BE group", 30)
+
+    # The class switched off: full cache and bandwidth back.
+    rig.slo({"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": False}}}})
+    wait_for(lambda: (root / "BE" / "schemata").read_text() == "L3:0=fff;1=fff;\nMB:0=100;1=100;\n",
+             "BE group back to the full mask and 100", 30)
+
+    # The collector reads what the kernel would report per group (the kernel makes
+    # mon_data on mkdir; the fake tree gets it here).
+    for group, llc in (("LSR", 1 << 20), ("LS", 2 << 20), ("BE", 3 << 20)):
+        add_group_files(root / group, (0, 1), llc=llc, mbm=llc // 2)
+    assert rig.cache is not None and rig.informer is not None
+    collector = ResctrlCollector(Env(AdvisorConfig(proc_root=proc, sys_fs_root=sys_fs, resctrl_collector=True),
+                                     rig.informer, rig.cache))
+    now = time.time()
+    rig.cache.append(collector.collect(now))
+    assert rig.cache.aggregate(k.RESCTRL_LLC, now - 1, now + 1, Aggregation.LAST,
+                               {k.QOS: "BE", k.CACHE_ID: "1"}) == 3 << 20
