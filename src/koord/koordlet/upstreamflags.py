@@ -44,8 +44,6 @@ NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "cpi-collector-interval": (DURATION, "1m0s"),
     "collect-cpi-timewindow": (DURATION, "10s"),
     "coldpage-collector-interval": (DURATION, "5s"),
-    "enable-resctrl-collector": (BOOL, "false"),
-    "resctrl-collector-interval": (DURATION, "10s"),
     "metric-gc-interval-seconds": (INT, "300"),
     "metric-expire-seconds": (INT, "1800"),
     "tsdb-enable-prometheus-metric": (BOOL, "true"),
