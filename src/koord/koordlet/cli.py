@@ -166,7 +166,10 @@ class Koordlet:
             log.info("NodeMetric reporting disabled (--enable-node-metric-report=false)")
             return None
         if a.node_metric_file is not None:
-            return FileStatusWriter(a.node_metric_file)
+            objects = self.informer.objects
+            expect = ((lambda raw: objects.expect(NODE_METRIC, raw))
+                      if isinstance(objects, FileObjectsSource) else None)
+            return FileStatusWriter(a.node_metric_file, on_written=expect)
         if isinstance(self.informer.objects, KubeObjectsSource):
             return KubeStatusWriter(self.informer.objects.api, self.informer.objects.node_name)
         log.info("no --node-metric-file and no API server: NodeMetric is not reported")

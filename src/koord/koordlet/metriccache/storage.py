@@ -434,10 +434,47 @@ class MetricCache:
               labels: Mapping[str, str] | None = None) -> list[tuple[float, float]]:
         """(timestamp, value) of every series of ``kind`` whose labels include ``labels``,
         merged in ascending time order, over [start, end] inclusive."""
+        points = [(t, sid, v) for sid, (_, series) in self._series_points(kind, start, end, labels).items()
+                  for t, v in series]
+        points.sort()
+        return [(t / 1000, v) for t, _, v in points]
+
+    def aggregates(self, kind: str, start: float, end: float, aggs: Iterable[Aggregation],
+                   labels: Mapping[str, str] | None = None) -> dict[Aggregation, float]:
+        """Several aggregations of one query (absent when there is no sample)."""
+        points = self.query(kind, start, end, labels)
+        return {agg: result for agg in aggs if (result := aggregate(points, agg)) is not None}
+
+    def aggregate_by(self, kind: str, label: str, start: float, end: float,
+                     aggs: Iterable[Aggregation]) -> dict[str, dict[Aggregation, float]]:
+        """Per value of ``label``, each aggregation over [start, end] of its series: what
+        ``aggregate`` gives for ``{label: value}``, for every value at once (one pass and
+        one read of the chunks, where one query per pod would scan all series each time).
+        Values without samples in the window are absent."""
+        _check_query(kind, {label: ""})
+        wanted = tuple(aggs)
+        groups: dict[str, list[tuple[int, int, float]]] = {}
+        for sid, (labels, series) in self._series_points(kind, start, end, None).items():
+            value = labels.get(label)
+            if value is not None and series:
+                groups.setdefault(value, []).extend((t, sid, v) for t, v in series)
+        out = {}
+        for value, points in groups.items():
+            points.sort()
+            merged = [(t / 1000, v) for t, _, v in points]
+            out[value] = {agg: result for agg in wanted
+                          if (result := aggregate(merged, agg)) is not None}
+        return out
+
+    def _series_points(self, kind: str, start: float, end: float,
+                       labels: Mapping[str, str] | None
+                       ) -> dict[int, tuple[dict[str, str], list[tuple[int, float]]]]:
+        """By series id, the labels and (ms, value) points in [start, end] of each series of
+        ``kind`` whose labels include ``labels``, head and chunks together (unsorted)."""
         _check_query(kind, labels)
         want = dict(labels or {})
         lo, hi = _ms(start), _ms(end)
-        points: list[tuple[int, int, float]] = []  # (ts, series id, value)
+        found: dict[int, tuple[dict[str, str], list[tuple[int, float]]]] = {}
         with self._lock:
             db = self._conn()
             matching = [s for s in self._by_kind.get(kind, ())
@@ -451,16 +488,15 @@ class MetricCache:
                     f"SELECT series_id, data FROM chunks WHERE series_id IN ({marks}) "
                     "AND max_ts >= ? AND min_ts <= ?", (*chunk, lo, hi)).fetchall()
             for s in matching:
-                points += [(t, s.id, v) for t, v in zip(s.ts, s.values, strict=True) if lo <= t <= hi]
+                found[s.id] = (s.labels, [(t, v) for t, v in zip(s.ts, s.values, strict=True) if lo <= t <= hi])
         for sid, blob in blobs:
             try:
                 times, vals = decode_chunk(blob)
             except ValueError as exc:
                 log.error("metric cache: %s series %d: %s; skipped", kind, sid, exc)
                 continue
-            points += [(t, sid, v) for t, v in zip(times, vals, strict=True) if lo <= t <= hi]
-        points.sort()
-        return [(t / 1000, v) for t, _, v in points]
+            found[sid][1].extend((t, v) for t, v in zip(times, vals, strict=True) if lo <= t <= hi)
+        return found
 
     def aggregate(self, kind: str, start: float, end: float, agg: Aggregation,
                   labels: Mapping[str, str] | None = None) -> float | None:
