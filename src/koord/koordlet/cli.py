@@ -27,6 +27,7 @@ from koord.hookapi import Registration
 from . import metriccache, metricsadvisor, qosmanager
 from .flags import parse_args
 from .metrics import KoordletMetrics
+from .pleg import Pleg
 from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
@@ -93,6 +94,7 @@ class Koordlet:
         self.reporter: NodeMetricReporter | None = None
         self.advisor: metricsadvisor.MetricsAdvisor | None = None
         self.qos_manager: qosmanager.QOSManager | None = None
+        self.pleg: Pleg | None = None
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
@@ -210,6 +212,20 @@ class Koordlet:
         if self.reconciler is not None:
             self.reconciler.start()
         self.metrics.set_module("runtime-hooks", True)
+        self._start_pleg()
+
+    def _start_pleg(self) -> None:
+        """A pod or container cgroup appearing asks for a pod sync and a reconcile round at
+        once, instead of at the next poll."""
+        on_change = [self.informer.resync_pods]
+        if self.reconciler is not None:
+            on_change.append(self.reconciler.reconcile_now)
+        pleg = Pleg(self.executor, on_change)
+
+        def start() -> Pleg:
+            pleg.start()
+            return pleg
+        self.pleg = self._run_module("pleg", start)
 
     def stop(self) -> None:
         """Reverse order. Unregisters first so the proxy stops calling, then stops serving."""
@@ -217,6 +233,9 @@ class Koordlet:
             self.registration.remove(self.args.runtime_hooks_config_path)
             self.registration = None
         self.server.stop()
+        if self.pleg is not None:
+            self.pleg.stop()
+            self.pleg = None
         if self.reconciler is not None:
             self.reconciler.stop()
         if self.qos_manager is not None:
