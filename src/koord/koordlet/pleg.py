@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .resourceexecutor.executor import CgroupExecutor
+from .resourceexecutor.executor import CGROUPFS, SYSTEMD, CgroupExecutor
 from .runtimehooks.protocol import KubeQoS
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ READ_BYTES = 64 * 1024
 """One read takes at most this much of the kernel's queue; the rest waits there (bounded by
 the kernel's max_queued_events, an overflow event when full)."""
 DEFAULT_MAX_WATCHES = 8192
+QOS, POD, ANCESTOR = "qos", "pod", "ancestor"
+"""What a watched directory is: a kube-QoS dir (pod dirs appear in it), a pod dir (container
+dirs appear in it), or the nearest existing ancestor of a QoS dir not there yet."""
 RATE_PER_SECOND, BURST = 5.0, 10
 
 
@@ -147,7 +150,7 @@ class Pleg:
         self.events = 0
         """Directory events seen (pods and containers, added or gone); for tests and logs."""
         self._inotify: Inotify | None = None
-        self._watches: dict[int, tuple[Path, bool]] = {}  # wd -> (dir, is a QoS dir)
+        self._watches: dict[int, tuple[Path, str]] = {}  # wd -> (dir, QOS, POD or ANCESTOR)
         self._watched: dict[Path, int] = {}
         self._limiter = TokenBucket(RATE_PER_SECOND, BURST)
         self._stopping = threading.Event()
@@ -155,9 +158,18 @@ class Pleg:
         self._reported: str | None = None
 
     def qos_dirs(self) -> list[Path]:
-        """The kube-QoS directories in the hierarchy that stands for all (v1: ``cpu``)."""
-        return [self.executor.path(self.executor.kube_qos_dir(qos), "cpu_shares").parent
-                for qos in KubeQoS]
+        """The kube-QoS directories in the hierarchy that stands for all (v1: ``cpu``); with
+        the driver left to detection, both drivers' (a node may hold both trees, and kubelet's
+        pods are in one of them)."""
+        ex = self.executor
+        layouts = [ex] if ex.driver else [CgroupExecutor(ex.root, driver=driver, version=ex.version,
+                                                         kube_dir=ex.kube_dir)
+                                          for driver in (CGROUPFS, SYSTEMD)]
+        return [layout.path(layout.kube_qos_dir(qos), "cpu_shares").parent
+                for layout in layouts for qos in KubeQoS]
+
+    def _hierarchy(self) -> Path:
+        return self.executor.path("", "cpu_shares").parent
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -170,8 +182,8 @@ class Pleg:
             log.warning("PLEG: no inotify (%s); new pods are found by polling only", exc)
             return
         self._rescan()
-        log.info("PLEG: watching %s for pods (%d directories)",
-                 ", ".join(str(d) for d in self.qos_dirs()), len(self._watched))
+        qos = [str(d) for d, kind in self._watches.values() if kind == QOS] or ["no kube-QoS dir yet"]
+        log.info("PLEG: watching %s for pods (%d directories)", ", ".join(qos), len(self._watched))
         self._thread = threading.Thread(target=self._run, name="pleg", daemon=True)
         self._thread.start()
 
@@ -188,7 +200,8 @@ class Pleg:
 
     # ---- watches ------------------------------------------------------------------------
 
-    def _watch(self, directory: Path, qos: bool) -> bool:
+    def _watch(self, directory: Path, kind: str) -> bool:
+        """True when ``directory`` is watched (now or already)."""
         assert self._inotify is not None
         if directory in self._watched:
             return True
@@ -202,7 +215,7 @@ class Pleg:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # gone meanwhile: normal churn
                 self._report(f"cannot watch {directory}: {exc.strerror}; polling covers it")
             return False
-        self._watches[wd] = (directory, qos)
+        self._watches[wd] = (directory, kind)
         self._watched[directory] = wd
         return True
 
@@ -211,19 +224,29 @@ class Pleg:
         if found is not None and self._watched.get(found[0]) == wd:
             del self._watched[found[0]]
 
-    def _rescan(self) -> None:
+    def _rescan(self) -> bool:
         """(Re)watches every QoS dir and the pod dirs in them: at start, after an overflow,
-        and every rescan interval (a QoS dir created late, one that was replaced)."""
+        when a directory on the way to a QoS dir appears, and every rescan interval. A QoS dir
+        that does not exist yet (kubelet not started, the tree removed and made again) has its
+        nearest existing ancestor watched instead, so its creation is seen at once. True when
+        a pod dir not watched before was found: it may have come with its containers unseen."""
+        found = False
+        hierarchy = self._hierarchy()
         for qos_dir in self.qos_dirs():
-            if not self._watch(qos_dir, qos=True):
+            if not self._watch(qos_dir, QOS):
+                ancestor = qos_dir.parent
+                while ancestor != hierarchy and not ancestor.is_dir() and hierarchy in ancestor.parents:
+                    ancestor = ancestor.parent
+                self._watch(ancestor, ANCESTOR)
                 continue
             try:
                 names = [e.name for e in os.scandir(qos_dir) if e.is_dir(follow_symlinks=False)]
             except OSError:
                 continue
             for name in names:
-                if is_pod_dir(name):
-                    self._watch(qos_dir / name, qos=False)
+                if is_pod_dir(name) and qos_dir / name not in self._watched:
+                    found |= self._watch(qos_dir / name, POD)
+        return found
 
     def _report(self, message: str) -> None:
         if message != self._reported:
@@ -247,21 +270,22 @@ class Pleg:
             found = self._watches.get(wd)
             if found is None or not mask & IN_ISDIR:
                 continue
-            directory, qos = found
-            if qos and not is_pod_dir(name):
-                if mask & (IN_CREATE | IN_MOVED_TO):
-                    self._rescan()  # a QoS dir made after start, say: watch it now
+            directory, kind = found
+            created = bool(mask & (IN_CREATE | IN_MOVED_TO))
+            if kind == ANCESTOR or (kind == QOS and not is_pod_dir(name)):
+                if created:  # maybe a QoS dir or one on the way to it, with pods already inside
+                    changed |= self._rescan()
                 continue
             changed = True
             self.events += 1
-            if qos and mask & (IN_CREATE | IN_MOVED_TO):
-                log.debug("PLEG: pod directory %s/%s created", directory, name)
-                self._watch(directory / name, qos=False)
-            elif qos:
-                log.debug("PLEG: pod directory %s/%s removed", directory, name)
+            if kind == QOS:
+                log.debug("PLEG: pod directory %s/%s %s", directory, name,
+                          "created" if created else "removed")
+                if created:
+                    self._watch(directory / name, POD)
             else:
                 log.debug("PLEG: container directory %s/%s %s", directory, name,
-                          "created" if mask & (IN_CREATE | IN_MOVED_TO) else "removed")
+                          "created" if created else "removed")
         return changed
 
     def _run(self) -> None:
@@ -284,7 +308,8 @@ class Pleg:
                 due_to_events = True
             if now >= next_rescan:
                 next_rescan = now + self.rescan_interval
-                self._rescan()
+                if self._rescan() and due is None:
+                    due, due_to_events = now + self.settle, True
             if follow_up is not None and now >= follow_up:
                 follow_up = None
                 if due is None:

@@ -90,6 +90,17 @@ def test_pod_and_container_dirs_are_reported(tmp_path, started, version, driver,
     wait_for(lambda: (base / pod) not in pleg._watched, "the pod's watch to be dropped", 5)
 
 
+def test_detected_driver_watches_both_trees(tmp_path, started):
+    """A node may hold both drivers' trees (another kubelet's, a leftover): with the driver
+    left to detection, a pod in either is seen."""
+    base = tree(tmp_path, 1, LAYOUTS[0][2] + LAYOUTS[1][2])
+    calls = Calls()
+    pleg = started(Pleg(CgroupExecutor(tmp_path), [calls]))
+    (base / LAYOUTS[0][3]).mkdir()
+    (base / LAYOUTS[1][3]).mkdir()
+    wait_for(lambda: pleg.events == 2, "a pod in each tree", 5)
+
+
 def test_other_dirs_and_files_are_not_pods(tmp_path, started):
     base = tree(tmp_path, 1, LAYOUTS[0][2])
     calls = Calls()
@@ -157,3 +168,18 @@ def test_decode_events_reads_kernel_records():
                                       ("kubepods-burstable.slice", False), ("besteffort", False)])
 def test_is_pod_dir(name, pod):
     assert is_pod_dir(name) is pod
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_tree_made_at_once_after_start_is_seen_without_waiting_for_a_rescan(tmp_path, started, version):
+    """runc makes kubepods/besteffort/pod<uid>/<container> in one go when the tree is gone (a
+    kubelet restart that cleaned it): the watch on the nearest existing ancestor sees it."""
+    base = tmp_path / "cpu" if version == 1 else tmp_path
+    base.mkdir(exist_ok=True)
+    if version == 2:
+        (base / "cgroup.controllers").write_text("cpu memory\n")
+    calls = Calls()
+    started(Pleg(CgroupExecutor(tmp_path, driver="cgroupfs", version=version), [calls],
+                 rescan_interval=3600))
+    (base / "kubepods/besteffort/pod1/c1").mkdir(parents=True)
+    wait_for(lambda: calls.n >= 1, "the new tree's pod to be reported", 5)
