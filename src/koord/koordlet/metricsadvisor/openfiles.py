@@ -3,11 +3,12 @@
 A node with a hundred pods has about 1200 cgroup files read every second. Opening one
 resolves its path component by component (eight levels deep under ``kubepods``), which
 costs more than reading it; kept open, a read is one ``pread`` at offset 0 (the kernel's
-seq_file regenerates the content for every read from the start) plus one ``fstat``.
+seq_file regenerates the content for every read from the start).
 
-The ``fstat`` finds a file that went away: a removed or replaced file has no links left,
-so it is closed and opened again by path (which then fails as "missing" when the cgroup
-is gone, as a plain read would). Files not read for ``idle_seconds`` are closed (pods
+A cgroup that is removed makes reads of its open files fail (ENODEV): the file is then
+closed and opened again by path once, which fails as "missing" when the cgroup is gone
+and reads the new one when it was made again. cgroupfs never replaces a file in place, so
+that is the only way one goes stale. Files not read for ``idle_seconds`` are closed (pods
 that left), and at most ``max_open`` stay open (the least recently read go first), so a
 churning node cannot run koordlet out of descriptors.
 """
@@ -49,14 +50,17 @@ class OpenFiles:
             if now - self._last_sweep >= self.idle_seconds:
                 self._sweep(now)
             entry = self._fds.pop(path, None)
-            fd = entry[0] if entry is not None else -1
+            fd = -1
             try:
-                if fd >= 0 and os.fstat(fd).st_nlink == 0:
-                    os.close(fd)
-                    fd = -1
+                if entry is not None:
+                    try:
+                        data = os.pread(entry[0], limit + 1, 0)
+                        fd = entry[0]
+                    except OSError:  # the cgroup went away, or was made again: by path once more
+                        self._close(entry[0])
                 if fd < 0:
                     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                data = os.pread(fd, limit + 1, 0)
+                    data = os.pread(fd, limit + 1, 0)
             except FileNotFoundError:
                 self._close(fd)
                 raise FileProblem(path, "missing", missing=True) from None
