@@ -29,13 +29,13 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .aggregate import Aggregation, aggregate
-from .chunks import Series, decode_chunk, encode_chunk
+from .aggregate import Aggregation, aggregate, aggregate_values
+from .chunks import Series, chunk_window, decode_chunk, encode_chunk
 from .kinds import SCHEMA
 
 log = logging.getLogger(__name__)
@@ -347,8 +347,7 @@ class MetricCache:
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
             return
         for series in self._by_id.values():
-            del series.ts[:], series.values[:]
-            series.newest = -1
+            series.clear()
 
     # ---- bounds -------------------------------------------------------------------------
 
@@ -434,8 +433,8 @@ class MetricCache:
               labels: Mapping[str, str] | None = None) -> list[tuple[float, float]]:
         """(timestamp, value) of every series of ``kind`` whose labels include ``labels``,
         merged in ascending time order, over [start, end] inclusive."""
-        points = [(t, sid, v) for sid, (_, series) in self._series_points(kind, start, end, labels).items()
-                  for t, v in series]
+        points = [(t, sid, v) for sid, (_, parts) in self._series_points(kind, start, end, labels).items()
+                  for ts, vs in parts for t, v in zip(ts, vs, strict=True)]
         points.sort()
         return [(t / 1000, v) for t, _, v in points]
 
@@ -450,31 +449,39 @@ class MetricCache:
         """Per value of ``label``, each aggregation over [start, end] of its series: what
         ``aggregate`` gives for ``{label: value}``, for every value at once (one pass and
         one read of the chunks, where one query per pod would scan all series each time).
-        Values without samples in the window are absent."""
+        Only the newest sample needs time order (the merged order's last of the newest
+        instant: the largest (ts, series id, value)); averages and percentiles are computed
+        from the values as they come. Values without samples in the window are absent."""
         _check_query(kind, {label: ""})
         wanted = tuple(aggs)
-        groups: dict[str, list[tuple[int, int, float]]] = {}
-        for sid, (labels, series) in self._series_points(kind, start, end, None).items():
+        groups: dict[str, list[tuple[int, Sequence[int], Sequence[float]]]] = {}
+        for sid, (labels, parts) in self._series_points(kind, start, end, None).items():
             value = labels.get(label)
-            if value is not None and series:
-                groups.setdefault(value, []).extend((t, sid, v) for t, v in series)
+            if value is not None:
+                groups.setdefault(value, []).extend((sid, ts, vs) for ts, vs in parts if len(ts))
         out = {}
-        for value, points in groups.items():
-            points.sort()
-            merged = [(t / 1000, v) for t, _, v in points]
-            out[value] = {agg: result for agg in wanted
-                          if (result := aggregate(merged, agg)) is not None}
+        for value, group in groups.items():
+            values = [v for _, _, vs in group for v in vs]
+            if not values:
+                continue
+            found: dict[Aggregation, float] = {}
+            for agg in wanted:
+                if agg is Aggregation.LAST:
+                    found[agg] = max((t, sid, v) for sid, ts, vs in group
+                                     for t, v in zip(ts, vs, strict=True))[2]
+                else:
+                    found[agg] = aggregate_values(values, agg)
+            out[value] = found
         return out
 
-    def _series_points(self, kind: str, start: float, end: float,
-                       labels: Mapping[str, str] | None
-                       ) -> dict[int, tuple[dict[str, str], list[tuple[int, float]]]]:
-        """By series id, the labels and (ms, value) points in [start, end] of each series of
-        ``kind`` whose labels include ``labels``, head and chunks together (unsorted)."""
+    def _series_points(self, kind: str, start: float, end: float, labels: Mapping[str, str] | None
+                       ) -> dict[int, tuple[dict[str, str], list[tuple[Sequence[int], Sequence[float]]]]]:
+        """By series id, the labels and the (ms times, values) parts within [start, end] of
+        each series of ``kind`` whose labels include ``labels``: the head's, then each chunk's."""
         _check_query(kind, labels)
         want = dict(labels or {})
         lo, hi = _ms(start), _ms(end)
-        found: dict[int, tuple[dict[str, str], list[tuple[int, float]]]] = {}
+        found: dict[int, tuple[dict[str, str], list[tuple[Sequence[int], Sequence[float]]]]] = {}
         with self._lock:
             db = self._conn()
             matching = [s for s in self._by_kind.get(kind, ())
@@ -488,14 +495,14 @@ class MetricCache:
                     f"SELECT series_id, data FROM chunks WHERE series_id IN ({marks}) "
                     "AND max_ts >= ? AND min_ts <= ?", (*chunk, lo, hi)).fetchall()
             for s in matching:
-                found[s.id] = (s.labels, [(t, v) for t, v in zip(s.ts, s.values, strict=True) if lo <= t <= hi])
+                found[s.id] = (s.labels, [s.window(lo, hi)])
         for sid, blob in blobs:
             try:
                 times, vals = decode_chunk(blob)
             except ValueError as exc:
                 log.error("metric cache: %s series %d: %s; skipped", kind, sid, exc)
                 continue
-            found[sid][1].extend((t, v) for t, v in zip(times, vals, strict=True) if lo <= t <= hi)
+            found[sid][1].append(chunk_window(times, vals, lo, hi))
         return found
 
     def aggregate(self, kind: str, start: float, end: float, agg: Aggregation,
