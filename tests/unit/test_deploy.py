@@ -86,3 +86,67 @@ def test_image_recipe_installs_the_kubernetes_extra_and_runs_koordlet():
     for needed in re.findall(r"^COPY (.+) \S+$", text, re.M):
         for name in needed.split():
             assert (DEPLOY.parent / name).exists(), f"the image copies {name}, which is not in the repo"
+
+
+def _cluster_role():
+    return next(d for d in manifests() if d["kind"] == "ClusterRole")
+
+
+# Every API call koordlet's code makes (kubernetes client method -> permission it needs); a
+# new call fails test_every_api_call_of_the_code_is_mapped until it is listed here.
+API_CALLS = {
+    "list_node": ("", "nodes", "list"),
+    "list_cluster_custom_object": ("slo.koordinator.sh", "nodeslos", "list"),
+    "replace_cluster_custom_object_status": ("slo.koordinator.sh", "nodemetrics/status", "update"),
+    "get_cluster_custom_object": ("topology.node.k8s.io", "noderesourcetopologies", "get"),
+    "create_cluster_custom_object": ("topology.node.k8s.io", "noderesourcetopologies", "create"),
+    "replace_cluster_custom_object": ("topology.node.k8s.io", "noderesourcetopologies", "update"),
+    "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
+}
+EXTRA = [  # list-watch of every kind listed, and the kubelet reached through nodes/proxy
+    ("", "nodes", "watch"), ("slo.koordinator.sh", "nodeslos", "watch"),
+    ("slo.koordinator.sh", "nodemetrics", "list"), ("slo.koordinator.sh", "nodemetrics", "watch"),
+    ("", "nodes/proxy", "get"),
+]
+
+
+def test_every_api_call_of_the_code_is_mapped():
+    src = Path(__file__).resolve().parents[2] / "src" / "koord" / "koordlet"
+    called = set()
+    for path in src.rglob("*.py"):
+        called |= set(re.findall(r"\.(list_node|[a-z_]*custom_object[a-z_]*|create_namespaced_pod_eviction)\b",
+                                 path.read_text()))
+    assert called == set(API_CALLS)
+
+
+def test_rbac_grants_every_call_and_upstreams_reference_permissions():
+    from koord.testing import rbac
+
+    upstream = [("", "pods/eviction", "create"), ("", "nodes/proxy", "get"), ("", "nodes", "get"),
+                ("", "nodes/status", "patch"), ("slo.koordinator.sh", "nodeslos", "get"),
+                ("slo.koordinator.sh", "nodemetrics", "create"), ("slo.koordinator.sh", "nodemetrics", "update"),
+                ("slo.koordinator.sh", "nodemetrics/status", "patch"),
+                ("topology.node.k8s.io", "noderesourcetopologies", "patch")]
+    assert rbac.missing([*API_CALLS.values(), *EXTRA, *upstream], _cluster_role()) == []
+    assert rbac.missing([("", "secrets", "get")], _cluster_role()) == [("", "secrets", "get")]
+
+
+def test_namespace_skip_label_and_sys_fs_mount(node_parser):
+    docs = manifests()
+    assert {"kind": "Namespace", "name": "koordinator-system"} in [
+        {"kind": d["kind"], "name": d["metadata"]["name"]} for d in docs]
+    template = _daemonset()["spec"]["template"]
+    assert template["metadata"]["labels"]["runtimeproxy.koordinator.sh/skip-hookserver"] == "true"
+    container = template["spec"]["containers"][0]
+    args = node_parser.parse_args(container["args"])
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(args.sys_fs_root_dir)]
+    [volume] = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["path"] == "/sys/fs" and not mount.get("readOnly")
+
+
+def test_image_has_no_tests_or_demos_and_a_pinned_base():
+    text = (DEPLOY / "koordlet.Dockerfile").read_text()
+    [base] = re.findall(r"^FROM (\S+)", text, re.M)
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base), base
+    assert "rm -rf src/koord/testing src/koord/demo.py src/koord/demo_docker.py" in text
+    assert "ENV agent_mode=dsMode" in text

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from koord.koordlet import metriccache as mc
@@ -330,6 +330,7 @@ def test_flags_defaults_and_errors():
 
 # ---- several aggregations and series at once (what a NodeMetric report asks) ---------------
 
+@settings(deadline=None)  # a metric cache per example: a loaded machine takes its time
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 400),
                           st.floats(0, 1e6, allow_nan=False)), max_size=80),
        st.integers(0, 400), st.integers(0, 400))

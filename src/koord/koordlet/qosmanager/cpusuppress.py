@@ -238,8 +238,9 @@ class CPUSuppress(Strategy):
             return
         self.ctx.log_once(self.name + "/cpuset", None)
         cpus = format_cpuset(target)
-        node = self.ctx.informer.get_node() or {}
-        if kubelet_static_policy(node):
+        # the kubelet policy as koordlet's NodeResourceTopology holds it (the Node's without one)
+        holder = self.ctx.informer.get_node_topo() or self.ctx.informer.get_node() or {}
+        if kubelet_static_policy(holder):
             self._write_pool(POD_DEPTH)
             levels = self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", CONTAINER_DEPTH)
             containers = levels[CONTAINER_DEPTH] if len(levels) > CONTAINER_DEPTH else []

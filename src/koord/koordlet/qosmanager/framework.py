@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from ..features import QOS_FEATURE_GATES
+from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
 from ..statesinformer import StatesInformer
@@ -52,9 +53,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help="no memory eviction this long after the last one (default: %(default)s)")
     g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=20, metavar="N",
                    help="no CPU eviction this long after the last one (default: %(default)s)")
-    g.add_argument("--only-evict-by-api", action="store_true",
+    g.add_argument("--only-evict-by-api", type=flag_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="evict only through the API server's Eviction subresource, never by "
-                   "stopping containers through CRI")
+                   "stopping containers through CRI (default: false)")
 
 
 @dataclass(frozen=True)

@@ -122,14 +122,18 @@ class Rules:
     cpu_normalization_ratio: float | None = None
 
 
-def parse_rules(node_slo: dict | None, node: dict | None) -> Rules:
-    """NodeSLO (the object or its ``spec``) and the Node object -> Rules, defaults merged in."""
+def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None = None) -> Rules:
+    """NodeSLO (the object or its ``spec``), the Node and this node's NodeResourceTopology
+    -> Rules, defaults merged in. The cpuset pools and the kubelet policy come from the
+    topology koordlet computed (as upstream reads them), from the Node's annotations when
+    there is none yet (a Node file written by hand)."""
     annotations = _node_annotations(node)
+    pools_from = _node_annotations(topology) if topology is not None else annotations
     return Rules(
         group_identity=_group_identity(node_slo),
-        cpu_shared_pools=_shared_pools(annotations, NODE_CPU_SHARED_POOLS),
-        be_cpu_shared_pools=_shared_pools(annotations, NODE_BE_CPU_SHARED_POOLS),
-        kubelet_cpu_manager_policy=_cpu_manager_policy(annotations),
+        cpu_shared_pools=_shared_pools(pools_from, NODE_CPU_SHARED_POOLS),
+        be_cpu_shared_pools=_shared_pools(pools_from, NODE_BE_CPU_SHARED_POOLS),
+        kubelet_cpu_manager_policy=_cpu_manager_policy(pools_from),
         cpu_normalization_ratio=_normalization_ratio(annotations),
     )
 
