@@ -91,9 +91,10 @@ def parse_text(path: Path, text: str, text_parser: Callable[[str], T]) -> T:
 def _counter(token: str, what: str) -> int:
     if not token.isascii() or not token.isdigit():
         raise ValueError(f"{what}: {token[:40]!r} is not a non-negative integer")
-    if len(token) > 19 or int(token) > _MAX_COUNTER:
+    value = int(token) if len(token) <= 19 else _MAX_COUNTER + 1
+    if value > _MAX_COUNTER:
         raise ValueError(f"{what}: {token[:40]!r} is out of range")
-    return int(token)
+    return value
 
 
 def _lines(text: str) -> list[str]:
