@@ -27,6 +27,7 @@ from . import features, metriccache, metricsadvisor, qosmanager, upstreamflags
 from .flags import parse_args
 from .metrics import KoordletMetrics
 from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
+from .pleg import Pleg
 from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
@@ -97,6 +98,7 @@ class Koordlet:
         self.topology: NodeTopologyReporter | None = None
         self.advisor: metricsadvisor.MetricsAdvisor | None = None
         self.qos_manager: qosmanager.QOSManager | None = None
+        self.pleg: Pleg | None = None
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
@@ -172,7 +174,10 @@ class Koordlet:
             log.info("NodeMetric reporting disabled (--enable-node-metric-report=false)")
             return None
         if a.node_metric_file is not None:
-            return FileStatusWriter(a.node_metric_file)
+            objects = self.informer.objects
+            expect = ((lambda raw: objects.expect(NODE_METRIC, raw))
+                      if isinstance(objects, FileObjectsSource) else None)
+            return FileStatusWriter(a.node_metric_file, on_written=expect)
         if isinstance(self.informer.objects, KubeObjectsSource):
             return KubeStatusWriter(self.informer.objects.api, self.informer.objects.node_name)
         log.info("no --node-metric-file and no API server: NodeMetric is not reported")
@@ -237,6 +242,20 @@ class Koordlet:
         if self.reconciler is not None:
             self.reconciler.start()
         self.metrics.set_module("runtime-hooks", True)
+        self._start_pleg()
+
+    def _start_pleg(self) -> None:
+        """A pod or container cgroup appearing asks for a pod sync and a reconcile round at
+        once, instead of at the next poll."""
+        on_change = [self.informer.resync_pods]
+        if self.reconciler is not None:
+            on_change.append(self.reconciler.reconcile_now)
+        pleg = Pleg(self.executor, on_change)
+
+        def start() -> Pleg:
+            pleg.start()
+            return pleg
+        self.pleg = self._run_module("pleg", start)
 
     def stop(self) -> None:
         """Reverse order. Unregisters first so the proxy stops calling, then stops serving."""
@@ -244,6 +263,9 @@ class Koordlet:
             self.registration.remove(self.args.runtime_hooks_config_path)
             self.registration = None
         self.server.stop()
+        if self.pleg is not None:
+            self.pleg.stop()
+            self.pleg = None
         if self.reconciler is not None:
             self.reconciler.stop()
         if self.qos_manager is not None:

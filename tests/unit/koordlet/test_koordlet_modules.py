@@ -64,7 +64,7 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks(tmp_path, short_
               for line in text.splitlines() if line.startswith("koordlet_module_up{")}
         assert up == {"resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
                       "nodemetric-reporter": "0.0", "node-topology": "0.0", "metrics-advisor": "0.0",
-                      "qos-manager": "0.0", "runtime-hooks": "1.0"}
+                      "qos-manager": "0.0", "runtime-hooks": "1.0", "pleg": "1.0"}
     finally:
         k.stop()
     messages = " ".join(r.getMessage() for r in caplog.records)

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from koord.koordlet import metriccache as mc
@@ -326,3 +326,35 @@ def test_flags_defaults_and_errors():
                 ["--tsdb-max-bytes", "10"], ["--tsdb-max-bytes", "1e9"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
+
+
+# ---- several aggregations and series at once (what a NodeMetric report asks) ---------------
+
+@settings(deadline=None)  # a metric cache per example: a loaded machine takes its time
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 400),
+                          st.floats(0, 1e6, allow_nan=False)), max_size=80),
+       st.integers(0, 400), st.integers(0, 400))
+def test_aggregate_by_and_aggregates_equal_one_query_each(points, lo, span):
+    """aggregate_by gives, per label value, what aggregate gives for that value alone (head
+    and chunks alike); aggregates what aggregate gives for each aggregation."""
+    aggs = list(Aggregation)
+    c = MetricCache(None, chunk_seconds=1e9)
+    try:
+        for i, (uid, ts, value) in enumerate(points):
+            c.append([pod(uid, 1000 + ts, value)])
+            if i == len(points) // 2:
+                c.flush()  # half in chunks, half in the head
+        start, end = 1000 + lo, 1000 + lo + span
+        by = c.aggregate_by(mc.POD_CPU_USAGE, mc.POD_UID, start, end, aggs)
+        for uid in "abc":
+            one = {agg: v for agg in aggs
+                   if (v := c.aggregate(mc.POD_CPU_USAGE, start, end, agg, {mc.POD_UID: uid})) is not None}
+            assert by.get(uid, {}) == one
+            assert c.aggregates(mc.POD_CPU_USAGE, start, end, aggs, {mc.POD_UID: uid}) == one
+    finally:
+        c.close()
+
+
+def test_aggregate_by_rejects_a_label_the_kind_has_not(cache):
+    with pytest.raises(MetricCacheError, match="unknown labels"):
+        cache.aggregate_by(mc.NODE_CPU_USAGE, mc.POD_UID, 0, 1, [Aggregation.AVG])

@@ -8,6 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from koord.koordlet.metricsadvisor import parsers as p
+from koord.koordlet.metricsadvisor.openfiles import OpenFiles
+from koord.koordlet.metricsadvisor.parsers import FileProblem
 
 ANY_TEXT = st.text(max_size=400) | st.lists(
     st.sampled_from(["cpu", "cpu0", "some", "full", "avg10=1.5", "total=3", "MemTotal:", "kB", "processor",
@@ -156,3 +158,39 @@ def test_read_bounded(tmp_path):
         p.read_bounded(f)
     with pytest.raises(p.FileProblem, match="is a directory|read failed"):
         p.read_bounded(tmp_path)
+
+
+# ---- cgroup files kept open ---------------------------------------------------------------
+
+def test_open_files_read_the_current_content_and_stay_bounded(tmp_path):
+
+    now = [0.0]
+    files = OpenFiles(max_open=3, idle_seconds=10, clock=lambda: now[0])
+    paths = [tmp_path / f"f{i}" for i in range(5)]
+    for i, path in enumerate(paths):
+        path.write_text(f"{i}\n")
+    assert [files.read(path, 64) for path in paths] == [f"{i}\n" for i in range(5)]
+    assert len(files) == 3  # the least recently read were closed
+    with open(paths[4], "r+") as f:  # rewritten in place, as the kernel's files change
+        f.write("44\n")
+    assert files.read(paths[4], 64) == "44\n"
+    now[0] = 11.0
+    files.read(paths[0], 64)  # the sweep closes what was not read for idle_seconds
+    assert len(files) == 1
+    files.close()
+    assert len(files) == 0
+
+
+def test_open_files_report_missing_too_large_and_unreadable(tmp_path):
+
+    files = OpenFiles()
+    with pytest.raises(FileProblem) as missing:
+        files.read(tmp_path / "nope", 64)
+    assert missing.value.missing
+    (tmp_path / "big").write_text("x" * 100)
+    with pytest.raises(FileProblem, match="larger than 64 bytes"):
+        files.read(tmp_path / "big", 64)
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(FileProblem, match="read failed"):
+        files.read(tmp_path / "dir", 64)
+    assert len(files) == 1  # only the readable (too large) file stays open

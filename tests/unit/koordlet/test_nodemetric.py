@@ -35,6 +35,12 @@ class ByAggregation:
     def aggregate(self, kind, start, end, agg, labels=None):
         return float(self.VALUES[agg])
 
+    def aggregates(self, kind, start, end, aggs, labels=None):
+        return {agg: float(self.VALUES[agg]) for agg in aggs}
+
+    def aggregate_by(self, kind, label, start, end, aggs):
+        return {}  # no pod or container has samples
+
     def time_range(self, kind, start, end, labels=None):
         return self.span
 

@@ -151,3 +151,32 @@ def test_node_metric_seen_after_start_shortens_the_wait(tmp_path):
     finally:
         reporter.stop()
         cache.close()
+
+
+def test_own_writes_are_neither_parsed_again_nor_read_back_by_the_informer(tmp_path, monkeypatch):
+    """A report reuses the document it wrote last time, and the file source skips koordlet's
+    own status writes; a user's edit in between is parsed and delivered as before."""
+    from koord.koordlet.statesinformer import objects, reporter
+
+    f = tmp_path / "nm.yaml"
+    f.write_text(yaml.safe_dump(NODE_METRIC))
+    parsed = []
+    real_parse = objects.parse_object
+    monkeypatch.setattr(reporter, "parse_object", lambda *a: parsed.append(a[1]) or real_parse(*a))
+    source = FileObjectsSource({"node_metric": f})
+    delivered = []
+    source.bind(lambda kind, obj: delivered.append(obj))
+    source.reload()
+    writer = FileStatusWriter(f, on_written=lambda raw: source.expect("node_metric", raw))
+    for i in range(3):
+        assert writer.write(NODE_METRIC, dict(STATUS, updateTime=f"2026-01-01T00:00:0{i}Z"))
+        source.reload()
+    assert len(parsed) == 1  # the first report only
+    assert len(delivered) == 1  # the initial load only
+    assert yaml.safe_load(f.read_text())["status"]["updateTime"] == "2026-01-01T00:00:02Z"
+    edited = dict(NODE_METRIC, spec={"metricCollectPolicy": {"reportIntervalSeconds": 30}})
+    f.write_text(yaml.safe_dump(edited))
+    source.reload()
+    assert delivered[-1]["spec"] == edited["spec"]
+    assert writer.write(NODE_METRIC, STATUS) and len(parsed) == 2
+    assert yaml.safe_load(f.read_text()) == dict(edited, status=STATUS)

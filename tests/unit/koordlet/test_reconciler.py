@@ -94,6 +94,7 @@ def test_second_round_writes_nothing(fake_cri, tmp_path):
     reconciler, _ = make(fake_cri, tmp_path)
     assert reconciler.reconcile_once().written
     assert reconciler.reconcile_once().written == []
+    assert len(fake_cri.requests("PodSandboxStatus")) == 1  # a sandbox's config is asked once
 
 
 def test_only_ready_pods_and_running_containers(fake_cri, tmp_path):

@@ -39,7 +39,16 @@ def aggregate(points: Sequence[tuple[float, float]], agg: Aggregation) -> float 
     if agg is Aggregation.LAST:
         # Newest timestamp wins; among equal timestamps (several series) the last one listed.
         return max(enumerate(points), key=lambda ip: (ip[1][0], ip[0]))[1][1]
-    values = [v for _, v in points]
+    return aggregate_values([v for _, v in points], agg)
+
+
+def aggregate_values(values: Sequence[float], agg: Aggregation) -> float:
+    """COUNT, AVG or a percentile of non-empty values, in any order (fsum is exact whatever
+    the order; a percentile sorts); LAST needs times, so it is not one of them."""
+    if agg is Aggregation.COUNT:
+        return float(len(values))
     if agg is Aggregation.AVG:
         return math.fsum(values) / len(values)
+    if agg is Aggregation.LAST:
+        raise ValueError("LAST needs the samples' times")
     return percentile(values, _QUANTILE[agg])

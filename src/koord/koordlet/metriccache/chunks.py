@@ -7,10 +7,12 @@ disk for usage series sampled every second.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import struct
 import zlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 _CHUNK_HEADER = struct.Struct("<qI")  # first ts (ms), sample count
@@ -18,21 +20,37 @@ _CHUNK_HEADER = struct.Struct("<qI")  # first ts (ms), sample count
 
 @dataclass
 class Series:
-    """One series' head: its samples not yet cut into a chunk, in arrival order."""
+    """One series' head: its samples not yet cut into a chunk, in arrival order (which is
+    time order unless a sample arrived late: ``in_order`` says, so windows can bisect)."""
 
     id: int
     labels: dict[str, str]
     ts: array = field(default_factory=lambda: array("q"))
     values: array = field(default_factory=lambda: array("d"))
     newest: int = -1  # the head's largest ts, so in-order appends skip the duplicate search
+    in_order: bool = True
 
     def add(self, ts_ms: int, value: float) -> None:
         if ts_ms <= self.newest and ts_ms in self.ts:
             self.values[self.ts.index(ts_ms)] = value  # the same instant again: the newer value wins
             return
+        if ts_ms < self.newest:
+            self.in_order = False
         self.newest = max(self.newest, ts_ms)
         self.ts.append(ts_ms)
         self.values.append(value)
+
+    def window(self, lo: int, hi: int) -> tuple[Sequence[int], Sequence[float]]:
+        """The head's (times, values) within [lo, hi] ms."""
+        if self.in_order:
+            i, j = bisect.bisect_left(self.ts, lo), bisect.bisect_right(self.ts, hi)
+            return self.ts[i:j], self.values[i:j]
+        kept = [(t, v) for t, v in zip(self.ts, self.values, strict=True) if lo <= t <= hi]
+        return [t for t, _ in kept], [v for _, v in kept]
+
+    def clear(self) -> None:
+        del self.ts[:], self.values[:]
+        self.newest, self.in_order = -1, True
 
     def drop_before(self, cutoff_ms: int) -> None:
         """Forgets head samples older than the retention."""
@@ -40,6 +58,12 @@ class Series:
             kept = [(t, v) for t, v in zip(self.ts, self.values, strict=True) if t >= cutoff_ms]
             self.ts = array("q", (t for t, _ in kept))
             self.values = array("d", (v for _, v in kept))
+
+
+def chunk_window(times: list[int], vals: array, lo: int, hi: int) -> tuple[Sequence[int], Sequence[float]]:
+    """A decoded chunk's (times, values) within [lo, hi] ms (a chunk is in time order)."""
+    i, j = bisect.bisect_left(times, lo), bisect.bisect_right(times, hi)
+    return times[i:j], vals[i:j]
 
 
 def encode_chunk(ts: Iterable[int], values: Iterable[float]) -> bytes:
@@ -63,7 +87,4 @@ def decode_chunk(blob: bytes) -> tuple[list[int], array]:
     deltas.frombytes(raw[_CHUNK_HEADER.size:_CHUNK_HEADER.size + 8 * (count - 1)])
     vals = array("d")
     vals.frombytes(raw[_CHUNK_HEADER.size + 8 * (count - 1):])
-    times = [first]
-    for d in deltas:
-        times.append(times[-1] + d)
-    return times, vals
+    return list(itertools.accumulate(deltas, initial=first)), vals

@@ -29,13 +29,13 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .aggregate import Aggregation, aggregate
-from .chunks import Series, decode_chunk, encode_chunk
+from .aggregate import Aggregation, aggregate, aggregate_values
+from .chunks import Series, chunk_window, decode_chunk, encode_chunk
 from .kinds import SCHEMA
 
 log = logging.getLogger(__name__)
@@ -347,8 +347,7 @@ class MetricCache:
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
             return
         for series in self._by_id.values():
-            del series.ts[:], series.values[:]
-            series.newest = -1
+            series.clear()
 
     # ---- bounds -------------------------------------------------------------------------
 
@@ -434,10 +433,55 @@ class MetricCache:
               labels: Mapping[str, str] | None = None) -> list[tuple[float, float]]:
         """(timestamp, value) of every series of ``kind`` whose labels include ``labels``,
         merged in ascending time order, over [start, end] inclusive."""
+        points = [(t, sid, v) for sid, (_, parts) in self._series_points(kind, start, end, labels).items()
+                  for ts, vs in parts for t, v in zip(ts, vs, strict=True)]
+        points.sort()
+        return [(t / 1000, v) for t, _, v in points]
+
+    def aggregates(self, kind: str, start: float, end: float, aggs: Iterable[Aggregation],
+                   labels: Mapping[str, str] | None = None) -> dict[Aggregation, float]:
+        """Several aggregations of one query (absent when there is no sample)."""
+        points = self.query(kind, start, end, labels)
+        return {agg: result for agg in aggs if (result := aggregate(points, agg)) is not None}
+
+    def aggregate_by(self, kind: str, label: str, start: float, end: float,
+                     aggs: Iterable[Aggregation]) -> dict[str, dict[Aggregation, float]]:
+        """Per value of ``label``, each aggregation over [start, end] of its series: what
+        ``aggregate`` gives for ``{label: value}``, for every value at once (one pass and
+        one read of the chunks, where one query per pod would scan all series each time).
+        Only the newest sample needs time order (the merged order's last of the newest
+        instant: the largest (ts, series id, value)); averages and percentiles are computed
+        from the values as they come. Values without samples in the window are absent."""
+        _check_query(kind, {label: ""})
+        wanted = tuple(aggs)
+        groups: dict[str, list[tuple[int, Sequence[int], Sequence[float]]]] = {}
+        for sid, (labels, parts) in self._series_points(kind, start, end, None).items():
+            value = labels.get(label)
+            if value is not None:
+                groups.setdefault(value, []).extend((sid, ts, vs) for ts, vs in parts if len(ts))
+        out = {}
+        for value, group in groups.items():
+            values = [v for _, _, vs in group for v in vs]
+            if not values:
+                continue
+            found: dict[Aggregation, float] = {}
+            for agg in wanted:
+                if agg is Aggregation.LAST:
+                    found[agg] = max((t, sid, v) for sid, ts, vs in group
+                                     for t, v in zip(ts, vs, strict=True))[2]
+                else:
+                    found[agg] = aggregate_values(values, agg)
+            out[value] = found
+        return out
+
+    def _series_points(self, kind: str, start: float, end: float, labels: Mapping[str, str] | None
+                       ) -> dict[int, tuple[dict[str, str], list[tuple[Sequence[int], Sequence[float]]]]]:
+        """By series id, the labels and the (ms times, values) parts within [start, end] of
+        each series of ``kind`` whose labels include ``labels``: the head's, then each chunk's."""
         _check_query(kind, labels)
         want = dict(labels or {})
         lo, hi = _ms(start), _ms(end)
-        points: list[tuple[int, int, float]] = []  # (ts, series id, value)
+        found: dict[int, tuple[dict[str, str], list[tuple[Sequence[int], Sequence[float]]]]] = {}
         with self._lock:
             db = self._conn()
             matching = [s for s in self._by_kind.get(kind, ())
@@ -451,16 +495,15 @@ class MetricCache:
                     f"SELECT series_id, data FROM chunks WHERE series_id IN ({marks}) "
                     "AND max_ts >= ? AND min_ts <= ?", (*chunk, lo, hi)).fetchall()
             for s in matching:
-                points += [(t, s.id, v) for t, v in zip(s.ts, s.values, strict=True) if lo <= t <= hi]
+                found[s.id] = (s.labels, [s.window(lo, hi)])
         for sid, blob in blobs:
             try:
                 times, vals = decode_chunk(blob)
             except ValueError as exc:
                 log.error("metric cache: %s series %d: %s; skipped", kind, sid, exc)
                 continue
-            points += [(t, sid, v) for t, v in zip(times, vals, strict=True) if lo <= t <= hi]
-        points.sort()
-        return [(t / 1000, v) for t, _, v in points]
+            found[sid][1].append(chunk_window(times, vals, lo, hi))
+        return found
 
     def series_labels(self, kind: str) -> list[dict[str, str]]:
         """The label sets of every series of ``kind`` the cache holds (old ones included)."""

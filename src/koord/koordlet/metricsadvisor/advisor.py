@@ -1,7 +1,8 @@
-"""The metrics advisor: runs every enabled collector in its own thread on its own interval
-and stores what it returns in the metric cache.
+"""The metrics advisor: runs the enabled collectors, one thread per interval (the collectors
+sharing an interval one after the other), and stores what a tick returns in the metric
+cache in one batch (one transaction a second, not one per collector).
 
-A collector's thread never dies: an exception in a tick is logged (once per cause, with the
+A collectors' thread never dies: an exception in a tick is logged (once per cause, with the
 collector's name) and the next tick runs as usual. Nothing waits for the states informer:
 pod collectors simply find no pods until it has synced, so a missing NodeSLO or API server
 cannot stall the modules started after the advisor.
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..metriccache import MetricCache, MetricCacheError
+from ..metriccache import MetricCache, MetricCacheError, Sample
 from .collectors import all_collectors
 from .config import AdvisorConfig
 from .framework import Collector, Env, PodSource
@@ -40,9 +41,12 @@ class MetricsAdvisor:
             return
         log.info("metrics advisor: cgroup v%d at %s, collectors %s", self.env.cgroups.version,
                  self.config.cgroup_root, ", ".join(c.name for c in self.collectors))
+        groups: dict[float, list[Collector]] = {}
         for collector in self.collectors:
-            thread = threading.Thread(target=self._run, args=(collector,), daemon=True,
-                                      name=f"collector-{collector.name}")
+            groups.setdefault(collector.interval, []).append(collector)
+        for interval, group in groups.items():
+            thread = threading.Thread(target=self._run, args=(interval, group), daemon=True,
+                                      name=f"collectors-{interval:g}s")
             thread.start()
             self._threads.append(thread)
 
@@ -51,28 +55,47 @@ class MetricsAdvisor:
         for thread in self._threads:
             thread.join(timeout=10)
         self._threads.clear()
+        self.env.files.close()
 
-    def tick(self, collector: Collector) -> None:
-        """One collection and store; raises nothing."""
+    def tick(self, collectors: list[Collector]) -> None:
+        """One collection by each of ``collectors`` in order (the system collector after the
+        node and pod ones it subtracts) and one store of all their samples; raises nothing.
+        When the store refuses the batch, each collector's part is stored on its own, so
+        one collector's bad sample cannot cost the others their tick."""
+        parts = [(c, self._collect(c)) for c in collectors]
+        batch = [sample for _, samples in parts for sample in samples]
+        if not batch:
+            return
+        try:
+            self.env.cache.append(batch)
+            return
+        except MetricCacheError:
+            pass
+        for collector, samples in parts:
+            try:
+                if samples:
+                    self.env.cache.append(samples)
+                collector.problems.clear("store")
+            except MetricCacheError as exc:
+                collector.problems.report("store", "collector %s: %s", collector.name, exc)
+
+    def _collect(self, collector: Collector) -> list[Sample]:
         try:
             samples = list(collector.collect(self.env.clock()))
-            if samples:
-                self.env.cache.append(samples)
             collector.problems.clear("tick")
+            return samples
         except FileProblem as exc:
             collector.problems.report("tick", "collector %s: %s; no samples this tick", collector.name, exc)
-        except MetricCacheError as exc:
-            collector.problems.report("tick", "collector %s: metric cache: %s", collector.name, exc)
         except Exception as exc:  # noqa: BLE001 - a collector bug must not end its thread
             collector.problems.report(("bug", type(exc).__name__, str(exc)),
                                       "collector %s failed: %r; it keeps running", collector.name, exc,
                                       level=logging.ERROR, exc_info=True)
+        return []
 
-    def _run(self, collector: Collector) -> None:
-        interval = collector.interval
+    def _run(self, interval: float, collectors: list[Collector]) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
-            self.tick(collector)
+            self.tick(collectors)
             # Fixed rate, not fixed delay: a slow tick does not shift every later one.
             next_at += interval
             delay = next_at - time.monotonic()

@@ -17,7 +17,8 @@ from ..resourceexecutor.executor import CgroupError, CgroupExecutor
 from ..resources import KubeQoS
 from ..statesinformer.meta import CGROUPFS, SYSTEMD, ContainerMeta, PodMeta, pod_cgroup_dir
 from .config import AdvisorConfig
-from .parsers import SMALL_FILE_BYTES, FileProblem, parse
+from .openfiles import OpenFiles
+from .parsers import SMALL_FILE_BYTES, FileProblem, parse_text
 
 T = TypeVar("T")
 
@@ -158,6 +159,7 @@ class Env:
         self.cgroups = CgroupExecutor(config.cgroup_root, driver=config.cgroup_driver)
         self.shared = SharedState()
         self._paths: dict[tuple[str, str], Path] = {}
+        self.files = OpenFiles()
         self._pods_lock = threading.Lock()
         self._pods_cache: tuple[float, list[PodMeta]] | None = None
 
@@ -192,7 +194,8 @@ class Env:
             return self._pods_cache[1]
 
     def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], T]) -> T:
-        return parse(self.cgroup_file(cgroup_dir, resource), parser, SMALL_FILE_BYTES)
+        path = self.cgroup_file(cgroup_dir, resource)
+        return parse_text(path, self.files.read(path, SMALL_FILE_BYTES), parser)
 
     def kube_qos_dir(self, qos: str) -> str:
         """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir``: the parent of any

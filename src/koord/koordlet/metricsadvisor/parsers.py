@@ -61,9 +61,14 @@ def read_bounded(path: Path, limit: int = SMALL_FILE_BYTES) -> str:
     except OSError as exc:
         raise FileProblem(path, f"read failed: {exc.strerror or exc}",
                           missing=exc.errno in (19, 20)) from None  # ENODEV, ENOTDIR: cgroup gone
-    if size > limit:
+    return decode_bounded(path, b"".join(chunks), limit)
+
+
+def decode_bounded(path: Path, data: bytes, limit: int) -> str:
+    """What was read of ``path`` (up to ``limit`` + 1 bytes) as text; FileProblem when it is
+    larger than the limit or not UTF-8."""
+    if len(data) > limit:
         raise FileProblem(path, f"larger than {limit} bytes")
-    data = b"".join(chunks)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -72,7 +77,11 @@ def read_bounded(path: Path, limit: int = SMALL_FILE_BYTES) -> str:
 
 def parse(path: Path, text_parser: Callable[[str], T], limit: int = SMALL_FILE_BYTES) -> T:
     """read_bounded + a parser, with the parser's ValueError turned into a FileProblem."""
-    text = read_bounded(path, limit)
+    return parse_text(path, read_bounded(path, limit), text_parser)
+
+
+def parse_text(path: Path, text: str, text_parser: Callable[[str], T]) -> T:
+    """A parser on ``path``'s text, its ValueError turned into a FileProblem naming the file."""
     try:
         return text_parser(text)
     except ValueError as exc:
@@ -82,9 +91,10 @@ def parse(path: Path, text_parser: Callable[[str], T], limit: int = SMALL_FILE_B
 def _counter(token: str, what: str) -> int:
     if not token.isascii() or not token.isdigit():
         raise ValueError(f"{what}: {token[:40]!r} is not a non-negative integer")
-    if len(token) > 19 or int(token) > _MAX_COUNTER:
+    value = int(token) if len(token) <= 19 else _MAX_COUNTER + 1
+    if value > _MAX_COUNTER:
         raise ValueError(f"{what}: {token[:40]!r} is out of range")
-    return int(token)
+    return value
 
 
 def _lines(text: str) -> list[str]:

@@ -110,8 +110,7 @@ class CPUEvict(EvictStrategy):
         if release <= 0:
             return 0
         pods = ctx.informer.get_all_pods()
-        used_by = {p.uid: v for p in pods
-                   if (v := ctx.last(POD_CPU_USAGE, {POD_UID: p.uid})) is not None}
+        used_by = ctx.last_by(POD_CPU_USAGE, POD_UID, (p.uid for p in pods))
         victims = be_cpu_victims(pods, used_by, BE_CPU_EVICT)
 
         def batch_request(p) -> float:

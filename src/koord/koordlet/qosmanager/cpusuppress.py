@@ -127,12 +127,10 @@ class CPUSuppress(Strategy):
             self.ctx.log_once(self.name + "/data", "no recent node_cpu_usage sample: not suppressing")
             return None
         self.ctx.log_once(self.name + "/data", None)
-        pod_used = {p.uid: v for p in pods
-                    if (v := ctx.last(POD_CPU_USAGE, {POD_UID: p.uid})) is not None}
+        pod_used = ctx.last_by(POD_CPU_USAGE, POD_UID, (p.uid for p in pods))
         node_slo = ctx.informer.get_node_slo()
         apps = host_applications(node_slo)
-        app_used = {a["name"]: v for a in apps
-                    if (v := ctx.last(HOST_APPLICATION_CPU_USAGE, {HOST_APP_NAME: a["name"]})) is not None}
+        app_used = ctx.last_by(HOST_APPLICATION_CPU_USAGE, HOST_APP_NAME, (a["name"] for a in apps))
         cfg = ctx.thresholds(self.name)
         assert cfg is not None
         suppress = calculate_suppress(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,6 +123,14 @@ class Context:
         now = self.clock()
         return self.metric_cache.aggregate(kind, now - 2 * self.config.collect_interval, now,
                                            Aggregation.LAST, labels)
+
+    def last_by(self, kind: str, label: str, values: Iterable[str]) -> dict[str, float]:
+        """``last(kind, {label: value})`` for each of ``values`` that has one, in one pass over
+        the series (one query per pod would scan every pod's series each time)."""
+        now = self.clock()
+        found = self.metric_cache.aggregate_by(kind, label, now - 2 * self.config.collect_interval,
+                                               now, (Aggregation.LAST,))
+        return {v: found[v][Aggregation.LAST] for v in values if Aggregation.LAST in found.get(v, {})}
 
     def thresholds(self, strategy: str) -> ThresholdConfig | None:
         """The NodeSLO thresholds, or None (logged once per distinct reason) when there is

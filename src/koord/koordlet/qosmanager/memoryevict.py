@@ -62,8 +62,7 @@ class MemoryEvict(EvictStrategy):
         if release <= 0:
             return 0
         pods = ctx.informer.get_all_pods()
-        pod_used = {p.uid: v for p in pods
-                    if (v := ctx.last(POD_MEMORY_USAGE, {POD_UID: p.uid})) is not None}
+        pod_used = ctx.last_by(POD_MEMORY_USAGE, POD_UID, (p.uid for p in pods))
         if ctx.config.gates.get(BE_MEMORY_EVICT):
             feature, victims = BE_MEMORY_EVICT, be_memory_victims(pods, pod_used, BE_MEMORY_EVICT)
         else:

@@ -168,9 +168,11 @@ class Reconciler:
         for sandbox in sandboxes:
             who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"
             try:
-                status = self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
-                    pod_sandbox_id=sandbox.id, verbose=True), timeout=CRI_TIMEOUT)
-                pod = fromcri.pod_record_from_status(status, sandbox.id)
+                # A sandbox's config (labels, annotations, cgroup parent) never changes: the
+                # verbose status is asked once per sandbox, not every round.
+                pod = self._known_pods.get(sandbox.id) or fromcri.pod_record_from_status(
+                    self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
+                        pod_sandbox_id=sandbox.id, verbose=True), timeout=CRI_TIMEOUT), sandbox.id)
                 if not pod.cgroup_parent:
                     raise ValueError(f"sandbox {sandbox.id}: no cgroup parent in the verbose status "
                                      "(is the runtime containerd with the CRI plugin?)")

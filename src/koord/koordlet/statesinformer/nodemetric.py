@@ -68,6 +68,12 @@ class MetricQuerier(Protocol):
     def aggregate(self, kind: str, start: float, end: float, agg: Aggregation,
                   labels: dict[str, str] | None = None) -> float | None: ...
 
+    def aggregates(self, kind: str, start: float, end: float, aggs: Iterable[Aggregation],
+                   labels: dict[str, str] | None = None) -> dict[Aggregation, float]: ...
+
+    def aggregate_by(self, kind: str, label: str, start: float, end: float,
+                     aggs: Iterable[Aggregation]) -> dict[str, dict[Aggregation, float]]: ...
+
     def time_range(self, kind: str, start: float, end: float,
                    labels: dict[str, str] | None = None) -> float: ...
 
@@ -178,14 +184,31 @@ class Report:
 
 def windows(cache: MetricQuerier, cpu_kind: str, memory_kind: str, end: float,
             durations: Iterable[float]) -> list[tuple[float, dict[str, Usage | None]]]:
-    """Per window: each aggregation, None while in cold start or without samples."""
-    out = []
+    """Per window: each aggregation, None while in cold start or without samples. Every
+    aggregation of a window comes from one query per kind."""
+    out: list[tuple[float, dict[str, Usage | None]]] = []
+    aggs = [agg for _, agg in WINDOW_AGGREGATIONS]
     for d in durations:
         start = end - d
-        cold = in_cold_start(start, end, cache.time_range(cpu_kind, start, end))
-        out.append((d, {name: None if cold else usage(cache, cpu_kind, memory_kind, start, end, agg)
+        if in_cold_start(start, end, cache.time_range(cpu_kind, start, end)):
+            out.append((d, dict.fromkeys((name for name, _ in WINDOW_AGGREGATIONS), None)))
+            continue
+        cpu = cache.aggregates(cpu_kind, start, end, aggs)
+        memory = cache.aggregates(memory_kind, start, end, aggs)
+        out.append((d, {name: (cpu[agg], memory[agg]) if agg in cpu and agg in memory else None
                         for name, agg in WINDOW_AGGREGATIONS}))
     return out
+
+
+def averages_by(cache: MetricQuerier, cpu_kind: str, memory_kind: str, label: str,
+                start: float, end: float) -> dict[str, Usage]:
+    """(cores, bytes) averages per value of ``label`` that has both, from one pass per kind
+    over all series (the report covers every pod and container of the node at once)."""
+    cpu = cache.aggregate_by(cpu_kind, label, start, end, (Aggregation.AVG,))
+    memory = cache.aggregate_by(memory_kind, label, start, end, (Aggregation.AVG,))
+    return {value: (c[Aggregation.AVG], memory[value][Aggregation.AVG])
+            for value, c in cpu.items() if Aggregation.AVG in c
+            and Aggregation.AVG in memory.get(value, {})}
 
 
 def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any],
@@ -201,16 +224,17 @@ def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any
         node_windows=windows(cache, NODE_CPU_USAGE, node_mem, end, durations),
         system=usage(cache, SYS_CPU_USAGE, SYS_MEMORY_USAGE, start, end, Aggregation.AVG),
         system_windows=windows(cache, SYS_CPU_USAGE, SYS_MEMORY_USAGE, end, durations))
+    pods_used = averages_by(cache, POD_CPU_USAGE, pod_mem, POD_UID, start, end)
+    containers_used = averages_by(cache, CONTAINER_CPU_USAGE, container_mem, CONTAINER_ID, start, end)
     for pod in sorted(pods, key=lambda p: (p.namespace, p.name, p.uid)):
-        found = usage(cache, POD_CPU_USAGE, pod_mem, start, end, Aggregation.AVG, {POD_UID: pod.uid})
+        found = pods_used.get(pod.uid)
         if found is None:
             log.debug("NodeMetric: pod %s has no samples in the last %ss", pod.key,
                       policy["aggregateDurationSeconds"])
             continue
         report.pods.append((pod, found))
         for c in pod.containers:
-            cu = usage(cache, CONTAINER_CPU_USAGE, container_mem, start, end, Aggregation.AVG,
-                       {CONTAINER_ID: c.id})
+            cu = containers_used.get(c.id)
             if cu is not None:
                 report.containers.append((pod, c.id, c.name, cu))
     apps = ((node_slo or {}).get("spec") or {}).get("hostApplications") or []

@@ -67,6 +67,12 @@ class _WatchedFile:
         self.path = path
         self.kind = kind
         self._last_raw: bytes | None | object = object()
+        self._own: bytes | None = None
+
+    def expect(self, raw: bytes) -> None:
+        """koordlet itself is about to write ``raw`` here (the NodeMetric status): reading it
+        back would tell nothing new, so that content is skipped like an unchanged file."""
+        self._own = raw
 
     def load(self) -> dict | None:
         """The object when the file changed and parses; None otherwise (error logged once)."""
@@ -79,7 +85,8 @@ class _WatchedFile:
             log.error("%s file %s: cannot read: %s; keeping the last good value",
                       self.kind, self.path, exc)
             return None
-        if raw == self._last_raw:
+        if raw == self._last_raw or (raw is not None and raw == self._own):
+            self._last_raw = raw
             return None
         self._last_raw = raw
         if raw is None:
@@ -113,6 +120,10 @@ class FileObjectsSource:
 
     def kinds(self) -> set[str]:
         return set(self._files)
+
+    def expect(self, kind: str, raw: bytes) -> None:
+        """The next content of ``kind``'s file is koordlet's own write; see _WatchedFile.expect."""
+        self._files[kind].expect(raw)
 
     def reload(self) -> None:
         """Reads every file now; used at start and after each burst of events.

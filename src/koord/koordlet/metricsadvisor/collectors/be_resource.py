@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from ...metriccache import Sample
@@ -19,9 +20,19 @@ from ...runtimehooks.hooks import HookError
 from ...runtimehooks.plugins.batchresource import BATCH_CPU, parse_extended_resource_spec
 from ...statesinformer.meta import PodMeta
 from ..framework import Collector, Env, Rates
-from ..parsers import FileProblem, cgroup_cpu_ns, parse, parse_cpu_list, parse_cpu_quota, read_bounded
+from ..parsers import (
+    SMALL_FILE_BYTES,
+    FileProblem,
+    cgroup_cpu_ns,
+    parse,
+    parse_cpu_list,
+    parse_cpu_quota,
+    parse_text,
+    read_bounded,
+)
 
 _MAX_WALK_DIRS = 10_000
+_WALK_SECONDS = 10.0
 
 
 def _be_labels(allocation: str) -> dict[str, str]:
@@ -44,27 +55,36 @@ class BEResourceCollector(Collector):
     def __init__(self, env: Env) -> None:
         super().__init__(env)
         self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
+        self._walked: tuple[float, list[Path]] | None = None
 
     @property
     def be_dir(self) -> str:
         return self.env.kube_qos_dir("besteffort")
 
-    def _cpuset_sizes(self) -> list[int]:
-        """Sizes of the besteffort dir's cpuset and of every dir below it."""
-        top = self.env.cgroup_file(self.be_dir, "cpuset_cpus_effective")
-        name = top.name
-        sizes: list[int] = []
-        walked = 0
-        for dirpath, _dirs, files in os.walk(top.parent):
-            walked += 1
-            if walked > _MAX_WALK_DIRS:
+    def _cpuset_files(self, top: Path) -> list[Path]:
+        """The cpuset file of the besteffort dir and of every dir below it. The tree is
+        walked every ``_WALK_SECONDS`` (listing a hundred dirs of twenty files each cost
+        more than the rest of the tick); the files are read every tick."""
+        now = time.monotonic()
+        if self._walked is not None and self._walked[1][:1] == [top] and now - self._walked[0] < _WALK_SECONDS:
+            return self._walked[1]
+        found: list[Path] = []
+        for walked, (dirpath, _dirs, files) in enumerate(os.walk(top.parent)):
+            if walked >= _MAX_WALK_DIRS:
                 self.problems.report("walk", "more than %d dirs below %s; BE cpuset from the first ones",
                                      _MAX_WALK_DIRS, top.parent)
                 break
-            if name not in files:
-                continue
+            if top.name in files:
+                found.append(Path(dirpath) / top.name)
+        self._walked = (now, found)
+        return found
+
+    def _cpuset_sizes(self) -> list[int]:
+        """Sizes of the besteffort dir's cpuset and of every dir below it."""
+        sizes: list[int] = []
+        for path in self._cpuset_files(self.env.cgroup_file(self.be_dir, "cpuset_cpus_effective")):
             try:
-                cpus = parse(Path(dirpath) / name, parse_cpu_list)
+                cpus = parse_text(path, self.env.files.read(path, SMALL_FILE_BYTES), parse_cpu_list)
             except FileProblem as exc:
                 if not exc.missing:
                     self.problems.report(("cpuset", str(exc.path)), "%s; ignored for the BE cpuset", exc)

@@ -1,0 +1,262 @@
+"""koordlet's own cost on a busy node: CPU and RSS of the real process, as a user measures it.
+
+    .venv/bin/python bench/koordlet_overhead.py [--pods 100] [--containers 3] [--seconds 60]
+                                                [--warmup 20] [--no-cri] [--profile FILE]
+
+The set-up a node with ``--pods`` pods of ``--containers`` containers each gives koordlet:
+
+- a cgroup v1 tree generated under a temp dir (``--cgroup-root-dir``; every pod and
+  container has cpuacct.usage, memory.stat, cpu.stat and the files the hooks write), whose
+  counters this script advances every second, as a kernel would;
+- a kubelet answering ``/pods`` on a local port (``--pods-source=kubelet
+  --kubelet-insecure-tls``): a quarter of the pods Koordinator BE with batch resources;
+- a CRI endpoint (an in-memory fake) knowing the same pods, for the Standalone reconciler
+  (``--no-cri``: none, the reconciler only finds the socket missing);
+- Node, NodeSLO (BE CPU suppress on) and NodeMetric files, the status reported every 60 s;
+- the real /proc and /sys for the node collectors; every default collector at 1 s.
+
+koordlet runs as its own process (``python -m koord.koordlet``) at its default flags. After
+``--warmup`` seconds its CPU time (user + system, of the process and its waited-for children,
+from /proc/<pid>/stat) is measured over ``--seconds`` and printed as a share of one core,
+with its RSS at the end and the busiest second (a NodeMetric report lands in any 60 s).
+``--profile FILE`` records koordlet's stacks with py-spy (``pip install py-spy``) during the
+measured window, as collapsed stacks for a flame graph (``--format raw``); sampling costs
+koordlet a little, so measure without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from koord.testing.cgroupfs import make_fake_v1_cgroup, memory_stat_text
+from koord.testing.fakecri import FakeCRI
+
+MiB = 1024 * 1024
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class Node:
+    """The generated node: pods as kubelet lists them and the cgroup files behind them."""
+
+    def __init__(self, root: Path, pods: int, containers: int) -> None:
+        self.root = root
+        self.rng = random.Random(1)
+        self.items: list[dict] = []
+        self.cgroups: list[str] = ["kubepods", "kubepods/burstable", "kubepods/besteffort"]
+        for qos_dir in self.cgroups:
+            make_fake_v1_cgroup(root, qos_dir)
+        for i in range(pods):
+            be = i % 4 == 3
+            uid = f"00000000-0000-0000-0000-{i:012d}"
+            qos = "besteffort" if be else "burstable"
+            pod_dir = f"kubepods/{qos}/pod{uid}"
+            make_fake_v1_cgroup(root, pod_dir)
+            self.cgroups.append(pod_dir)
+            specs, statuses, ids = [], [], []
+            for j in range(containers):
+                cid = f"{i:032x}{j:032x}"
+                make_fake_v1_cgroup(root, f"{pod_dir}/{cid}")
+                self.cgroups.append(f"{pod_dir}/{cid}")
+                resources = ({"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "512Mi"},
+                              "limits": {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "1Gi"}}
+                             if be else {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                         "limits": {"cpu": "500m", "memory": "256Mi"}})
+                specs.append({"name": f"c{j}", "image": "bench", "resources": resources})
+                statuses.append({"name": f"c{j}", "containerID": f"containerd://{cid}",
+                                 "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}})
+                ids.append(cid)
+            labels = {"koordinator.sh/qosClass": "BE" if be else "LS"}
+            self.items.append({
+                "metadata": {"name": f"pod-{i}", "namespace": "bench", "uid": uid, "labels": labels,
+                             "annotations": {}},
+                "spec": {"containers": specs, "priority": 5500 if be else 9500},
+                "status": {"phase": "Running", "qosClass": "BestEffort" if be else "Burstable",
+                           "containerStatuses": statuses},
+                "_cgroup": (qos, ids)})
+        self.cpu_ns = dict.fromkeys(self.cgroups, 10**15)
+        self.periods = dict.fromkeys(self.cgroups, 10**10)
+        for rel in self.cgroups:
+            (root / "cpuacct" / rel).mkdir(parents=True, exist_ok=True)
+        self.tick()
+
+    def pod_list(self) -> bytes:
+        items = [{k: v for k, v in item.items() if k != "_cgroup"} for item in self.items]
+        return json.dumps({"kind": "PodList", "apiVersion": "v1", "items": items}).encode()
+
+    def tick(self) -> None:
+        """Advances every counter as a second of a busy node would. Each file is rewritten in
+        place with one pwrite of the same length (the counters start where their digit count
+        stays put for days), so a reader never sees it empty or short, as with the kernel's
+        files; a replaced file would also hide changes from a reader holding the old one open."""
+        for rel in self.cgroups:
+            self.cpu_ns[rel] += self.rng.randrange(1, 50) * 1_000_000
+            self.periods[rel] += 10
+            anon = self.rng.randrange(100, 900) * MiB
+            self._put(f"cpuacct/{rel}/cpuacct.usage", f"{self.cpu_ns[rel]}\n")
+            self._put(f"cpu/{rel}/cpu.stat", f"nr_periods {self.periods[rel]}\n"
+                      f"nr_throttled {self.periods[rel] // 20 + 10**9}\nthrottled_time 0\n")
+            self._put(f"memory/{rel}/memory.stat", memory_stat_text(1, anon, 10 * MiB))
+
+    def _put(self, rel: str, text: str) -> None:
+        fd = os.open(self.root / rel, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, text.encode(), 0)
+        finally:
+            os.close(fd)
+
+    def fake_cri(self, fake: FakeCRI) -> None:
+        for item in self.items:
+            qos, ids = item["_cgroup"]
+            meta = item["metadata"]
+            sid = meta["uid"]
+            pod = fake.add_pod(sid, meta["name"], meta["labels"], f"/kubepods/{qos}/pod{meta['uid']}",
+                               namespace=meta["namespace"])
+            pod.config.metadata.uid = meta["uid"]
+            for j, cid in enumerate(ids):
+                fake.add_container(cid, sid, f"c{j}", resources={"cpu_shares": 102, "cpu_period": 100000,
+                                                                 "cpu_quota": 50000})
+
+
+def serve_kubelet(node: Node) -> http.server.ThreadingHTTPServer:
+    body = node.pod_list()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path.rstrip("/") == "/pods" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def write_objects(work: Path) -> dict[str, Path]:
+    cpus, memory = str(os.cpu_count() or 1), f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')}"
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                       "capacity": {"cpu": cpus, "memory": memory},
+                       "allocatable": {"cpu": cpus, "memory": memory}}}
+    slo = {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO", "metadata": {"name": "bench"},
+           "spec": {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65}}}
+    metric = {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": "bench"},
+              "spec": {"metricCollectPolicy": {"reportIntervalSeconds": 60}}}
+    work.mkdir()  # a directory of their own, as /etc/koordlet: the objects' watcher sees only them
+    files = {"node": work / "node.yaml", "node-slo": work / "nodeslo.yaml", "node-metric": work / "nodemetric.yaml"}
+    for key, obj in (("node", node), ("node-slo", slo), ("node-metric", metric)):
+        files[key].write_text(yaml.safe_dump(obj))
+    return files
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime + cutime + cstime: the process and the children it waited for."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / CLK_TCK
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pods", type=int, default=100)
+    ap.add_argument("--containers", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--warmup", type=float, default=20)
+    ap.add_argument("--no-cri", action="store_true", help="no CRI endpoint for the reconciler")
+    ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the measured window to this file")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (koordlet.log) for a look")
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="koord-bench-overhead-"))
+    fake: FakeCRI | None = None
+    proc: subprocess.Popen | None = None
+    try:
+        node = Node(work / "cgroup", a.pods, a.containers)
+        kubelet = serve_kubelet(node)
+        cri_socket = work / "cri.sock"
+        if not a.no_cri:
+            fake = FakeCRI(cri_socket).__enter__()
+            node.fake_cri(fake)
+        files = write_objects(work / "etc")
+        command = [sys.executable, "-m", "koord.koordlet",
+                   "--cgroup-root-dir", str(work / "cgroup"), "--cgroup-driver", "cgroupfs",
+                   "--pods-source", "kubelet", "--kubelet-insecure-tls",
+                   "--kubelet-read-only-port", str(kubelet.server_address[1]),
+                   "--containerd-endpoint", str(cri_socket),
+                   "--node-file", str(files["node"]), "--node-slo-file", str(files["node-slo"]),
+                   "--node-metric-file", str(files["node-metric"]),
+                   "--runtime-hooks-addr", str(work / "koordlet.sock"),
+                   "--runtime-hooks-config-path", str(work / "hookserver.d"),
+                   "--tsdb-path", str(work / "tsdb"), "--addr", "", "--log-level", "INFO"]
+        log = open(work / "koordlet.log", "wb")
+        proc = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        stop = threading.Event()
+
+        def advance() -> None:
+            while not stop.wait(1.0):
+                node.tick()
+        threading.Thread(target=advance, daemon=True).start()
+        time.sleep(a.warmup)
+        assert proc.poll() is None, (work / "koordlet.log").read_text()[-3000:]
+        spy = None if a.profile is None else subprocess.Popen(
+            [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--format", "raw",
+             "-r", "50", "-d", str(int(a.seconds)), "-o", str(a.profile), "-p", str(proc.pid)],
+            stdout=subprocess.DEVNULL)
+        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        per_second, last_cpu, last_t = [], cpu0, t0
+        while time.monotonic() - t0 < a.seconds:
+            time.sleep(1.0)
+            c, t = cpu_seconds(proc.pid), time.monotonic()
+            per_second.append((c - last_cpu) / (t - last_t))
+            last_cpu, last_t = c, t
+        cpu = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        rss = rss_mib(proc.pid)
+        stop.set()
+        if spy is not None:
+            spy.wait(30)
+        reports = json.dumps(yaml.safe_load(files["node-metric"].read_text()).get("status", {})).count('"podUsage"')
+        print(f"koordlet, {a.pods} pods x {a.containers} containers{'' if a.no_cri else ' (also in CRI)'}, "
+              f"{a.seconds:.0f} s after {a.warmup:.0f} s warm-up: CPU {cpu * 100:.2f}% of one core, "
+              f"RSS {rss:.1f} MiB; busiest second {max(per_second) * 100:.0f}%, "
+              f"median second {sorted(per_second)[len(per_second) // 2] * 100:.1f}%; "
+              f"NodeMetric lists {reports} pods")
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if fake is not None:
+            fake.__exit__(None, None, None)
+        if a.keep:
+            print(f"work dir kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
