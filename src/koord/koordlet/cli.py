@@ -27,6 +27,7 @@ from koord.hookapi import Registration
 from . import metriccache, metricsadvisor, qosmanager
 from .flags import parse_args
 from .metrics import KoordletMetrics
+from .modules import ModuleStarter
 from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
@@ -93,6 +94,7 @@ class Koordlet:
         self.reporter: NodeMetricReporter | None = None
         self.advisor: metricsadvisor.MetricsAdvisor | None = None
         self.qos_manager: qosmanager.QOSManager | None = None
+        self.modules = ModuleStarter(self.metrics.set_module)
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
@@ -110,28 +112,28 @@ class Koordlet:
         """Starts the modules in upstream's order: resource executor, metric cache, states
         informer (with the NodeMetric reporter), metrics advisor, QoS manager, runtime hooks.
 
-        A module that cannot start logs why, shows 0 in ``koordlet_module_up`` and the
-        others go on; nothing waits for a NodeSLO. Only the hook server failing to listen
-        ends the process (OSError), as before: the proxy could not reach koordlet at all.
+        A module that cannot start logs why, shows 0 in ``koordlet_module_up``, keeps
+        ``/readyz`` failing and is retried with back-off (``modules.py``) while the others
+        go on; nothing waits for a NodeSLO. Only the hook server failing to listen ends
+        the process (OSError), as before: the proxy could not reach koordlet at all.
         """
         self._serve_metrics()
         self.metrics.set_module("resource-executor", True)  # built in __post_init__
-        self.metric_cache = self._run_module("metric-cache", lambda: metriccache.from_args(self.args))
-        self._run_module("states-informer", self.informer.start)
+        self.modules.run("metric-cache", lambda: metriccache.from_args(self.args),
+                         lambda cache: setattr(self, "metric_cache", cache))
+        self.modules.run("states-informer", self.informer.start)
         self._start_reporter()
-        self._start_advisor()
-        self.qos_manager = self._run_module("qos-manager", self._start_qos_manager)
+        self.modules.run("metrics-advisor", self._start_advisor,
+                         lambda advisor: setattr(self, "advisor", advisor))
+        self.modules.run("qos-manager", self._start_qos_manager,
+                         lambda manager: setattr(self, "qos_manager", manager))
         self._start_runtime_hooks()
 
-    def _run_module(self, name: str, start):
-        try:
-            result = start()
-        except Exception as exc:
-            log.error("module %s cannot start: %s; the other modules go on", name, exc)
-            self.metrics.set_module(name, False)
-            return None
-        self.metrics.set_module(name, True)
-        return result
+    def _cache(self) -> metriccache.MetricCache:
+        """The metric cache for a module that needs it; raises until it runs."""
+        if self.metric_cache is None:
+            raise RuntimeError("no metric cache (module metric-cache is not running yet)")
+        return self.metric_cache
 
     def _serve_metrics(self) -> None:
         if not self.args.addr:
@@ -145,6 +147,9 @@ class Koordlet:
             self.health = None
 
     def _ready(self) -> tuple[bool, str]:
+        down = self.modules.down()
+        if down:
+            return False, "modules not running: " + ", ".join(down)
         if not self.informer.has_synced():
             return False, "states informer has not synced yet"
         return True, ""
@@ -153,12 +158,13 @@ class Koordlet:
         writer = self._status_writer()
         if writer is None:
             return
-        if self.metric_cache is None:
-            log.error("module nodemetric-reporter cannot start: no metric cache")
-            self.metrics.set_module("nodemetric-reporter", False)
-            return
-        self.reporter = NodeMetricReporter(self.informer, self.metric_cache, writer, self.metrics)
-        self._run_module("nodemetric-reporter", self.reporter.start)
+
+        def start() -> NodeMetricReporter:
+            reporter = NodeMetricReporter(self.informer, self._cache(), writer, self.metrics)
+            reporter.start()
+            return reporter
+        self.modules.run("nodemetric-reporter", start,
+                         lambda reporter: setattr(self, "reporter", reporter))
 
     def _status_writer(self) -> StatusWriter | None:
         a = self.args
@@ -168,33 +174,24 @@ class Koordlet:
         if a.node_metric_file is not None:
             return FileStatusWriter(a.node_metric_file)
         if isinstance(self.informer.objects, KubeObjectsSource):
-            return KubeStatusWriter(self.informer.objects.api, self.informer.objects.node_name)
+            objects = self.informer.objects
+            return KubeStatusWriter(objects.api, objects.node_name, reachability=objects.reachability)
         log.info("no --node-metric-file and no API server: NodeMetric is not reported")
         return None
 
     def _start_qos_manager(self) -> qosmanager.QOSManager:
-        if self.metric_cache is None:
-            raise RuntimeError("no metric cache")
         api = self.informer.objects.api if isinstance(self.informer.objects, KubeObjectsSource) else None
         manager = qosmanager.QOSManager(
             qosmanager.QOSConfig.from_args(self.args, node_name=node_name()), self.informer,
-            self.metric_cache, self.executor, registry=self.metrics.registry, api_client=api)
+            self._cache(), self.executor, registry=self.metrics.registry, api_client=api)
         manager.start()
         return manager
 
-    def _start_advisor(self) -> None:
-        if self.metric_cache is None:
-            log.error("module metrics-advisor cannot start: no metric cache")
-            self.metrics.set_module("metrics-advisor", False)
-            return
-        cache = self.metric_cache
-
-        def start() -> metricsadvisor.MetricsAdvisor:
-            advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args),
-                                                    self.informer, cache)
-            advisor.start()
-            return advisor
-        self.advisor = self._run_module("metrics-advisor", start)
+    def _start_advisor(self) -> metricsadvisor.MetricsAdvisor:
+        advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args),
+                                                self.informer, self._cache())
+        advisor.start()
+        return advisor
 
     def _start_runtime_hooks(self) -> None:
         log.info("plugins: %s", ", ".join(p.name for p in self.plugins) or "none")
@@ -209,7 +206,9 @@ class Koordlet:
         self.metrics.set_module("runtime-hooks", True)
 
     def stop(self) -> None:
-        """Reverse order. Unregisters first so the proxy stops calling, then stops serving."""
+        """Reverse order. Unregisters first so the proxy stops calling, then stops serving;
+        no module is retried once stopping began."""
+        self.modules.stop()
         if self.registration is not None:
             self.registration.remove(self.args.runtime_hooks_config_path)
             self.registration = None
@@ -274,6 +273,9 @@ def node_name() -> str:
 
 def kube_api_client(kubeconfig: Path | None):
     from kubernetes import client, config
+
+    # urllib3 warns at each of its retries; an outage is logged once by Reachability instead.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
     if kubeconfig is not None:
         return config.new_client_from_config(config_file=str(kubeconfig))

@@ -28,7 +28,8 @@ _PATHS = {
 
 
 class FakeKubeAPI:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        """``port`` 0 picks a free one; a given port brings a stopped server "back"."""
         self._lock = threading.Lock()
         self._version = 100
         self.objects: dict[str, dict[str, dict]] = {p: {} for p in _PATHS}
@@ -51,7 +52,7 @@ class FakeKubeAPI:
             def do_PUT(self) -> None:
                 api._put(self)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -33,6 +33,7 @@ from .objects import (
     SLO_VERSION,
     parse_object,
 )
+from .reachability import Reachability
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +135,13 @@ class KubeStatusWriter:
     """
 
     def __init__(self, api_client: Any, node_name: str,
-                 limiter: TokenBucket | None = None) -> None:
+                 limiter: TokenBucket | None = None, reachability: Reachability | None = None) -> None:
         from kubernetes import client
 
         self.node_name = node_name
         self._custom = client.CustomObjectsApi(api_client)
         self._host = api_client.configuration.host
+        self.reachability = reachability or Reachability(self._host)
         self.limiter = limiter or TokenBucket(STATUS_UPDATE_QPS, STATUS_UPDATE_BURST)
 
     def describe(self) -> str:
@@ -157,12 +159,15 @@ class KubeStatusWriter:
             if pause:
                 time.sleep(pause)
             body = dict(obj, status=status)
+            started = self.reachability.now()
             try:
                 self._custom.replace_cluster_custom_object_status(
                     SLO_GROUP, SLO_VERSION, NODEMETRIC_PLURAL, self.node_name, body,
                     _request_timeout=30)
+                self.reachability.answered()
                 return True
             except ApiException as exc:
+                self.reachability.answered()
                 if exc.status == 404:
                     log.warning("NodeMetric %s not found, skip", self.node_name)
                     return False
@@ -178,8 +183,8 @@ class KubeStatusWriter:
                     log.warning("NodeMetric %s: re-read after a conflict failed: %s",
                                 self.node_name, get_exc.reason)
                     return False
-            except Exception as exc:  # connection errors
-                log.warning("NodeMetric %s: status update failed: %s", self.node_name, exc)
+            except Exception as exc:  # connection errors: logged once per outage
+                self.reachability.failed(f"NodeMetric {self.node_name} status update", exc, started)
                 return False
         return False
 
