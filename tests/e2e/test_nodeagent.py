@@ -199,3 +199,81 @@ def test_node_metric_and_prometheus_report_real_usage_and_survive_kill_9(
         assert p50 is not None and p50 > 0.5, "the kept samples are the burner's"
     finally:
         cache.close()
+
+
+def module_up(port: int) -> dict[str, float]:
+    return {dict(labels)["module"]: value for (name, labels), value in scrape(port).items()
+            if name == "koordlet_module_up"}
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status == 200
+    except OSError:  # HTTPError (503) included
+        return False
+
+
+def overwrite_middle(db: Path, size: int = 4096) -> int:
+    """Overwrites ``size`` bytes in the middle of the file (page-aligned); returns where."""
+    data = bytearray(db.read_bytes())
+    at = len(data) // 2 // 4096 * 4096
+    data[at:at + size] = bytes(range(256)) * (size // 256)
+    db.write_bytes(bytes(data))
+    return at
+
+
+def test_corrupted_metric_cache_is_moved_aside_and_every_module_runs_again(
+        containerd: Containerd, kube_dir: str, pods: dict[str, str], tmp_path: Path):
+    import sqlite3
+
+    node_metric = tmp_path / "nodemetric.yaml"
+    node_metric.write_text(
+        "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeMetric\nmetadata: {name: e2e-node}\n"
+        f"spec:\n  metricCollectPolicy:\n    reportIntervalSeconds: {REPORT_SECONDS}\n"
+        f"    aggregateDurationSeconds: {AGGREGATE_SECONDS}\n")
+    port = free_port()
+    workdir = tmp_path / "koordlet"
+    koordlet = KoordletProcess(workdir, [
+        "--containerd-endpoint", containerd.endpoint, "--node-metric-file", str(node_metric),
+        "--cgroup-kube-dir", kube_dir, "--addr", f"127.0.0.1:{port}",
+        "--kubelet-sync-interval", "500ms", "--collect-res-used-interval", "1s",
+        "--runtime-hooks-reconcile-interval", "0"]).start()
+    try:
+        wait_for(lambda: accurate(yaml.safe_load(node_metric.read_text())["status"]),
+                 "a first accurate report")
+        time.sleep(5)  # a few more ticks: the file has pages to damage
+        assert koordlet.stop() == 0
+        db = workdir / "tsdb" / "metrics.db"
+        size = db.stat().st_size
+        at = overwrite_middle(db)
+        with sqlite3.connect(db) as check:  # the damage is real: SQLite itself sees it
+            try:
+                verdict = check.execute("PRAGMA quick_check").fetchone()[0]
+            except sqlite3.DatabaseError as exc:
+                verdict = str(exc)
+        check.close()
+        assert verdict != "ok", f"4 KiB at {at} of {size} bytes went unnoticed"
+        print(f"overwrote 4 KiB at {at} of {size} bytes; quick_check: {verdict[:120]}")
+
+        restarted_at = time.time()
+        koordlet.start()
+        aside = wait_for(lambda: list(db.parent.glob("metrics.db.corrupt-*")), "the file moved aside")
+        log_text = koordlet.log_path.read_text()
+        assert f"metric cache {db} is damaged" in log_text and str(aside[0]) in log_text
+        want = {"resource-executor", "metric-cache", "states-informer", "nodemetric-reporter",
+                "metrics-advisor", "qos-manager", "runtime-hooks"}
+        wait_for(lambda: set(module_up(port)) >= want and set(module_up(port).values()) == {1.0},
+                 "every module up")
+        wait_for(lambda: ready(port), "/readyz 200")
+
+        def fresh():
+            status = yaml.safe_load(node_metric.read_text())["status"]
+            after = status["updateTime"] >= time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                          time.gmtime(restarted_at))
+            return after and accurate(status)
+        status = wait_for(fresh, "a NodeMetric report after the restart, from new samples")
+        print("after restart:", pod_usage(status, "burner"), pod_usage(status, "holder"))
+    finally:
+        rc = koordlet.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs()}")
