@@ -24,7 +24,7 @@ from koord import rlimits
 from koord.health import HealthServer
 from koord.hookapi import Registration
 
-from . import metriccache, metricsadvisor, qosmanager
+from . import metriccache, metricsadvisor, prediction, qosmanager
 from .flags import parse_args
 from .metrics import KoordletMetrics
 from .modules import ModuleStarter
@@ -94,6 +94,7 @@ class Koordlet:
         self.reporter: NodeMetricReporter | None = None
         self.advisor: metricsadvisor.MetricsAdvisor | None = None
         self.qos_manager: qosmanager.QOSManager | None = None
+        self.predict_server: prediction.PeakPredictServer | None = None
         self.modules = ModuleStarter(self.metrics.set_module)
 
     def apply_rules(self) -> None:
@@ -122,12 +123,25 @@ class Koordlet:
         self.modules.run("metric-cache", lambda: metriccache.from_args(self.args),
                          lambda cache: setattr(self, "metric_cache", cache))
         self.modules.run("states-informer", self.informer.start)
+        self.modules.run("prediction", self._start_prediction,
+                         lambda server: setattr(self, "predict_server", server))
         self._start_reporter()
         self.modules.run("metrics-advisor", self._start_advisor,
                          lambda advisor: setattr(self, "advisor", advisor))
         self.modules.run("qos-manager", self._start_qos_manager,
                          lambda manager: setattr(self, "qos_manager", manager))
         self._start_runtime_hooks()
+
+    def _start_prediction(self) -> prediction.PeakPredictServer:
+        server = prediction.PeakPredictServer(prediction.PredictionConfig.from_args(self.args),
+                                              self.informer, self._cache())
+        server.start()
+        return server
+
+    def _prod_predictor(self, node: dict | None) -> prediction.ProdReclaimablePredictor | None:
+        """A report's predictor; None (no prediction fields) while the predict server is down."""
+        server = self.predict_server
+        return None if server is None else prediction.ProdReclaimablePredictor(server, node, server.config)
 
     def _cache(self) -> metriccache.MetricCache:
         """The metric cache for a module that needs it; raises until it runs."""
@@ -160,7 +174,8 @@ class Koordlet:
             return
 
         def start() -> NodeMetricReporter:
-            reporter = NodeMetricReporter(self.informer, self._cache(), writer, self.metrics)
+            reporter = NodeMetricReporter(self.informer, self._cache(), writer, self.metrics,
+                                          predictor=self._prod_predictor)
             reporter.start()
             return reporter
         self.modules.run("nodemetric-reporter", start,
@@ -221,6 +236,8 @@ class Koordlet:
             self.advisor.stop()
         if self.reporter is not None:
             self.reporter.stop()
+        if self.predict_server is not None:
+            self.predict_server.stop()
         self.informer.stop()
         if self.metric_cache is not None:
             self.metric_cache.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from koord.hookapi import FailurePolicy, HookPoint, unix_socket_path
 
-from . import metriccache, metricsadvisor, qosmanager
+from . import metriccache, metricsadvisor, prediction, qosmanager
 from .features import DEFAULT_FEATURE_GATES, parse_feature_gates
 from .flagtypes import choice, flag_bool, go_duration, port_number
 from .runtimehooks.server import Network
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     metriccache.add_flags(p)
     metricsadvisor.add_flags(p)
     qosmanager.add_flags(p)
+    prediction.add_flags(p)
     return p
 
 

@@ -28,7 +28,9 @@ class KoordletProcess:
         self.command = [sys.executable, "-m", "koord.koordlet", "--log-level", "DEBUG",
                         "--runtime-hooks-addr", str(self.socket),
                         "--runtime-hooks-config-path", str(self.config_dir),
-                        "--tsdb-path", str(workdir / "tsdb"), "--addr", "", *args]
+                        "--tsdb-path", str(workdir / "tsdb"),
+                        "--prediction-checkpoint-filepath", str(workdir / "prediction"),
+                        "--addr", "", *args]
         self._log: BinaryIO | None = None
         self._proc: subprocess.Popen | None = None
 

@@ -39,6 +39,7 @@ def koordlet(tmp_path, short_dir, *extra):
                        "--cgroup-root-dir", str(root), "--runtime-hooks-reconcile-interval", "0",
                        "--containerd-endpoint", str(short_dir / "no-cri.sock"),
                        "--kubelet-sync-interval", "100ms",
+                       "--prediction-checkpoint-filepath", str(tmp_path / "prediction"),
                        # Empty proc/sys: the metrics advisor finds nothing to add to the samples the tests write.
                        "--proc-root-dir", str(tmp_path / "proc"), "--sys-root-dir", str(tmp_path / "sys"), *extra])
     return Koordlet(args)
@@ -75,10 +76,10 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks_and_is_retried(
         assert k.metric_cache is None and k.reporter is None
         assert module_up(port) == {
             "resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
-            "nodemetric-reporter": "0.0", "metrics-advisor": "0.0", "qos-manager": "0.0",
+            "prediction": "0.0", "nodemetric-reporter": "0.0", "metrics-advisor": "0.0", "qos-manager": "0.0",
             "runtime-hooks": "1.0"}
         code, body = readyz(port)
-        assert code == 503 and "metric-cache, nodemetric-reporter, metrics-advisor, qos-manager" in body
+        assert code == 503 and "metric-cache, prediction, nodemetric-reporter, metrics-advisor, qos-manager" in body
         time.sleep(2.5)  # a few retries fail: each cause is logged once, not per attempt
         blocker.unlink()  # the fault goes away: the next retry round brings every module up
         deadline = time.monotonic() + 15
@@ -86,7 +87,7 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks_and_is_retried(
             time.sleep(0.1)
         assert set(module_up(port).values()) == {"1.0"}, module_up(port)
         assert k.metric_cache is not None and k.reporter is not None
-        assert k.advisor is not None and k.qos_manager is not None
+        assert k.advisor is not None and k.qos_manager is not None and k.predict_server is not None
         # Not ready still, for the one remaining reason: no CRI here, so no pod list.
         assert readyz(port) == (503, "states informer has not synced yet\n")
     finally:

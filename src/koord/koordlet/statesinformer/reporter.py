@@ -16,6 +16,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,7 +26,7 @@ from koord import documents
 
 from ..metrics import KoordletMetrics
 from .informer import StatesInformer
-from .nodemetric import MetricQuerier, collect, status_of
+from .nodemetric import MetricQuerier, ProdPredictor, collect, status_of
 from .objects import (
     NODE_METRIC,
     NODEMETRIC_PLURAL,
@@ -197,8 +198,11 @@ class NodeMetricReporter:
     """
 
     def __init__(self, informer: StatesInformer, cache: MetricQuerier, writer: StatusWriter,
-                 metrics: KoordletMetrics | None = None) -> None:
+                 metrics: KoordletMetrics | None = None,
+                 predictor: Callable[[dict | None], ProdPredictor | None] | None = None) -> None:
         self.informer = informer
+        self.predictor = predictor
+        """A fresh Prod peak predictor per report, given the Node (None: no prediction fields)."""
         self.cache = cache
         self.writer = writer
         self.metrics = metrics
@@ -221,7 +225,8 @@ class NodeMetricReporter:
         self._waiting_logged = False
         policy = self.informer.get_node_metric_spec()
         pods = self.informer.get_all_pods()
-        report = collect(self.cache, pods, policy, self.informer.get_node_slo(), now)
+        predictor = None if self.predictor is None else self.predictor(self.informer.get_node())
+        report = collect(self.cache, pods, policy, self.informer.get_node_slo(), now, predictor)
         status = status_of(report)
         ok = self.writer.write(node_metric, status)
         if self.metrics is not None:
