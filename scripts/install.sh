@@ -17,6 +17,12 @@ command -v runc >/dev/null || missing+=(runc)
 command -v gcc >/dev/null || missing+=(gcc)
 command -v haproxy >/dev/null || missing+=(haproxy)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
+if [ -n "${V2_PACKAGES:-}" ]; then
+  # The cgroup v2 lane (scripts/test-v2.sh): QEMU, a v2 kernel, and the static busybox virtme-ng boots with.
+  command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+  ls /boot/vmlinuz-* >/dev/null 2>&1 || missing+=(linux-image-amd64)
+  [ -x /bin/busybox ] || missing+=(busybox-static)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install.sh: installing Debian packages: ${missing[*]}"
   # Another install may hold the dpkg lock: wait for it instead of failing.
@@ -44,5 +50,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+if [ -n "${V2_PACKAGES:-}" ]; then
+  .venv/bin/python -m pip install -q -e '.[test,v2lane]'
+else
+  .venv/bin/python -m pip install -q -e '.[test]'
+fi
 echo "install.sh: ready ($(containerd --version | cut -d' ' -f1-3), $(runc --version | head -1), $(.venv/bin/python --version))"

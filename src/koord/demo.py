@@ -20,9 +20,10 @@ from typing import Any
 import yaml
 
 from koord.hookapi import parse_quantity
+from koord.testing.cgroups import Cgroup, cgroup_version
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient, read_cgroup
+from koord.testing.kubelet import KubeletClient
 from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
 from koord.testing.workloads import burn_command
@@ -92,11 +93,13 @@ def show_node_metric(work: Path, client: KubeletClient, backend: Containerd) -> 
             f"qos {m.get('qos')}, priority {m.get('priority')}")
 
 
-def show(client: KubeletClient, sandbox: str, container: str, files: list[tuple[str, str]]) -> None:
-    parent = client.pod_cgroup_parent(sandbox)
-    for subsystem, name in files:
-        say(f"    {subsystem}/{parent.strip('/')}/{container[:12]}…/{name} = "
-            f"{read_cgroup(subsystem, parent, container, name)}")
+def show(client: KubeletClient, sandbox: str, container: str, values: list[str]) -> None:
+    """The container's real cgroup files holding ``values`` (keys of ``Cgroup.SHOWN``): v1's
+    per-controller files or v2's unified ones, whichever this kernel has."""
+    cg = Cgroup.of_container(client.pod_cgroup_parent(sandbox), container)
+    for what in values:
+        path, text = cg.shown(what)
+        say(f"    {str(path).replace(container, container[:12] + '…')} = {text}")
 
 
 def demo_be_suppress(work: Path, backend: Containerd) -> None:
@@ -114,14 +117,16 @@ def demo_be_suppress(work: Path, backend: Containerd) -> None:
         "--node-slo-file", str(slo_file), "--node-file", str(node_file), "--cgroup-kube-dir", kube,
         "--cgroup-driver", "cgroupfs", "--containerd-endpoint", backend.endpoint,
         "--kubelet-sync-interval", "1s", "--runtime-hooks-reconcile-interval", "0"]).start()
-    quota = Path("/sys/fs/cgroup/cpu") / kube / "besteffort" / "cpu.cfs_quota_us"
+    besteffort = Cgroup(f"{kube}/besteffort")
     client = KubeletClient(backend.endpoint, on_pod_created=backend.track_pod_cgroup)
 
     def watch(seconds: float) -> None:
         for _ in range(int(seconds)):
             time.sleep(1)
-            text = quota.read_text().strip() if quota.exists() else "(no besteffort dir yet)"
-            say(f"    {quota} = {text}")
+            if besteffort.exists():
+                say("    {} = {}".format(*besteffort.shown("quota")))
+            else:
+                say(f"    {besteffort.rel}: no besteffort cgroup yet")
         formulas = [line for line in koordlet.logs(200).splitlines() if "BECPUSuppress: suppress" in line]
         if formulas:
             say("    koordlet's last calculation: " + formulas[-1].split("BECPUSuppress: ", 1)[-1])
@@ -147,7 +152,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="koord-demo-"))
     hook_dir = work / "hookserver.d"
     with ExitStack() as stack:
-        say(f"starting a private containerd under {work}")
+        say(f"cgroup v{cgroup_version()}; starting a private containerd under {work}")
         backend = Containerd(work / "containerd").start()
         stack.callback(backend.stop)
         koordlet = start_koordlet(work, hook_dir, backend.endpoint)
@@ -168,19 +173,18 @@ def main() -> int:
         say(f"LSR pod with {RESOURCE_STATUS}={{\"cpuset\":\"0\"}}, started through the proxy:")
         sandbox = via_proxy.run_pod("demo-lsr", uid=str(uuid.uuid4()), **lsr)
         container = via_proxy.run_container(sandbox, "app", backend.image, resources=limit)
-        show(via_proxy, sandbox, container, [("cpuset", "cpuset.cpus"), ("cpu", "cpu.cfs_quota_us")])
+        show(via_proxy, sandbox, container, ["cpuset", "quota"])
 
         say("the same pod started directly at containerd (no proxy, so no koordlet):")
         sandbox = direct.run_pod("demo-lsr-direct", uid=str(uuid.uuid4()), **lsr)
         container = direct.run_container(sandbox, "app", backend.image, resources=limit)
-        show(direct, sandbox, container, [("cpuset", "cpuset.cpus"), ("cpu", "cpu.cfs_quota_us")])
+        show(direct, sandbox, container, ["cpuset", "quota"])
 
         say("BE pod with batch resources 500m / 2Gi, started through the proxy:")
         sandbox = via_proxy.run_pod("demo-be", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
                                     annotations={EXTENDED_SPEC: json.dumps(BATCH_SPEC)}, qos="besteffort")
         container = via_proxy.run_container(sandbox, "app", backend.image)
-        show(via_proxy, sandbox, container, [("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"),
-                                             ("memory", "memory.limit_in_bytes")])
+        show(via_proxy, sandbox, container, ["shares", "quota", "memory"])
         show_node_metric(work, via_proxy, backend)
         demo_be_suppress(work, backend)
         say("cleaning up")

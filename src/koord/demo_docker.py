@@ -12,21 +12,18 @@ import uuid
 from contextlib import ExitStack
 
 from koord.demo import BATCH_SPEC, EXTENDED_SPEC, QOS_LABEL, RESOURCE_STATUS, say, start_koordlet
+from koord.demo import show as show_cgroup
 from koord.testing.docker import CriDockerd, Dockerd, DockerKubeletClient
-from koord.testing.kubelet import read_cgroup
 from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
 from koord.testing.sockets import make_short_socket_dir
 
 
 def show(dockerd: Dockerd, client: DockerKubeletClient, sandbox: str, container: str,
-         fields: list[str], files: list[tuple[str, str]]) -> None:
+         fields: list[str], values: list[str]) -> None:
     host = dockerd.api("GET", f"/containers/{container}/json")[1]["HostConfig"]
     say("    docker inspect: " + ", ".join(f"HostConfig.{f} = {host.get(f)!r}" for f in fields))
-    parent = client.pod_cgroup_parent(sandbox)
-    for subsystem, name in files:
-        say(f"    {subsystem}/{parent.strip('/')}/{container[:12]}…/{name} = "
-            f"{read_cgroup(subsystem, parent, container, name)}")
+    show_cgroup(client, sandbox, container, values)
 
 
 def main() -> int:
@@ -56,14 +53,14 @@ def main() -> int:
                                   annotations={RESOURCE_STATUS: json.dumps({"cpuset": "0"})}, qos="guaranteed")
         container = kubelet.run_container(sandbox, "app", dockerd.image, resources=limit)
         show(dockerd, kubelet, sandbox, container, ["CpusetCpus", "CpuQuota"],
-             [("cpuset", "cpuset.cpus"), ("cpu", "cpu.cfs_quota_us")])
+             ["cpuset", "quota"])
 
         say("BE pod with batch resources 500m / 2Gi:")
         sandbox = kubelet.run_pod("demo-be", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
                                   annotations={EXTENDED_SPEC: json.dumps(BATCH_SPEC)}, qos="besteffort")
         container = kubelet.run_container(sandbox, "app", dockerd.image)
         show(dockerd, kubelet, sandbox, container, ["CpuShares", "CpuQuota", "Memory"],
-             [("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes")])
+             ["shares", "quota", "memory"])
         say("cleaning up")
     say(f"done; logs are in {work}")
     return 0

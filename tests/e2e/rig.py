@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.hookapi import HookPoint
+from koord.testing.cgroups import Cgroup
 from koord.testing.containerd import Containerd
 from koord.testing.hookplugin import ALL_HOOKS, POD_HOOKS, Behaviour, RecordingPlugin
-from koord.testing.kubelet import KubeletClient, read_cgroup
+from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
 from koord.testing.sockets import make_short_socket_dir
 
@@ -114,8 +115,9 @@ def record_order(order: list[tuple[str, str]], plugin: RecordingPlugin,
         plugin.behaviours[hook_name] = Behaviour(answer=serve)
 
 
-def cgroup(client: KubeletClient, sandbox_id: str, container_id: str, subsystem: str, name: str) -> str:
-    return read_cgroup(subsystem, client.pod_cgroup_parent(sandbox_id), container_id, name)
+def cgroup(client: KubeletClient, sandbox_id: str, container_id: str) -> Cgroup:
+    """The container's cgroup, read the same way on v1 and v2."""
+    return Cgroup.of_container(client.pod_cgroup_parent(sandbox_id), container_id)
 
 
 def spec_env(client: KubeletClient, container_id: str) -> list[str]:

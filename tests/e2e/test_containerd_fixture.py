@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
+from koord.testing.cgroups import Cgroup, shares_to_weight
 from koord.testing.containerd import Containerd, mounts_under
 from koord.testing.image import image_archive_bytes
-from koord.testing.kubelet import KubeletClient, container_cgroup_dir, read_cgroup
+from koord.testing.kubelet import KubeletClient
 
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.cgroup
 def test_direct_lifecycle(containerd: Containerd, kubelet: KubeletClient) -> None:
     uid = str(uuid.uuid4())
     sandbox_id = kubelet.run_pod("fixture-pod", namespace="e2e", uid=uid, qos="burstable")
@@ -33,16 +35,17 @@ def test_direct_lifecycle(containerd: Containerd, kubelet: KubeletClient) -> Non
     )
     kubelet.start_container(container_id)
     assert kubelet.container_status(container_id).status.state == cri.CONTAINER_RUNNING
-    assert container_cgroup_dir("cpu", parent, container_id).is_dir()
+    cg = Cgroup.of_container(parent, container_id)
+    assert cg.exists()
 
     result = kubelet.exec_sync(container_id, ["/pause", "env"])
     assert result.exit_code == 0
     assert "KOORD_E2E=yes" in result.stdout.decode().splitlines()
 
-    assert read_cgroup("cpu", parent, container_id, "cpu.shares") == "1024"
+    assert cg.cpu_weight() == shares_to_weight(1024)
     kubelet.update_resources(container_id, {"cpu_shares": 333, "cpu_quota": 50000, "cpu_period": 100000})
-    assert read_cgroup("cpu", parent, container_id, "cpu.shares") == "333"
-    assert read_cgroup("cpu", parent, container_id, "cpu.cfs_quota_us") == "50000"
+    assert cg.cpu_weight() == shares_to_weight(333)
+    assert cg.cpu_max() == (50000, 100000)
 
     kubelet.stop_container(container_id, grace=2)
     assert kubelet.container_status(container_id).status.state == cri.CONTAINER_EXITED
@@ -70,14 +73,15 @@ def test_image_archive_is_reproducible() -> None:
     assert image_archive_bytes(b"bin", "x/y:z") != image_archive_bytes(b"bin2", "x/y:z")
 
 
+@pytest.mark.cgroup
 def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path) -> None:
     """A second containerd torn down with a running pod leaves nothing behind."""
     with Containerd(tmp_path / "ctd") as instance:
         client = instance.client()
         sandbox_id = client.run_pod("leftover")
-        container_id = client.run_container(sandbox_id, "app", instance.image)
+        client.run_container(sandbox_id, "app", instance.image)
         parent = client.pod_cgroup_parent(sandbox_id)
-        pod_dir = container_cgroup_dir("cpu", parent, container_id).parent
+        pod_dir = Cgroup.of_pod(parent).dir("cpu")
         assert pod_dir.is_dir()
         assert mounts_under(instance.workdir)
         client.close()
@@ -86,14 +90,15 @@ def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path) -> None:
     assert not any(str(instance.workdir).encode() in cmdline for cmdline in _cmdlines())
 
 
+@pytest.mark.cgroup
 def test_stop_cleans_up_after_containerd_crash(tmp_path: Path) -> None:
     """Cleanup can't rely on CRI: containerd died with a pod running (a failed test)."""
     instance = Containerd(tmp_path / "ctd").start()
     try:
         client = instance.client()
         sandbox_id = client.run_pod("crashed")
-        container_id = client.run_container(sandbox_id, "app", instance.image)
-        pod_dir = container_cgroup_dir("memory", client.pod_cgroup_parent(sandbox_id), container_id).parent
+        client.run_container(sandbox_id, "app", instance.image)
+        pod_dir = Cgroup.of_pod(client.pod_cgroup_parent(sandbox_id)).dir("memory")
         client.close()
         assert instance.pid is not None
         os.kill(instance.pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ from cri_api.v1 import api_pb2 as cri
 from prometheus_client.parser import text_string_to_metric_families
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.testing.cgroups import shares_to_weight
 from koord.testing.hookplugin import ALL_HOOKS, Behaviour, RecordingPlugin
 from koord.testing.kubelet import pod_cgroup_parent
 
@@ -28,6 +29,7 @@ from .rig import LIFECYCLE_HOOKS, SKIP_LABEL, MiB, Rig, cgroup, eventually, free
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.cgroup
 def test_all_hooks_reach_all_plugins_in_file_order_and_land_in_the_container(rig: Rig) -> None:
     order: list[tuple[str, str]] = []
     # Created second-first: the call order must come from the file names, not creation time.
@@ -74,10 +76,10 @@ def test_all_hooks_reach_all_plugins_in_file_order_and_land_in_the_container(rig
     assert seen_by_b.container_annotations["hook.a/ctr"] == "a"
     kubelet.start_container(cid)
 
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.shares") == "512"
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.cfs_period_us") == "100000"
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.cfs_quota_us") == "50000"
-    assert cgroup(kubelet, sid, cid, "memory", "memory.limit_in_bytes") == str(64 * MiB)
+    cg = cgroup(kubelet, sid, cid)
+    assert cg.cpu_weight() == shares_to_weight(512)
+    assert cg.cpu_max() == (50000, 100000)
+    assert cg.memory_limit() == 64 * MiB
     # Original order kept with values updated in place; new keys appended sorted.
     expected_env = ["Z_FIRST=1", "A_SECOND=from-a", "M_THIRD=3", "ALPHA=b", "FROM_A=1", "ZED=a"]
     keys = {kv.partition("=")[0] for kv in expected_env}
@@ -92,15 +94,16 @@ def test_all_hooks_reach_all_plugins_in_file_order_and_land_in_the_container(rig
     seen_by_b = b.requests("PreUpdateContainerResources")[0]
     assert seen_by_b.container_resources.cpu_shares == 600
     assert seen_by_b.container_resources.cpu_quota == 70000, "b must see a's change"
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.shares") == "600"
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.cfs_quota_us") == "70000"
-    assert cgroup(kubelet, sid, cid, "memory", "memory.limit_in_bytes") == str(128 * MiB)
+    assert cg.cpu_weight() == shares_to_weight(600)
+    assert cg.cpu_quota() == 70000
+    assert cg.memory_limit() == 128 * MiB
 
     kubelet.stop_container(cid, grace=5)
     kubelet.stop_pod(sid)
     assert order == [(h, p) for h in LIFECYCLE_HOOKS for p in ("10-a.json", "20-b.json")]
 
 
+@pytest.mark.cgroup
 def test_start_and_update_hooks_carry_full_pod_and_container_info(rig: Rig) -> None:
     a = rig.plugin("10-a.json", hooks=["PreRunPodSandbox", "PreCreateContainer", "PreStartContainer"])
     b = rig.plugin("20-b.json", hooks=["PreStartContainer", "PreUpdateContainerResources"])
@@ -143,9 +146,10 @@ def test_start_and_update_hooks_carry_full_pod_and_container_info(rig: Rig) -> N
     assert (res.cpu_shares, res.cpu_period, res.cpu_quota, res.memory_limit_in_bytes) == \
         (1000, 100000, 40000, 96 * MiB)
     assert a.requests("PreStartContainer")[0].container_resources.cpu_shares == 300
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.shares") == "1000"
-    assert cgroup(kubelet, sid, cid, "memory", "memory.limit_in_bytes") == str(96 * MiB)
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.cfs_quota_us") == "40000"
+    cg = cgroup(kubelet, sid, cid)
+    assert cg.cpu_weight() == shares_to_weight(1000)
+    assert cg.memory_limit() == 96 * MiB
+    assert cg.cpu_quota() == 40000
 
     kubelet.update_resources(cid, {"cpu_shares": 700, "cpu_period": 100000, "cpu_quota": 60000,
                                    "memory_limit_in_bytes": 150 * MiB})
@@ -155,7 +159,7 @@ def test_start_and_update_hooks_carry_full_pod_and_container_info(rig: Rig) -> N
     res = update[0].container_resources
     assert (res.cpu_shares, res.cpu_period, res.cpu_quota, res.memory_limit_in_bytes) == \
         (700, 100000, 60000, 150 * MiB)
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.shares") == "700"
+    assert cgroup(kubelet, sid, cid).cpu_weight() == shares_to_weight(700)
 
 
 def test_post_hooks_run_after_success_and_their_failure_never_fails_the_call(rig: Rig) -> None:
@@ -277,7 +281,7 @@ def test_fail_policy_error_names_plugin_file_hook_point_and_plugin_error(rig: Ri
     kubelet.start_container(cid)
 
     fails("PreUpdateContainerResources", lambda: kubelet.update_resources(cid, {"cpu_shares": 900}))
-    assert cgroup(kubelet, sid, cid, "cpu", "cpu.shares") == "256"
+    assert cgroup(kubelet, sid, cid).cpu_weight() == shares_to_weight(256)
 
 
 def test_unreachable_plugins_with_ignore_do_not_stop_pods(rig: Rig) -> None:

@@ -21,10 +21,11 @@ from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks
 from koord.koordlet.runtimehooks.reconciler import Reconciler
+from koord.testing.cgroups import pod_dir, remove_tree
 from koord.testing.containerd import Containerd
 from koord.testing.fakecri import FakeCRI
 from koord.testing.hookplugin import RecordingPlugin
-from koord.testing.kubelet import KubeletClient, remove_pod_cgroup
+from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
 
 from .rig import eventually, free_port
@@ -74,7 +75,7 @@ def test_unreadable_sandbox_is_skipped_once_and_the_proxy_serves(
         proxy.stop()
         kubelet.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
         kubelet.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
-        remove_pod_cgroup(bad_parent)
+        remove_tree(pod_dir(bad_parent))
 
 
 def test_reconciler_skips_an_unreadable_sandbox_and_reconciles_the_rest(
@@ -99,7 +100,7 @@ def test_reconciler_skips_an_unreadable_sandbox_and_reconciles_the_rest(
         reconciler.stop()
         kubelet.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
         kubelet.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=bad_id), timeout=60)
-        remove_pod_cgroup(bad_parent)
+        remove_tree(pod_dir(bad_parent))
 
 
 def _readyz(port: int) -> int:

@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 
 from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord.testing.cgroups import Cgroup, PodLimits, shares_to_weight
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient, read_cgroup
+from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.wait import wait_for as wait
 
 pytestmark = pytest.mark.e2e
+cgroup = pytest.mark.cgroup
 
 WAIT = 30.0
 QOS = "koordinator.sh/qosClass"
@@ -26,22 +29,12 @@ EXTENDED_SPEC = "node.koordinator.sh/extended-resource-spec"
 BATCH_SPEC = json.dumps({"containers": {"main": {
     "requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "2Gi"},
     "limits": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "2Gi"}}}})
-TWO_GI = str(2 * 1024**3)
+TWO_GI = 2 * 1024**3
 
 
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT):
-    """Polls until ``predicate()`` is truthy; the deadline only bounds a hung test."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except (OSError, ValueError) as exc:  # a cgroup file not there yet
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT) -> object:
+    # a cgroup file not there yet
+    return wait(predicate, what, timeout, tolerate=(OSError, ValueError))
 
 
 @pytest.fixture
@@ -94,45 +87,77 @@ def run_be_pod(client: KubeletClient, image: str) -> tuple[str, str]:
     return sandbox, container
 
 
+@cgroup
 def test_proxy_mode_lsr_pod_gets_its_cpuset(containerd: Containerd, proxied) -> None:
     client, _ = proxied
     sandbox, container = run_lsr_pod(client, containerd.image)
-    parent = client.pod_cgroup_parent(sandbox)
-    assert read_cgroup("cpuset", parent, container, "cpuset.cpus") == "0"
-    assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "-1"
+    cg = Cgroup.of_container(client.pod_cgroup_parent(sandbox), container)
+    assert cg.cpuset_cpus() == "0"
+    assert cg.cpu_quota() == -1
 
 
+@cgroup
 def test_proxy_mode_be_pod_gets_batch_resources(containerd: Containerd, proxied) -> None:
     client, _ = proxied
     sandbox, container = run_be_pod(client, containerd.image)
-    parent = client.pod_cgroup_parent(sandbox)
-    assert read_cgroup("cpu", parent, container, "cpu.shares") == "512"
-    assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "50000"
-    assert read_cgroup("memory", parent, container, "memory.limit_in_bytes") == TWO_GI
+    cg = Cgroup.of_container(client.pod_cgroup_parent(sandbox), container)
+    assert cg.cpu_weight() == shares_to_weight(512)
+    assert cg.cpu_max() == (50000, 100000)
+    assert cg.memory_limit() == TWO_GI
 
 
+@cgroup
 def test_standalone_reconciler_writes_pods_created_without_proxy(
         containerd: Containerd, kubelet: KubeletClient, koordlet_factory) -> None:
     lsr_sandbox, lsr = run_lsr_pod(kubelet, containerd.image)
     be_sandbox, be = run_be_pod(kubelet, containerd.image)
-    lsr_parent = kubelet.pod_cgroup_parent(lsr_sandbox)
-    be_parent = kubelet.pod_cgroup_parent(be_sandbox)
+    lsr_cg = Cgroup.of_container(kubelet.pod_cgroup_parent(lsr_sandbox), lsr)
+    be_pod = Cgroup.of_pod(kubelet.pod_cgroup_parent(be_sandbox))
+    be_cg = Cgroup.of_container(kubelet.pod_cgroup_parent(be_sandbox), be)
     # containerd applied what it was asked for: nothing of koordlet's yet
-    assert read_cgroup("cpuset", lsr_parent, lsr, "cpuset.cpus") == "0-1"
-    assert read_cgroup("cpu", be_parent, be, "cpu.shares") == "2"
+    assert lsr_cg.cpuset_cpus() == "0-1"
+    assert be_cg.cpu_weight() == shares_to_weight(2)
     koordlet = koordlet_factory("--runtime-hooks-reconcile-interval", "500ms",
                                 "--containerd-endpoint", "unix://" + containerd.endpoint)
-    wait_for(lambda: read_cgroup("cpuset", lsr_parent, lsr, "cpuset.cpus") == "0",
-             "the reconciler to set the LSR cpuset")
-    assert read_cgroup("cpu", lsr_parent, lsr, "cpu.cfs_quota_us") == "-1"
-    wait_for(lambda: read_cgroup("cpu", be_parent, be, "cpu.shares") == "512",
-             "the reconciler to set BE shares")
-    assert read_cgroup("cpu", be_parent, be, "cpu.cfs_quota_us") == "50000"
-    assert read_cgroup("memory", be_parent, be, "memory.limit_in_bytes") == TWO_GI
+    wait_for(lambda: lsr_cg.cpuset_cpus() == "0", "the reconciler to set the LSR cpuset")
+    assert lsr_cg.cpu_quota() == -1
+    wait_for(lambda: be_cg.cpu_weight() == shares_to_weight(512), "the reconciler to set BE shares")
+    assert be_cg.cpu_max() == (50000, 100000)
+    assert be_cg.memory_limit() == TWO_GI
     # the pod level too, which the proxy path cannot reach before the pod cgroup exists
-    pod_dir = Path("/sys/fs/cgroup/cpu") / be_parent.strip("/")
-    assert (pod_dir / "cpu.shares").read_text().strip() == "512"
+    assert be_pod.cpu_weight() == shares_to_weight(512)
     assert "ERROR" not in koordlet.logs(tail=400)
+
+
+@cgroup
+def test_cpuset_pod_loses_kubelets_pod_level_quota_through_proxy_and_reconciler(
+        containerd: Containerd, koordlet_factory, tmp_path: Path) -> None:
+    """kubelet creates a Guaranteed pod's cgroup with its CFS quota before any hook runs; a pod
+    bound to cpus must not stay throttled there while its containers read "no quota"."""
+    koordlet = koordlet_factory("--runtime-hooks-reconcile-interval", "500ms",
+                                "--containerd-endpoint", containerd.endpoint)
+    proxy = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, hook_config_dir=koordlet.config_dir).start()
+    client = KubeletClient(proxy.endpoint, on_pod_created=containerd.track_pod_cgroup,
+                           log_root=containerd.workdir / "pod-logs")
+    try:
+        kubelets = PodLimits(cpu_shares=2048, cpu_quota=200000, cpu_period=100000, memory_limit=256 << 20)
+        sandbox = client.run_pod(f"lsr-{uuid.uuid4().hex[:6]}", labels={QOS: "LSR"},
+                                 annotations={RESOURCE_STATUS: '{"cpuset":"0"}'}, qos="guaranteed",
+                                 pod_limits=kubelets)
+        pod = Cgroup.of_pod(client.pod_cgroup_parent(sandbox))
+        # PreRunPodSandbox cleared it before the sandbox started; the rest of kubelet's values stay.
+        assert pod.cpu_quota() == -1
+        assert pod.cpu_weight() == shares_to_weight(2048) and pod.memory_limit() == 256 << 20
+        container = client.run_container(sandbox, "main", containerd.image,
+                                          resources={"cpu_period": 100000, "cpu_quota": 200000})
+        assert Cgroup.of_container(client.pod_cgroup_parent(sandbox), container).cpu_quota() == -1
+        # kubelet writes the pod's values again (a resize, a restart): the reconciler clears it.
+        pod.set_cpu_max(200000, 100000)
+        wait_for(lambda: pod.cpu_quota() == -1, "the reconciler to unset the pod-level quota again")
+    finally:
+        containerd.remove_pods_of(client)
+        proxy.stop()
+        print("--- runtime proxy log ---\n" + proxy.logs(tail=120))
 
 
 def node_slo(be_enabled: bool) -> str:
@@ -172,6 +197,7 @@ def test_node_slo_change_reapplies_group_identity_to_existing_pods(
     assert bvt(ls_pod) == "2"
 
 
+@cgroup
 def test_cpu_normalization_is_not_applied_twice_when_both_modes_run(
         containerd: Containerd, koordlet_factory, tmp_path: Path) -> None:
     """The proxy path scales the quota once; the reconciler replaying the stored (scaled)
@@ -189,11 +215,11 @@ def test_cpu_normalization_is_not_applied_twice_when_both_modes_run(
         sandbox = client.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"}, qos="burstable")
         container = client.run_container(sandbox, "main", containerd.image,
                                          resources={"cpu_period": 100000, "cpu_quota": 100000})
-        parent = client.pod_cgroup_parent(sandbox)
-        assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "83334"
+        cg = Cgroup.of_container(client.pod_cgroup_parent(sandbox), container)
+        assert cg.cpu_quota() == 83334
         wait_for(lambda: "reconcile" in koordlet.logs().lower(), "a reconcile round to be logged")
         time.sleep(1.0)  # several more 200 ms rounds
-        assert read_cgroup("cpu", parent, container, "cpu.cfs_quota_us") == "83334"
+        assert cg.cpu_quota() == 83334
     finally:
         containerd.remove_pods_of(client)
         proxy.stop()

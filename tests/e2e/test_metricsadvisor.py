@@ -18,17 +18,16 @@ from koord.koordlet import metriccache as mc
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor
 from koord.koordlet.statesinformer import StatesInformer
 from koord.koordlet.statesinformer.pods import CriPodsSource
+from koord.testing.cgroups import Cgroup
 from koord.testing.containerd import Containerd
-from koord.testing.kubelet import KubeletClient, container_cgroup_dir
+from koord.testing.kubelet import KubeletClient
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command, hold_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
 
 MiB = 1024 * 1024
 WAIT = 60.0
-
-
 
 
 @pytest.fixture
@@ -49,8 +48,7 @@ def advisor(containerd: Containerd, tmp_path: Path) -> Iterator[tuple[MetricsAdv
 
 def task_pids(kubelet: KubeletClient, sandbox: str, container: str) -> list[int]:
     """Host pids of a container's processes (the burner's supervisor and its workers)."""
-    tasks = container_cgroup_dir("cpu", kubelet.pod_cgroup_parent(sandbox), container) / "tasks"
-    return [int(p) for p in tasks.read_text().split()]
+    return Cgroup.of_container(kubelet.pod_cgroup_parent(sandbox), container).threads()
 
 
 def demand_ns(pids: list[int]) -> int:

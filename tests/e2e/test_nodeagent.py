@@ -11,35 +11,30 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import yaml
 
 from koord.hookapi import parse_quantity
 from koord.koordlet.metriccache import POD_CPU_USAGE, POD_UID, Aggregation, MetricCache
+from koord.testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.wait import wait_for as wait
 from koord.testing.workloads import burn_command, hold_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
+T = TypeVar("T")
 
 MiB = 2**20
 REPORT_SECONDS, AGGREGATE_SECONDS, WINDOW = 2, 10, "16s"
 
 
-def wait_for(check: Callable[[], object], what: str, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (OSError, ValueError, KeyError) as exc:  # a file being replaced, a metric not there yet
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+def wait_for(check: Callable[[], T], what: str, timeout: float = 90.0) -> T:
+    # a file being replaced, a metric not there yet
+    return wait(check, what, timeout, interval=0.2, tolerate=(OSError, ValueError, KeyError))
 
 
 def free_port() -> int:
@@ -75,26 +70,19 @@ def accurate(status: dict) -> dict | None:
     return None
 
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
 @pytest.fixture
 def kube_dir(containerd: Containerd):
     """A private pod cgroup root (``--cgroup-kube-dir``), apart from any kubelet's and other
-    tests'. On cgroup v1 it gets the largest cpu.shares, so the burner gets its core from the
+    tests'. It gets the largest cpu.shares (v2: weight), so the burner gets its core from the
     CFS even when the machine is busy with processes of the root cgroup."""
     name = f"kl-e2e-{uuid.uuid4().hex[:8]}"
-    cpu = CGROUP_ROOT / "cpu" / name
-    if (CGROUP_ROOT / "cpu").is_dir():
-        cpu.mkdir()
-        (cpu / "cpu.shares").write_text("262144")
+    enable_v2_controllers(name)
+    top = Cgroup(name)
+    top.dir("cpu").mkdir(exist_ok=True)
+    top.set_cpu_weight_from_shares(262144)
     yield f"{name}/kubepods"
-    for hierarchy in (p for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink()):
-        top = hierarchy / name
-        for d in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
-            d.rmdir()  # pods are gone by now (the kubelet fixture removed them first)
-        if top.is_dir():
-            top.rmdir()
+    # pods are gone by now (the kubelet fixture removed them first)
+    assert not remove_tree(name), f"cgroup dirs of {name} stayed"
 
 
 @pytest.fixture

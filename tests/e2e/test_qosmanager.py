@@ -28,15 +28,15 @@ from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObjectsSource, StatesInformer
+from koord.testing.cgroups import CGROUP_ROOT, Cgroup, remove_tree
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command, hold_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 QOS_LABEL = "koordinator.sh/qosClass"
 PERIOD = 100000
 MIB = 1 << 20
@@ -61,11 +61,12 @@ class Node:
     registry: CollectorRegistry
     slo_file: Path
 
-    def be_dir(self, subsystem: str) -> Path:
-        return CGROUP_ROOT / subsystem / self.kube / "besteffort"
+    @property
+    def besteffort(self) -> Cgroup:
+        return Cgroup(f"{self.kube}/besteffort")
 
     def quota(self) -> int:
-        return int((self.be_dir("cpu") / "cpu.cfs_quota_us").read_text())
+        return self.besteffort.cpu_quota()
 
     def suppress(self) -> CPUSuppress:
         return next(s for s in self.qos.strategies if isinstance(s, CPUSuppress))
@@ -122,33 +123,19 @@ def run_pod(kubelet: KubeletClient, image: str, kube: str, name: str, qos: str, 
 
 def remove_kube_dir(kube: str) -> None:
     """The test's kube dirs, deepest first, once its pods are gone."""
-    top = kube.split("/")[0]
-    for hierarchy in (p for p in CGROUP_ROOT.iterdir() if p.is_dir()):
-        base = hierarchy / top
-        if not base.is_dir():
-            continue
-        for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
-        try:
-            base.rmdir()
-        except OSError:
-            pass
+    remove_tree(kube.split("/")[0])
 
 
 def be_usage(node: Node, seconds: float = 3.0) -> tuple[float, float]:
     """(cores the besteffort cgroup used, cores its quota allowed on average) over ``seconds``,
-    from cpuacct.usage (what the kernel counted) and the quota sampled every 0.1 s."""
-    usage = CGROUP_ROOT / "cpuacct" / node.kube / "besteffort" / "cpuacct.usage"
-    t0, u0 = time.monotonic(), int(usage.read_text())
+    from the kernel's usage counter and the quota sampled every 0.1 s."""
+    t0, u0 = time.monotonic(), node.besteffort.cpu_usage_ns()
     quotas = []
     while time.monotonic() - t0 < seconds:
         q = node.quota()
         quotas.append(float("inf") if q == -1 else q / PERIOD)
         time.sleep(0.1)
-    used = (int(usage.read_text()) - u0) / 1e9 / (time.monotonic() - t0)
+    used = (node.besteffort.cpu_usage_ns() - u0) / 1e9 / (time.monotonic() - t0)
     return used, sum(quotas) / len(quotas)
 
 
@@ -255,8 +242,6 @@ def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: Ku
         remove_kube_dir(node.kube)
 
 
-
-
 def test_koordlet_process_suppresses_and_restores(containerd: Containerd, kubelet: KubeletClient,
                                                   tmp_path: Path) -> None:
     """The wiring: ``koordlet`` itself (advisor, states informer, QoS manager from its flags)."""
@@ -276,14 +261,14 @@ def test_koordlet_process_suppresses_and_restores(containerd: Containerd, kubele
         "--node-slo-file", str(slo_file), "--node-file", str(node_file), "--cgroup-kube-dir", kube,
         "--cgroup-driver", "cgroupfs", "--containerd-endpoint", containerd.endpoint,
         "--kubelet-sync-interval", "1s", "--runtime-hooks-reconcile-interval", "0"]).start()
-    quota_file = CGROUP_ROOT / "cpu" / kube / "besteffort" / "cpu.cfs_quota_us"
+    besteffort = Cgroup(f"{kube}/besteffort")
     try:
         run_pod(kubelet, containerd.image, kube, "be-burner", "besteffort", "BE", burn_command(cpus))
         # At most the formula with no LS pod and no system usage: capacity x 65%.
-        wait_for(lambda: quota_file.exists() and 0 < int(quota_file.read_text()) <= cpus * PERIOD * 65 // 100,
+        wait_for(lambda: besteffort.exists() and 0 < besteffort.cpu_quota() <= cpus * PERIOD * 65 // 100,
                  "koordlet to suppress the besteffort quota", 30)
         slo(False)
-        wait_for(lambda: int(quota_file.read_text()) == -1, "quota -1 after NodeSLO disabled it", 15)
+        wait_for(lambda: besteffort.cpu_quota() == -1, "quota -1 after NodeSLO disabled it", 15)
         assert "BECPUSuppress" in koordlet.logs(400)
     finally:
         koordlet.stop()

@@ -15,8 +15,9 @@ from cri_api.v1 import api_pb2 as cri
 from google.protobuf.json_format import MessageToDict
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.testing.cgroups import Cgroup, shares_to_weight
 from koord.testing.hookplugin import Behaviour, RecordingPlugin
-from koord.testing.kubelet import KubeletClient, pod_cgroup_parent, read_cgroup
+from koord.testing.kubelet import KubeletClient, pod_cgroup_parent
 
 from .rig import MiB, Rig, eventually, free_port
 
@@ -106,9 +107,10 @@ def test_kill9_between_create_and_start_gives_prestart_the_same_info(rig: Rig) -
     want = normalized(control, {control_uid: "UID", control_cid: "CID", "control": "NS"})
     for field in sorted(got.keys() | want.keys()):
         assert got.get(field) == want.get(field), f"{field} differs after the restart"
-    assert read_cgroup("cpu", restarted.pod_cgroup_parent, cid, "cpu.shares") == "300"
+    assert Cgroup.of_container(restarted.pod_cgroup_parent, cid).cpu_weight() == shares_to_weight(300)
 
 
+@pytest.mark.cgroup
 def test_prestart_answer_raising_memory_after_a_restart_is_applied(rig: Rig) -> None:
     """The same PreStartContainer answer must work whether or not the proxy restarted in between."""
     plugin = rig.plugin("10-a.json", hooks=["PreStartContainer"])
@@ -121,7 +123,7 @@ def test_prestart_answer_raising_memory_after_a_restart_is_applied(rig: Rig) -> 
     rig.proxy.kill()
     rig.proxy.start()
     proxy_client(rig).start_container(cid)
-    assert read_cgroup("memory", kubelet.pod_cgroup_parent(sid), cid, "memory.limit_in_bytes") == str(200 * MiB)
+    assert Cgroup.of_container(kubelet.pod_cgroup_parent(sid), cid).memory_limit() == 200 * MiB
 
 
 def test_containers_created_at_containerd_directly_get_full_info(rig: Rig) -> None:

@@ -25,9 +25,10 @@ from cri_api.v1alpha2 import api_pb2 as cri_v1alpha2
 from google.protobuf.json_format import MessageToDict, MessageToJson
 from google.protobuf.message import Message
 
+from koord.testing.cgroups import Cgroup, shares_to_weight
 from koord.testing.containerd import Containerd
 from koord.testing.fakecri import ECHO_CODE, INITIAL_METADATA_KEY, MIRROR_METHOD, FakeCRI
-from koord.testing.kubelet import KubeletClient, grpc_target, read_cgroup
+from koord.testing.kubelet import KubeletClient, grpc_target
 from koord.testing.proxy import RuntimeProxy
 from koord.testing.sharedbin import missing_shared_binaries, shared_binary
 from koord.testing.wait import wait_for
@@ -164,12 +165,8 @@ def kubelet_lifecycle(client: KubeletClient, image: str, uid: str) -> dict[str, 
         container_id,
         {"cpu_shares": 256, "cpu_period": 100000, "cpu_quota": 20000, "memory_limit_in_bytes": 256 << 20},
     )
-    out["cgroup"] = {
-        "cpu.shares": read_cgroup("cpu", parent, container_id, "cpu.shares"),
-        "cpu.cfs_period_us": read_cgroup("cpu", parent, container_id, "cpu.cfs_period_us"),
-        "cpu.cfs_quota_us": read_cgroup("cpu", parent, container_id, "cpu.cfs_quota_us"),
-        "memory.limit_in_bytes": read_cgroup("memory", parent, container_id, "memory.limit_in_bytes"),
-    }
+    cg = Cgroup.of_container(parent, container_id)
+    out["cgroup"] = {"cpu_weight": cg.cpu_weight(), "cpu_max": cg.cpu_max(), "memory_limit": cg.memory_limit()}
     record("ContainerStatus.updated", client.container_status(container_id))
 
     env = record("ExecSync.env", client.exec_sync(container_id, ["/pause", "env"]))
@@ -237,6 +234,7 @@ def kubelet_lifecycle(client: KubeletClient, image: str, uid: str) -> dict[str, 
     return out
 
 
+@pytest.mark.cgroup
 def test_lifecycle_through_proxy_matches_direct(
     containerd: Containerd, kubelet: KubeletClient, proxied_kubelet: KubeletClient
 ) -> None:
@@ -244,12 +242,8 @@ def test_lifecycle_through_proxy_matches_direct(
     direct = kubelet_lifecycle(kubelet, containerd.image, uid)
     proxied = kubelet_lifecycle(proxied_kubelet, containerd.image, uid)
 
-    assert direct["cgroup"] == {
-        "cpu.shares": "256",
-        "cpu.cfs_period_us": "100000",
-        "cpu.cfs_quota_us": "20000",
-        "memory.limit_in_bytes": str(256 << 20),
-    }
+    assert direct["cgroup"] == {"cpu_weight": shares_to_weight(256), "cpu_max": (20000, 100000),
+                                "memory_limit": 256 << 20}
     assert {"KOORD_E2E=1", "B=2"} <= set(direct["env"])
     assert proxied.keys() == direct.keys()
     mismatched = [step for step in direct if proxied[step] != direct[step]]
@@ -389,6 +383,7 @@ def test_v1alpha2_calls_pass(containerd: Containerd, kubelet: KubeletClient, pro
         proxied.close()
 
 
+@pytest.mark.cgroup
 def test_v1alpha2_lifecycle_through_proxy(containerd: Containerd, proxy: RuntimeProxy) -> None:
     client = KubeletClient(
         proxy.endpoint,
@@ -401,7 +396,7 @@ def test_v1alpha2_lifecycle_through_proxy(containerd: Containerd, proxy: Runtime
         container_id = client.run_container(sandbox_id, "app", containerd.image, resources={"cpu_shares": 300})
         assert client.container_status(container_id).status.state == cri_v1alpha2.CONTAINER_RUNNING
         parent = client.pod_cgroup_parent(sandbox_id)
-        assert read_cgroup("cpu", parent, container_id, "cpu.shares") == "300"
+        assert Cgroup.of_container(parent, container_id).cpu_weight() == shares_to_weight(300)
         assert client.exec_sync(container_id, ["/pause", "echo", "old", "kubelet"]).stdout == b"old kubelet\n"
         client.stop_container(container_id, grace=5)
         client.remove_container(container_id)

@@ -5,26 +5,27 @@ Shipped inside the package (not under tests/) so benchmarks and other packages'
 tests can drive the same real components.
 """
 
+from koord.testing.cgroups import Cgroup, cgroup_version
 from koord.testing.containerd import Containerd, containerd_binaries_present
 from koord.testing.fakecri import FakeCRI
 from koord.testing.image import DEFAULT_REF, build_pause_image
-from koord.testing.kubelet import KubeletClient, container_cgroup_dir, pod_cgroup_parent, read_cgroup
+from koord.testing.kubelet import KubeletClient, pod_cgroup_parent
 from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
 from koord.testing.sockets import make_short_socket_dir, short_socket_dir
 
 __all__ = [
     "DEFAULT_REF",
+    "Cgroup",
     "Containerd",
     "FakeCRI",
     "KubeletClient",
     "RuntimeProxy",
     "build_pause_image",
-    "container_cgroup_dir",
+    "cgroup_version",
     "containerd_binaries_present",
     "make_short_socket_dir",
     "pod_cgroup_parent",
-    "read_cgroup",
     "short_socket_dir",
     "stop_process",
 ]

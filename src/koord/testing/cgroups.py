@@ -94,6 +94,18 @@ class Cgroup:
     def exists(self) -> bool:
         return self.dir("cpu").is_dir()
 
+    # The files a person looks at, by what they hold: (subsystem, v1 name, v2 name).
+    SHOWN = {"cpuset": ("cpuset", "cpuset.cpus", "cpuset.cpus"),
+             "quota": ("cpu", "cpu.cfs_quota_us", "cpu.max"),
+             "shares": ("cpu", "cpu.shares", "cpu.weight"),
+             "memory": ("memory", "memory.limit_in_bytes", "memory.max")}
+
+    def shown(self, what: str) -> tuple[Path, str]:
+        """``(file, its raw content)`` of one of ``SHOWN`` on this hierarchy, for demos that
+        show the real file rather than a converted value."""
+        path = self.file(*self.SHOWN[what])
+        return path, path.read_text().strip()
+
     # ---- CPU --------------------------------------------------------------------------
 
     def cpu_weight(self) -> int:
@@ -168,6 +180,10 @@ class Cgroup:
     def procs(self) -> list[int]:
         return [int(p) for p in self.read("cpu", "cgroup.procs").split()]
 
+    def threads(self) -> list[int]:
+        """Thread ids in the cgroup: v1 ``tasks``, v2 ``cgroup.threads``."""
+        return [int(p) for p in self.read("cpu", "tasks", "cgroup.threads").split()]
+
 
 def enable_v2_controllers(rel: str, root: Path = CGROUP_ROOT,
                           controllers: tuple[str, ...] = ("cpuset", "cpu", "io", "memory", "pids")) -> None:
@@ -185,3 +201,61 @@ def enable_v2_controllers(rel: str, root: Path = CGROUP_ROOT,
             current = current / part
             current.mkdir(exist_ok=True)
         (current / "cgroup.subtree_control").write_text(wanted)
+
+
+def hierarchies(root: Path = CGROUP_ROOT) -> list[Path]:
+    """The dirs under which a relative cgroup dir exists: each v1 controller's mount
+    (``cpu``, ``memory``, ...), or the one v2 root."""
+    root = Path(root)
+    if cgroup_version(root) == 2:
+        return [root]
+    return [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()] if root.is_dir() else []
+
+
+def remove_tree(rel: str, root: Path = CGROUP_ROOT) -> list[str]:
+    """Removes the cgroup dir ``rel`` and every dir below it in every hierarchy, deepest first,
+    as kubelet does once the pods in it are gone; returns the dirs that stayed (busy)."""
+    stayed: list[str] = []
+    for hierarchy in hierarchies(root):
+        top = hierarchy / rel.strip("/")
+        if not top.is_dir():
+            continue
+        children = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for directory in [*children, top]:
+            try:
+                directory.rmdir()
+            except OSError as err:
+                stayed.append(f"{directory}: {err.strerror}")
+    return stayed
+
+
+@dataclass(frozen=True)
+class PodLimits:
+    """What kubelet writes into a pod's cgroup when it creates it, before RunPodSandbox: the
+    sum of the containers' requests and limits (shares from the cpu request, CFS quota from
+    the cpu limit, the memory limit)."""
+
+    cpu_shares: int = 2
+    cpu_quota: int = -1
+    cpu_period: int = 100000
+    memory_limit: int | None = None
+
+
+def create_pod_cgroup(cgroup_parent: str, limits: PodLimits, root: Path = CGROUP_ROOT) -> Cgroup:
+    """Creates the pod's cgroup with ``limits`` as kubelet does before it asks the runtime for
+    the sandbox (v1: in the cpu, cpuacct and memory hierarchies; v2: controllers enabled down
+    to it); the runtime creates the remaining hierarchies and the containers below it."""
+    rel = pod_dir(cgroup_parent)
+    root = Path(root)
+    if cgroup_version(root) == 2:
+        enable_v2_controllers(str(Path(rel).parent), root)
+        (root / rel).mkdir(exist_ok=True)
+    else:
+        for subsystem in ("cpu", "cpuacct", "memory"):
+            (root / subsystem / rel).mkdir(parents=True, exist_ok=True)
+    cg = Cgroup(rel, root)
+    cg.set_cpu_weight_from_shares(limits.cpu_shares)
+    cg.set_cpu_max(limits.cpu_quota, limits.cpu_period)
+    if limits.memory_limit is not None:
+        cg.write("memory", "memory.limit_in_bytes", "memory.max", str(limits.memory_limit))
+    return cg

@@ -23,9 +23,11 @@ from typing import BinaryIO
 
 import grpc
 
+from koord.testing.cgroups import hierarchies, pod_dir, remove_tree
 from koord.testing.image import DEFAULT_REF, build_pause_image
-from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target, remove_pod_cgroup
+from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target
 from koord.testing.processes import stop_process
+from koord.testing.wait import scaled
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ def containerd_binaries_present() -> None:
 def wait_cri_ready(endpoint: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
     """Polls CRI Version every 50 ms until it answers; raises TimeoutError otherwise."""
     pb, grpc_mod = cri_modules("v1")
+    timeout = scaled(timeout)
     end = time.monotonic() + timeout
     last: Exception | None = None
     with grpc.insecure_channel(grpc_target(endpoint)) as channel:
@@ -361,8 +364,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             for path in state.get("cgroup_paths", {}).values():
                 container_pids += _cgroup_pids(Path(path))
         for parent in self.pod_cgroup_parents:
-            for subsystem in ("pids", "memory", "cpu", "freezer"):
-                container_pids += _cgroup_pids(self.cgroup_root / subsystem / parent.strip("/"))
+            for hierarchy in hierarchies(self.cgroup_root):
+                container_pids += _cgroup_pids(hierarchy / pod_dir(parent))
         _kill(container_pids)
         shims = _processes_mentioning(f"{self.workdir}/")
         _kill(shims)
@@ -374,10 +377,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def _remove_pod_cgroups(self) -> list[str]:
         problems = []
         for parent in sorted(self.pod_cgroup_parents):
-            problems += remove_pod_cgroup(parent, self.cgroup_root)
+            problems += remove_tree(pod_dir(parent), self.cgroup_root)
             # QoS and kubepods dirs are shared with other sessions: removed only when empty.
-            for hierarchy in (p for p in self.cgroup_root.iterdir() if p.is_dir()):
-                for shared in (hierarchy / parent.strip("/")).parents:
+            for hierarchy in hierarchies(self.cgroup_root):
+                for shared in (hierarchy / pod_dir(parent)).parents:
                     if shared == hierarchy:
                         break
                     try:

@@ -32,9 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from koord.testing.cgroups import hierarchies, pod_dir, remove_tree
 from koord.testing.containerd import _cgroup_pids, _kill, unmount_all, wait_cri_ready
 from koord.testing.image import DEFAULT_REF, build_pause_image
-from koord.testing.kubelet import KubeletClient, remove_pod_cgroup
+from koord.testing.kubelet import KubeletClient
 from koord.testing.processes import stop_process
 from koord.testing.sharedbin import missing_shared_binaries, shared_binary
 
@@ -227,12 +228,12 @@ class Dockerd:
             self._log.close()
             self._log = None
         leftovers = [pid for parent in self.pod_cgroup_parents | {self.cgroup_parent}
-                     for sub in ("pids", "memory", "cpu", "freezer")
-                     for pid in _cgroup_pids(Path("/sys/fs/cgroup") / sub / parent.strip("/"))]
+                     for hierarchy in hierarchies()
+                     for pid in _cgroup_pids(hierarchy / pod_dir(parent))]
         _kill(leftovers)
         problems += unmount_all(self.workdir)
         for parent in sorted(self.pod_cgroup_parents | {self.cgroup_parent}):
-            problems += remove_pod_cgroup(parent)
+            problems += remove_tree(pod_dir(parent))
         shutil.rmtree(self.data_root, ignore_errors=True)
         if problems:
             log.warning("dockerd cleanup under %s left: %s", self.workdir, "; ".join(problems))

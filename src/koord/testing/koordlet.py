@@ -13,6 +13,7 @@ from typing import BinaryIO
 
 from koord.testing.processes import stop_process
 from koord.testing.sockets import make_short_socket_dir
+from koord.testing.wait import scaled
 
 
 class KoordletProcess:
@@ -42,6 +43,7 @@ class KoordletProcess:
         self._log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
                                       stderr=self._log, start_new_session=True)
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while not registration.exists() and self._proc.poll() is None:
             if time.monotonic() > deadline:

@@ -19,6 +19,8 @@ from typing import Any
 
 import grpc
 
+from koord.testing.cgroups import PodLimits, create_pod_cgroup, pod_dir, remove_tree
+
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 QOS_CLASSES = ("besteffort", "burstable", "guaranteed")
 
@@ -35,50 +37,6 @@ def pod_cgroup_parent(qos: str, uid: str, kube_dir: str = "kubepods") -> str:
     if qos in ("besteffort", "burstable"):
         return f"/{base}/{qos}/pod{uid}"
     raise ValueError(f"qos must be one of {QOS_CLASSES}, got {qos!r}")
-
-
-def container_cgroup_dir(
-    subsystem: str,
-    pod_cgroup_parent: str,
-    container_id: str,
-    root: str | Path = "/sys/fs/cgroup",
-) -> Path:
-    """containerd's cgroupfs path of a container: ``<root>/<subsystem>/<parent>/<id>`` (cgroup v1)."""
-    return Path(root) / subsystem / pod_cgroup_parent.strip("/") / container_id
-
-
-def remove_pod_cgroup(pod_cgroup_parent: str, root: str | Path = "/sys/fs/cgroup") -> list[str]:
-    """Removes a pod's cgroup dir in every hierarchy, deepest first, as kubelet does after removal.
-
-    runc deletes only the container dirs and leaves ``pod<uid>`` behind. Shared QoS dirs
-    are not touched. Returns the dirs that could not be removed (not empty, busy).
-    """
-    root = Path(root)
-    stayed: list[str] = []
-    hierarchies = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-    for hierarchy in hierarchies:
-        pod_dir = hierarchy / pod_cgroup_parent.strip("/")
-        if not pod_dir.is_dir():
-            continue
-        children = sorted((p for p in pod_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-        for directory in [*children, pod_dir]:
-            try:
-                directory.rmdir()
-            except OSError as err:
-                stayed.append(f"{directory}: {err.strerror}")
-    return stayed
-
-
-def read_cgroup(
-    subsystem: str,
-    pod_cgroup_parent: str,
-    container_id: str,
-    filename: str,
-    root: str | Path = "/sys/fs/cgroup",
-) -> str:
-    """The stripped content of one cgroup file of a container."""
-    path = container_cgroup_dir(subsystem, pod_cgroup_parent, container_id, root) / filename
-    return path.read_text().strip()
 
 
 def cri_modules(version: str) -> tuple[ModuleType, ModuleType]:
@@ -261,11 +219,16 @@ class KubeletClient:
         runtime_handler: str = "",
         timeout: float | None = 240.0,
         kube_dir: str | None = None,
+        pod_limits: PodLimits | None = None,
     ) -> str:
+        """RunPodSandbox as kubelet sends it; with ``pod_limits`` the pod cgroup is first created
+        holding them, as kubelet does (otherwise the runtime creates it, empty)."""
         config = self.sandbox_config(name, namespace, uid, labels, annotations, qos, kube_dir=kube_dir)
         if self._on_pod_created is not None:
             # Registered before the call: a failed RunPodSandbox can still leave a cgroup dir.
             self._on_pod_created(config.linux.cgroup_parent)
+        if pod_limits is not None:
+            create_pod_cgroup(config.linux.cgroup_parent, pod_limits, self.cgroup_root)
         resp = self.runtime.RunPodSandbox(
             self.pb.RunPodSandboxRequest(config=config, runtime_handler=runtime_handler), timeout=timeout
         )
@@ -328,7 +291,7 @@ class KubeletClient:
             self.pods.remove(sandbox_id)
         config = self.sandbox_configs.get(sandbox_id)
         if config is not None:
-            remove_pod_cgroup(config.linux.cgroup_parent, self.cgroup_root)
+            remove_tree(pod_dir(config.linux.cgroup_parent), self.cgroup_root)
 
     def container_status(self, container_id: str, verbose: bool = False, timeout: float | None = 120.0) -> Any:
         return self.runtime.ContainerStatus(

@@ -14,7 +14,9 @@ from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
+    PodContext,
     PodMeta,
+    PodRequest,
     Resources,
 )
 from koord.koordlet.runtimehooks.rule import parse_rules
@@ -50,12 +52,12 @@ def run(node_obj: dict | None, qos: str, annotations: dict | None = None,
 
 
 @pytest.mark.parametrize("node_obj, qos, annotations, expected", [
-    # allocated by the scheduler: exactly that cpuset; LSE/LSR also lose cfs quota
+    # allocated by the scheduler: exactly that cpuset, and no cfs quota whatever the class
     (node(), "LSR", {STATUS: '{"cpuset":"0-3"}'}, Resources(cpuset_cpus="0-3", cpu_quota=-1)),
     (node(), "LSE", {STATUS: '{"cpuset":"2,4"}'}, Resources(cpuset_cpus="2,4", cpu_quota=-1)),
     (None, "LSR", {STATUS: '{"cpuset":"0-3"}'}, Resources(cpuset_cpus="0-3", cpu_quota=-1)),
     (node(policy="static"), "LSR", {STATUS: '{"cpuset":"0-3"}'}, Resources(cpuset_cpus="0-3", cpu_quota=-1)),
-    (node(), "LS", {STATUS: '{"cpuset":"5"}'}, Resources(cpuset_cpus="5")),
+    (node(), "LS", {STATUS: '{"cpuset":"5"}'}, Resources(cpuset_cpus="5", cpu_quota=-1)),
     # shared pools, joined
     (node(), "LS", {}, Resources(cpuset_cpus="0-15")),
     (node(), "", {}, Resources(cpuset_cpus="0-15")),
@@ -94,3 +96,32 @@ def test_bad_resource_status(status: str, reason: str) -> None:
         run(node(), "LSR", {STATUS: status})
     assert STATUS in str(info.value)
     assert "ns/p container c1" in str(info.value)
+
+
+@pytest.mark.parametrize("qos, annotations, expected", [
+    # upstream's TestUnsetPodCPUQuota cases: a cpuset in resource-status unsets the pod's quota
+    ("LS", {STATUS: '{"cpuset":"2-4"}'}, Resources(cpu_quota=-1)),
+    ("LSR", {STATUS: '{"cpuset":"0-3"}'}, Resources(cpu_quota=-1)),
+    ("LS", {STATUS: '{"numaNodeResources":[{"node":0}]}'}, Resources()),  # a share-pool allocation
+    ("BE", {}, Resources()),
+    ("", {}, Resources()),
+])
+def test_pod_cpu_quota_unset_for_cpuset_pods(qos: str, annotations: dict, expected: Resources) -> None:
+    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
+    hooks = Hooks(FailurePolicy.FAIL)
+    plugin.register(hooks)
+    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+                                labels={"koordinator.sh/qosClass": qos} if qos else {},
+                                annotations=annotations, cgroup_parent="/kubepods/pod1"))
+    hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
+    assert ctx.response.resources == expected
+
+
+def test_pod_cpu_quota_bad_resource_status_is_an_error() -> None:
+    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
+    hooks = Hooks(FailurePolicy.FAIL)
+    plugin.register(hooks)
+    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+                                annotations={STATUS: "bad-format"}, cgroup_parent="/kubepods/pod1"))
+    with pytest.raises(HookError, match=STATUS):
+        hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)

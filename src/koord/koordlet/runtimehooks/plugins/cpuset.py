@@ -3,7 +3,9 @@
 Decisions (upstream koordlet's cpuset rule):
 
 - a pod whose ``scheduling.koordinator.sh/resource-status`` carries a cpuset gets exactly
-  that set; LSE/LSR pods also lose their cfs quota (-1), since bound cpus are theirs;
+  that set, and loses its CFS quota (-1) at the container and at the pod level: cpus bound
+  to it are its own, and kubelet's pod-level quota (set when it creates the pod cgroup, before
+  any hook runs) would otherwise keep throttling the pod while its containers read ``max``;
 - LS pods get every shared pool of the node, BE pods every BE shared pool;
 - pods without a QoS label (and LSE/LSR pods not yet allocated) get the shared pools too,
   unless kubelet runs the static cpu manager policy: then kubelet owns their cpusets and
@@ -19,7 +21,7 @@ import logging
 from koord.hookapi import HookPoint, cpuset_value, format_cpuset, json_annotation, parse_cpuset
 
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
-from ..protocol import ContainerContext, KoordQoS
+from ..protocol import ContainerContext, KoordQoS, PodContext
 from ..rule import CPUSharedPool
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,16 @@ class CPUSetAllocator(RuntimePlugin):
         for stage in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
             hooks.register_container(stage, self.name, "set container cpuset by allocation and shared pools",
                                      self.set_container_cpuset)
+        # The reconciler replays this stage for running pods, so a quota kubelet (re)writes is
+        # cleared again within one interval.
+        hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name, "unset pod cpu quota of cpuset pods",
+                           self.unset_pod_cpu_quota)
+
+    def unset_pod_cpu_quota(self, ctx: PodContext) -> None:
+        allocated = resource_status_cpuset(ctx.request.annotations)
+        if allocated is not None:
+            ctx.response.resources.cpu_quota = -1
+            log.debug("plugin %s: pod %s: cpuset %s: pod cpu quota unset", self.name, ctx.request.meta, allocated)
 
     def set_container_cpuset(self, ctx: ContainerContext) -> None:
         req, res = ctx.request, ctx.response.resources
@@ -60,8 +72,7 @@ class CPUSetAllocator(RuntimePlugin):
         allocated = resource_status_cpuset(req.pod_annotations)
         if allocated is not None:
             res.cpuset_cpus = allocated
-            if qos in (KoordQoS.LSE, KoordQoS.LSR):
-                res.cpu_quota = -1
+            res.cpu_quota = -1
             log.debug("plugin %s: %s: allocated cpuset %s", self.name, who, allocated)
             return
         if self.rules is None:
