@@ -265,3 +265,96 @@ def test_corrupted_metric_cache_is_moved_aside_and_every_module_runs_again(
     finally:
         rc = koordlet.stop()
         print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs()}")
+
+
+COLD_START_SECONDS = 30
+
+
+def prod_metrics(status: dict) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(prodReclaimable, prodPeak) as {"cpu": cores, "memory": bytes}; None while unpredicted."""
+    try:
+        reclaimable = status["prodReclaimableMetric"]["resource"]["resources"]
+        peak = status["prodPeakMetric"]["resource"]["resources"]
+    except KeyError:
+        return None
+    return ({k: float(parse_quantity(v)) for k, v in reclaimable.items()},
+            {k: float(parse_quantity(v)) for k, v in peak.items()})
+
+
+def test_prod_reclaimable_and_peak_follow_the_cold_start_and_survive_kill_9(
+        containerd: Containerd, kube_dir: str, kubelet: KubeletClient, tmp_path: Path):
+    """A Prod pod requesting 4 cores and burning 1, a node of 8: during the cold start its
+    request is its peak (nothing reclaimable); once past it the trained prediction gives
+    ~1.1 x its usage as peak and the rest of its request back; a kill -9 restores the models
+    from their checkpoints, so the first report after the restart says the same."""
+    kubelet.kube_dir = kube_dir
+    prod = kubelet.run_pod("prod", labels={"koordinator.sh/qosClass": "LS"}, qos="burstable")
+    kubelet.run_container(prod, "burn", containerd.image, command=burn_command(1),
+                          resources={"cpu_shares": 4096, "cpu_period": 100000, "cpu_quota": 200000})
+    created = time.time()
+    node_file = tmp_path / "node.yaml"
+    node_file.write_text("apiVersion: v1\nkind: Node\nmetadata: {name: e2e-node}\n"
+                         "status: {allocatable: {cpu: '8', memory: 16Gi}, capacity: {cpu: '8', memory: 16Gi}}\n")
+    node_metric = tmp_path / "nodemetric.yaml"
+    node_metric.write_text(
+        "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeMetric\nmetadata: {name: e2e-node}\n"
+        f"spec:\n  metricCollectPolicy:\n    reportIntervalSeconds: {REPORT_SECONDS}\n"
+        f"    aggregateDurationSeconds: {AGGREGATE_SECONDS}\n")
+    workdir = tmp_path / "koordlet"
+    koordlet = KoordletProcess(workdir, [
+        "--containerd-endpoint", containerd.endpoint, "--node-metric-file", str(node_metric),
+        "--node-file", str(node_file), "--cgroup-kube-dir", kube_dir,
+        "--kubelet-sync-interval", "500ms", "--collect-res-used-interval", "1s",
+        "--runtime-hooks-reconcile-interval", "0",
+        "--prediction-training-interval", "2s", "--prediction-model-checkpoint-interval", "1s",
+        "--prediction-cold-start-duration", f"{COLD_START_SECONDS}s"]).start()
+
+    def report(after: float):
+        status = yaml.safe_load(node_metric.read_text()).get("status") or {}
+        if status.get("updateTime", "") < time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(after)):
+            return None
+        found = prod_metrics(status)
+        return found and (status["updateTime"], *found)
+
+    try:
+        # 1. cold start: the request (4 cores) is the peak, nothing is reclaimable
+        stamp, reclaimable, peak = wait_for(lambda: report(created), "a first prediction")
+        assert stamp < time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created + COLD_START_SECONDS - 2)), \
+            f"the first prediction came after the cold start ({stamp}); the machine is too slow for this test"
+        print(f"cold start: reclaimable {reclaimable}, peak {peak}")
+        assert reclaimable == {"cpu": 0.0, "memory": 0.0}
+        assert peak["cpu"] >= 4.0 and peak["memory"] > 0
+
+        # 2. trained: the peak is 1.1 x the pod's p95 (about 1 core) or the priority
+        # predictor's U = 1.1 x (system + Prod + unclassed), whichever is larger; whichever
+        # predictor wins, with the allocatable (8) not binding, reclaimable = 4 cores - peak.
+        def trained():
+            found = report(created + COLD_START_SECONDS + 2)
+            return found and found[1]["cpu"] > 0 and found
+        try:
+            stamp, reclaimable, peak = wait_for(trained, "a trained prediction", timeout=COLD_START_SECONDS + 60)
+        except AssertionError:
+            print("last NodeMetric:", node_metric.read_text())
+            raise
+        print(f"trained at {stamp}: reclaimable {reclaimable}, peak {peak}")
+        assert reclaimable["cpu"] + peak["cpu"] == pytest.approx(4.0, abs=0.0015), (reclaimable, peak)
+        assert peak["cpu"] >= 0.95, "at least 1.1 x the p95 of a pod burning one core"
+        assert reclaimable["memory"] == 0.0  # CRI reports no memory requests
+        assert peak["memory"] > 0
+        checkpoints = {p.name for p in (workdir / "prediction").iterdir()}
+        assert {"__node__", "__node-sys__", "__node-koord-prod__", "__node-__"} <= checkpoints
+        assert kubelet.sandbox_configs[prod].metadata.uid in checkpoints
+
+        # 3. kill -9 and restart: the models come back, no new cold start
+        koordlet.kill()
+        restarted = time.time()
+        koordlet.start()
+        stamp2, reclaimable2, peak2 = wait_for(lambda: report(restarted), "the first report after the restart",
+                                               timeout=REPORT_SECONDS * 3 + 10)
+        print(f"after kill -9, at {stamp2}: reclaimable {reclaimable2}, peak {peak2}")
+        assert abs(reclaimable2["cpu"] - reclaimable["cpu"]) <= 0.3, (reclaimable, reclaimable2)
+        assert abs(peak2["cpu"] - peak["cpu"]) <= 0.3, (peak, peak2)
+        assert "prediction: " in koordlet.log_path.read_text() and "models restored" in koordlet.logs()
+    finally:
+        rc = koordlet.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs(60)}")
