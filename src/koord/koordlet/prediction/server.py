@@ -80,18 +80,27 @@ class Informer(Protocol):
     def has_synced(self) -> bool: ...
 
 
+PERCENTILES = (0.6, 0.9, 0.95, 0.98, 1.0)
+"""What upstream's GetPrediction answers: p60, p90, p95, p98 and max."""
+
+
 @dataclass(frozen=True)
 class Prediction:
     """One model's percentiles: cpu in milli-cores, memory in bytes (truncated as upstream)."""
 
-    cpu: DecayingHistogram
-    memory: DecayingHistogram
+    cpu: dict[float, int]
+    memory: dict[float, int]
+
+    @classmethod
+    def of(cls, model: Model) -> Prediction:
+        return cls({p: int(model.cpu.percentile(p) * 1000.0) for p in PERCENTILES},
+                   {p: int(model.memory.percentile(p)) for p in PERCENTILES})
 
     def cpu_milli(self, p: float) -> int:
-        return int(self.cpu.percentile(p) * 1000.0)
+        return self.cpu[p]
 
     def memory_bytes(self, p: float) -> int:
-        return int(self.memory.percentile(p))
+        return self.memory[p]
 
 
 class Model:
@@ -277,14 +286,12 @@ class PeakPredictServer:
             model.add(cpu, memory, now)
 
     def get_prediction(self, uid: str) -> Prediction:
-        """The model's histograms (copies, so the caller reads them without the lock)."""
-        import copy
-
+        """The model's percentiles now; PredictionUnavailable when there is no model."""
         with self._lock:
             model = self.models.get(uid)
             if model is None:
                 raise PredictionUnavailable(f"no model for {uid}")
-            return Prediction(copy.deepcopy(model.cpu), copy.deepcopy(model.memory))
+            return Prediction.of(model)
 
     # ---- gc and checkpoints ---------------------------------------------------------------
 
