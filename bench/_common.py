@@ -26,9 +26,10 @@ def containerd() -> Iterator[tuple[Containerd, Path]]:
 @contextlib.contextmanager
 def proxy(backend: Containerd, work: Path, hook_dir: Path, name: str = "proxy",
           data_plane: str = "auto") -> Iterator[RuntimeProxy]:
-    """A proxy process in front of ``backend`` (its pids: ``proxy_pids``)."""
-    instance = RuntimeProxy(work / name, backend.endpoint, hook_config_dir=hook_dir, data_plane=data_plane,
-                            extra_args=("--log-level", "warning")).start()
+    """A proxy process in front of ``backend`` (its pids: ``proxy_pids``), at the default log
+    level: it logs nothing per call, and ``RuntimeProxy.start`` waits for its info-level
+    "serving" line."""
+    instance = RuntimeProxy(work / name, backend.endpoint, hook_config_dir=hook_dir, data_plane=data_plane).start()
     try:
         yield instance
     finally:

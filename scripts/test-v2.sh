@@ -23,13 +23,17 @@ export PATH="$checkout/.venv/bin:$PATH"
 memory=${KOORD_V2_MEMORY:-6G}
 deadline=${KOORD_V2_TIMEOUT:-1800}
 echo "test-v2.sh: booting $(basename "$kernel") (cgroup v2, TCG, 2 cpus, $memory), deadline ${deadline}s"
+guest_command="scripts/v2-guest.sh"
+if [ $# -gt 0 ]; then
+  guest_command+=" $(printf '%q ' "$@")"
+fi
 start=$(date +%s)
 set +e
 timeout --kill-after=30 "$deadline" \
   vng --run "$kernel" --disable-kvm --cpus 2 --memory "$memory" \
-      --rwdir "$checkout" --cwd "$checkout" \
-      --exec "scripts/v2-guest.sh $(printf '%q ' "$@")" </dev/null
-rc=$?
+      --rwdir "$checkout" --cwd "$checkout" --exec "$guest_command" </dev/null 2>&1 | cat
+# Through a pipe: QEMU reopens a regular file given as its output and truncates it.
+rc=${PIPESTATUS[0]}
 set -e
 echo "test-v2.sh: cgroup v2 lane finished in $(( $(date +%s) - start ))s with exit code $rc"
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then

@@ -14,8 +14,9 @@ mount -t tmpfs -o size=4G,mode=1777 tmpfs /tmp
 # No systemd runs here: enable the controllers at the root as systemd does on a node
 # (runc enables them further down for the cgroups it creates).
 echo "+cpuset +cpu +io +memory +pids" > /sys/fs/cgroup/cgroup.subtree_control
-# Emulation makes everything about 5x slower: deadlines that bound hung tests stretch with it.
-export KOORD_TEST_LANE=v2 KOORD_TEST_SLOWDOWN=5 HOME=/tmp PYTHONDONTWRITEBYTECODE=1
+# Emulation makes everything about 5x slower (more on a busy host): deadlines that bound hung
+# tests stretch with it.
+export KOORD_TEST_LANE=v2 KOORD_TEST_SLOWDOWN=8 HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 echo "v2-guest.sh: $(uname -r), $(stat -fc %T /sys/fs/cgroup), controllers: $(cat /sys/fs/cgroup/cgroup.subtree_control), $(nproc) cpus"
 
 rc=0

@@ -12,11 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from koord.testing.containerd import Containerd, containerd_binaries_present
 from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
 from koord.testing.sockets import short_socket_dir as _short_socket_dir
+
+# Property tests check what a parser accepts, never how fast: a machine busy with the
+# end-to-end tests' containers must not turn a slow example into a failure.
+settings.register_profile("koord", deadline=None)
+settings.load_profile("koord")
 
 
 def _require_e2e_machine() -> None:

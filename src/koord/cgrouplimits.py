@@ -22,11 +22,19 @@ MIN_CFS_QUOTA_US = 1000
 MAX_CFS_QUOTA_US = (1 << 44) - 1
 """cpu.cfs_quota_us: -1, or 1 ms up to the kernel's max_cfs_runtime (2^44 - 1 µs, ~203 days)."""
 
+MAX_CFS_BURST_US = MAX_CFS_QUOTA_US
+"""cpu.cfs_burst_us (v1) / cpu.max.burst (v2): 0 up to max_cfs_runtime; the kernel also
+refuses a burst above the cgroup's own limited quota (EINVAL), which only the writer,
+knowing the quota, can check."""
+
 MAX_MEMORY_BYTES = (1 << 63) - 1
 """memory.limit_in_bytes / memory.max: -1 (unlimited) or a positive int64."""
 
 MIN_BVT, MAX_BVT = -1, 2
 """cpu.bvt_warp_ns (group identity)."""
+
+MIN_CPU_IDLE, MAX_CPU_IDLE = 0, 1
+"""cpu.idle (v1 and v2, Linux 5.15+): 1 makes the cgroup SCHED_IDLE against its siblings."""
 
 MIN_OOM_SCORE_ADJ, MAX_OOM_SCORE_ADJ = -1000, 1000
 """/proc/<pid>/oom_score_adj, which runc writes for the container's first process."""
@@ -35,9 +43,11 @@ MIN_OOM_SCORE_ADJ, MAX_OOM_SCORE_ADJ = -1000, 1000
 class Kind(enum.Enum):
     SHARES = "cpu shares"
     QUOTA = "cfs quota"
+    BURST = "cfs burst"
     PERIOD = "cfs period"
     MEMORY = "memory limit"
     BVT = "group identity"
+    IDLE = "cpu idle"
     OOM_SCORE_ADJ = "oom score adjustment"
 
 
@@ -57,9 +67,15 @@ def problem(kind: Kind, value: int) -> str | None:
     elif kind is Kind.QUOTA:
         ok = value == UNLIMITED or MIN_CFS_QUOTA_US <= value <= MAX_CFS_QUOTA_US
         want = f"-1 (unlimited) or [{MIN_CFS_QUOTA_US}, {MAX_CFS_QUOTA_US}]"
+    elif kind is Kind.BURST:
+        ok = 0 <= value <= MAX_CFS_BURST_US
+        want = f"[0, {MAX_CFS_BURST_US}]"
     elif kind is Kind.MEMORY:
         ok = value == UNLIMITED or 0 < value <= MAX_MEMORY_BYTES
         want = f"-1 (unlimited) or [1, {MAX_MEMORY_BYTES}]"
+    elif kind is Kind.IDLE:
+        ok = MIN_CPU_IDLE <= value <= MAX_CPU_IDLE
+        want = f"[{MIN_CPU_IDLE}, {MAX_CPU_IDLE}]"
     elif kind is Kind.OOM_SCORE_ADJ:
         ok = MIN_OOM_SCORE_ADJ <= value <= MAX_OOM_SCORE_ADJ
         want = f"[{MIN_OOM_SCORE_ADJ}, {MAX_OOM_SCORE_ADJ}]"

@@ -29,18 +29,16 @@ from pathlib import Path
 from typing import TypeVar
 
 from koord.hookapi import FailurePolicy, HookPoint, Registration
+from koord.koordlet.resources import KoordQoS, KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import Hooks
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
     ContainerResponse,
-    KoordQoS,
-    KubeQoS,
     PodContext,
     PodMeta,
     PodRequest,
     PodResponse,
-    Resources,
 )
 from koord.koordlet.runtimehooks.server import Network, RuntimeHookServer
 

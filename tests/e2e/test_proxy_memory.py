@@ -68,3 +68,31 @@ def test_memory_is_given_back_after_large_messages(containerd: Containerd, tmp_p
     finally:
         proxy.stop()
 
+
+
+@pytest.mark.parametrize("method", ["Version", "RunPodSandbox"])  # a pass-through path and a hooked one
+def test_memory_is_given_back_after_a_refused_request(containerd: Containerd, tmp_path: Path, method: str) -> None:
+    """A 60 MiB request containerd refuses (its limit is 16 MiB) is not kept by the Python plane.
+
+    It was, for good: +120 MiB, the request held by the traceback of the abort that relayed
+    containerd's RESOURCE_EXHAUSTED.
+    """
+    proxy = RuntimeProxy(tmp_path / "proxy", containerd.endpoint, data_plane="python").start()
+    try:
+        options = [("grpc.max_send_message_length", 64 * MiB), ("grpc.max_receive_message_length", 64 * MiB)]
+        with grpc.insecure_channel(f"unix://{proxy.endpoint}", options=options) as channel:
+            version = channel.unary_unary("/runtime.v1.RuntimeService/Version")
+            version(cri.VersionRequest().SerializeToString(), timeout=10)
+            time.sleep(0.5)
+            before = rss_mib(proxy.pid)
+            with pytest.raises(grpc.RpcError) as refused:
+                channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")(padded_version_request(60 * MiB),
+                                                                            timeout=60)
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            time.sleep(1.5)  # the trim runs 0.5 s after the last large message
+            version(cri.VersionRequest().SerializeToString(), timeout=10)
+        after = rss_mib(proxy.pid)
+        print(f"proxy RSS: {before:.0f} MiB before, {after:.0f} MiB after the refused 60 MiB {method}")
+        assert after < before + 24, f"RSS {before:.0f} -> {after:.0f} MiB after one refused 60 MiB request"
+    finally:
+        proxy.stop()

@@ -163,9 +163,13 @@ def test_cfs_quota_suppress_follows_the_formula_and_recovers(
 
         quota, target = wait_for(at_formula, "the besteffort quota at the suppress formula's value", 40)
         print(f"suppressed: quota {quota} vs formula {target}: {suppress.last_suppress.explain()}")
+        throttled_before = node.besteffort.throttling()[1]
         be_used, allowed = be_usage(node)
-        print(f"BE pods used {be_used:.3f} cores while the quota allowed {allowed:.3f} on average")
+        throttled = node.besteffort.throttling()[1] - throttled_before
+        print(f"BE pods used {be_used:.3f} cores while the quota allowed {allowed:.3f} on average; "
+              f"throttled in {throttled} periods")
         assert be_used <= allowed + 0.1, "BE usage does not follow the quota"
+        assert throttled > 0, "the BE burner wants every cpu: under the suppressed quota the kernel throttles it"
         gauge = node.registry.get_sample_value("koordlet_be_suppress_cpu_cores",
                                                {"node": "", "type": "cfsQuota"})
         assert gauge is not None and gauge * PERIOD == pytest.approx(node.quota(), abs=band)

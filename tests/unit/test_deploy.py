@@ -74,7 +74,7 @@ def test_systemd_unit_flags_parse(node_parser):
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.read_string((DEPLOY / "koordlet.service").read_text().replace("\\\n", " "))
     command = shlex.split(unit["Service"]["ExecStart"])
-    assert command[0] == "/usr/local/bin/koordlet"
+    assert command[0] == "/usr/bin/koordlet"
     args = node_parser.parse_args(command[1:])
     assert args.node_metric_file == Path("/etc/koordlet/nodemetric.yaml") and args.addr == ":9316"
 
@@ -86,3 +86,101 @@ def test_image_recipe_installs_the_kubernetes_extra_and_runs_koordlet():
     for needed in re.findall(r"^COPY (.+) \S+$", text, re.M):
         for name in needed.split():
             assert (DEPLOY.parent / name).exists(), f"the image copies {name}, which is not in the repo"
+
+
+def _cluster_role():
+    return next(d for d in manifests() if d["kind"] == "ClusterRole")
+
+
+# Every API call koordlet's code makes (kubernetes client method -> permission it needs); a
+# new call fails test_every_api_call_of_the_code_is_mapped until it is listed here.
+API_CALLS = {
+    "list_node": ("", "nodes", "list"),
+    "list_cluster_custom_object": ("slo.koordinator.sh", "nodeslos", "list"),
+    "replace_cluster_custom_object_status": ("slo.koordinator.sh", "nodemetrics/status", "update"),
+    "get_cluster_custom_object": ("topology.node.k8s.io", "noderesourcetopologies", "get"),
+    "create_cluster_custom_object": ("topology.node.k8s.io", "noderesourcetopologies", "create"),
+    "replace_cluster_custom_object": ("topology.node.k8s.io", "noderesourcetopologies", "update"),
+    "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
+}
+EXTRA = [  # list-watch of every kind listed, and the kubelet reached through nodes/proxy
+    ("", "nodes", "watch"), ("slo.koordinator.sh", "nodeslos", "watch"),
+    ("slo.koordinator.sh", "nodemetrics", "list"), ("slo.koordinator.sh", "nodemetrics", "watch"),
+    ("", "nodes/proxy", "get"),
+]
+
+
+def test_every_api_call_of_the_code_is_mapped():
+    src = Path(__file__).resolve().parents[2] / "src" / "koord" / "koordlet"
+    called = set()
+    for path in src.rglob("*.py"):
+        called |= set(re.findall(r"\.(list_node|[a-z_]*custom_object[a-z_]*|create_namespaced_pod_eviction)\b",
+                                 path.read_text()))
+    assert called == set(API_CALLS)
+
+
+def test_rbac_grants_every_call_and_upstreams_reference_permissions():
+    from koord.testing import rbac
+
+    upstream = [("", "pods/eviction", "create"), ("", "nodes/proxy", "get"), ("", "nodes", "get"),
+                ("", "nodes/status", "patch"), ("slo.koordinator.sh", "nodeslos", "get"),
+                ("slo.koordinator.sh", "nodemetrics", "create"), ("slo.koordinator.sh", "nodemetrics", "update"),
+                ("slo.koordinator.sh", "nodemetrics/status", "patch"),
+                ("topology.node.k8s.io", "noderesourcetopologies", "patch")]
+    assert rbac.missing([*API_CALLS.values(), *EXTRA, *upstream], _cluster_role()) == []
+    assert rbac.missing([("", "secrets", "get")], _cluster_role()) == [("", "secrets", "get")]
+
+
+def test_namespace_skip_label_and_sys_fs_mount(node_parser):
+    docs = manifests()
+    assert {"kind": "Namespace", "name": "koordinator-system"} in [
+        {"kind": d["kind"], "name": d["metadata"]["name"]} for d in docs]
+    template = _daemonset()["spec"]["template"]
+    assert template["metadata"]["labels"]["runtimeproxy.koordinator.sh/skip-hookserver"] == "true"
+    container = template["spec"]["containers"][0]
+    args = node_parser.parse_args(container["args"])
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(args.sys_fs_root_dir)]
+    [volume] = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["path"] == "/sys/fs" and not mount.get("readOnly")
+
+
+def test_image_has_no_tests_or_demos_and_a_pinned_base():
+    text = (DEPLOY / "koordlet.Dockerfile").read_text()
+    [base] = re.findall(r"^FROM (\S+)", text, re.M)
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base), base
+    assert "rm -rf src/koord/testing src/koord/demo.py src/koord/demo_docker.py" in text
+    assert "ENV agent_mode=dsMode" in text
+
+
+EXAMPLES = DEPLOY.parent / "examples" / "koordlet"
+
+
+def test_systemd_unit_reads_the_example_input_files(node_parser):
+    """The package installs examples/koordlet/*.yaml where koordlet.service looks for them."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string((DEPLOY / "koordlet.service").read_text().replace("\\\n", " "))
+    args = node_parser.parse_args(shlex.split(unit["Service"]["ExecStart"])[1:])
+    named = {args.node_file, args.node_slo_file, args.node_metric_file}
+    assert {p.parent for p in named} == {Path("/etc/koordlet")}
+    assert {p.name for p in named} == {p.name for p in EXAMPLES.glob("*.yaml")}
+
+
+def test_example_input_files_are_what_koordlet_accepts():
+    """Each example goes through the readers koordlet uses for it; a typo in a field is an error here."""
+    from koord.koordlet.qosmanager import nodeinfo, slo
+    from koord.koordlet.runtimehooks.rule import parse_rules
+    from koord.koordlet.statesinformer.objects import load_object_file
+    from koord.koordlet.statesinformer.specs import merged_node_slo, node_metric_collect_policy
+
+    node = load_object_file(EXAMPLES / "node.yaml", "Node")
+    node_slo = load_object_file(EXAMPLES / "nodeslo.yaml", "NodeSLO")
+    node_metric = load_object_file(EXAMPLES / "nodemetric.yaml", "NodeMetric")
+    kubernetes_validate.validate(node, K8S_VERSION, strict=True)
+    assert nodeinfo.capacity_milli_cpu(node) == 4000 and nodeinfo.capacity_memory(node) == 8 << 30
+    thresholds = slo.threshold_config(merged_node_slo(node_slo))
+    assert thresholds is not None and thresholds.enable is False
+    assert thresholds.cpu_suppress_threshold_percent == 65 and thresholds.memory_evict_threshold_percent == 70
+    parse_rules(merged_node_slo(node_slo), node)
+    policy = node_metric_collect_policy(node_metric)
+    assert policy["reportIntervalSeconds"] == 60 and policy["aggregateDurationSeconds"] == 300
+    assert {o["metadata"]["name"] for o in (node, node_slo, node_metric)} == {"node-1"}

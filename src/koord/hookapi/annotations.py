@@ -19,7 +19,8 @@ _JSON_KINDS: dict[type, str] = {dict: "object", list: "list"}
 
 def json_annotation(annotations: Mapping[str, str], key: str, want: type = dict,
                     error: type[Exception] = ValueError, owner: str = "pod") -> Any:
-    """The JSON value of annotation ``key``, or None when it is absent or empty; ``error`` when malformed."""
+    """The JSON value of annotation ``key``, or None when it is absent, empty or JSON ``null``
+    (Go writes an empty list as ``null`` and reads it back as none); ``error`` when malformed."""
     text = annotations.get(key)
     if not text:
         return None
@@ -33,6 +34,8 @@ def json_annotation(annotations: Mapping[str, str], key: str, want: type = dict,
         raise error(f"{owner} annotation {key}: bad JSON: {exc.msg}") from None
     except (RecursionError, ValueError) as exc:
         raise error(f"{owner} annotation {key}: bad JSON: {exc}") from None
+    if value is None:
+        return None
     if not isinstance(value, want):
         raise error(f"{owner} annotation {key}: want a JSON {_JSON_KINDS.get(want, want.__name__)}, got {text!r}")
     return value

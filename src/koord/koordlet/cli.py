@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from koord import rlimits
 from koord.health import HealthServer
 from koord.hookapi import Registration
 
-from . import metriccache, metricsadvisor, prediction, qosmanager
+from . import features, metriccache, metricsadvisor, prediction, qosmanager, upstreamflags
 from .flags import parse_args
 from .metrics import KoordletMetrics
 from .modules import ModuleStarter
@@ -39,6 +38,7 @@ from .statesinformer import (
     NODE,
     NODE_METRIC,
     NODE_SLO,
+    NODE_TOPOLOGY,
     CriPodsSource,
     FileObjectsSource,
     KubeObjectsSource,
@@ -46,6 +46,7 @@ from .statesinformer import (
     in_cluster,
 )
 from .statesinformer.kubelet import KubeletPodsSource
+from .statesinformer.nrt import FileNRTWriter, KubeNRTWriter, NodeTopologyReporter
 from .statesinformer.reporter import (
     FileStatusWriter,
     KubeStatusWriter,
@@ -88,10 +89,12 @@ class Koordlet:
         self.informer = make_states_informer(a)
         self.informer.register_callback(NODE, self.apply_rules)
         self.informer.register_callback(NODE_SLO, self.apply_rules)
+        self.informer.register_callback(NODE_TOPOLOGY, self.apply_rules)
         self.registration: Registration | None = None
         self.health: HealthServer | None = None
         self.metric_cache: metriccache.MetricCache | None = None
         self.reporter: NodeMetricReporter | None = None
+        self.topology: NodeTopologyReporter | None = None
         self.advisor: metricsadvisor.MetricsAdvisor | None = None
         self.qos_manager: qosmanager.QOSManager | None = None
         self.predict_server: prediction.PeakPredictServer | None = None
@@ -100,7 +103,8 @@ class Koordlet:
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
         try:
-            rules = parse_rules(self.informer.get_node_slo_object(), self.informer.get_node())
+            rules = parse_rules(self.informer.get_node_slo_object(), self.informer.get_node(),
+                                self.informer.get_node_topo())
         except RuleError as exc:
             log.error("rules from NodeSLO/Node rejected, keeping the current rules: %s", exc)
             return
@@ -126,6 +130,7 @@ class Koordlet:
         self.modules.run("prediction", self._start_prediction,
                          lambda server: setattr(self, "predict_server", server))
         self._start_reporter()
+        self._start_topology()
         self.modules.run("metrics-advisor", self._start_advisor,
                          lambda advisor: setattr(self, "advisor", advisor))
         self.modules.run("qos-manager", self._start_qos_manager,
@@ -194,6 +199,29 @@ class Koordlet:
         log.info("no --node-metric-file and no API server: NodeMetric is not reported")
         return None
 
+    def _start_topology(self) -> None:
+        a = self.args
+        if a.node_topology_sync_interval <= 0:
+            log.info("NodeResourceTopology disabled (--node-topology-sync-interval=0)")
+            return
+        writer: FileNRTWriter | KubeNRTWriter | None = None
+        if not a.feature_gates.get(features.NODE_TOPOLOGY_REPORT):
+            log.info("NodeResourceTopology kept locally only (feature gate NodeTopologyReport off)")
+        elif a.node_topology_file is not None:
+            writer = FileNRTWriter(a.node_topology_file)
+        elif isinstance(self.informer.objects, KubeObjectsSource):
+            writer = KubeNRTWriter(self.informer.objects.api, self.informer.objects.node_name)
+
+        def start() -> NodeTopologyReporter:
+            topology = NodeTopologyReporter(
+                self.informer, self._cache(), interval=a.node_topology_sync_interval,
+                var_lib_kubelet=a.var_lib_kubelet_dir, proc_root=a.proc_root_dir, sys_root=a.sys_root_dir,
+                sys_fs_root=a.sys_fs_root_dir, writer=writer,
+                kubelet=None if a.disable_query_kubelet_config else kubelet_client(a, self.informer))
+            topology.start()
+            return topology
+        self.modules.run("node-topology", start, lambda topology: setattr(self, "topology", topology))
+
     def _start_qos_manager(self) -> qosmanager.QOSManager:
         api = self.informer.objects.api if isinstance(self.informer.objects, KubeObjectsSource) else None
         manager = qosmanager.QOSManager(
@@ -238,6 +266,8 @@ class Koordlet:
             self.reporter.stop()
         if self.predict_server is not None:
             self.predict_server.stop()
+        if self.topology is not None:
+            self.topology.stop()
         self.informer.stop()
         if self.metric_cache is not None:
             self.metric_cache.close()
@@ -256,14 +286,14 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
     objects: FileObjectsSource | KubeObjectsSource | None = None
     if files:
         objects = FileObjectsSource(files)
-    elif a.kubeconfig or in_cluster():
+    elif kubeconfig_path(a) or in_cluster():
         name = os.environ.get("NODE_NAME")
         if not name:
             log.error("an API server is configured but NODE_NAME is not set: no Node, "
                       "NodeSLO or NodeMetric; using defaults")
         else:
             try:
-                objects = KubeObjectsSource(kube_api_client(a.kubeconfig), name)
+                objects = KubeObjectsSource(kube_api_client(kubeconfig_path(a)), name)
             except Exception as exc:  # bad kubeconfig, no service account, no kubernetes package
                 log.error("cannot reach the API server: %s; no Node, NodeSLO or NodeMetric; "
                           "using defaults", exc)
@@ -271,16 +301,38 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
         log.info("no --node-slo-file/--node-file/--node-metric-file and not in a cluster: "
                  "using defaults")
     informer = StatesInformer(objects=objects, pods_interval=a.kubelet_sync_interval)
-    if a.pods_source == "kubelet":
-        informer.pods_source = KubeletPodsSource(
-            informer.get_node, kube_dir=a.cgroup_kube_dir,
-            driver=driver or CgroupExecutor(a.cgroup_root_dir)._driver_for(None),  # the tree kubelet made
-            address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
-            read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout)
+    source = a.pods_source
+    if source == "auto":
+        source = "kubelet" if isinstance(objects, KubeObjectsSource) else "cri"
+        log.info("pods from %s (--pods-source=auto: %s)", source,
+                 "the Node comes from the API server" if source == "kubelet" else "no API server")
+    if source == "kubelet":
+        informer.pods_source = kubelet_client(a, informer)
     else:
         informer.pods_source = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir,
                                              driver=driver)
     return informer
+
+
+def kubelet_client(a: argparse.Namespace, informer: StatesInformer) -> KubeletPodsSource:
+    """The kubelet at the Node's address, with the API client's credentials (upstream's stub):
+    its /pods and its /configz."""
+    objects = informer.objects
+    driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
+    return KubeletPodsSource(
+        informer.get_node, kube_dir=a.cgroup_kube_dir,
+        driver=driver or CgroupExecutor(a.cgroup_root_dir)._driver_for(None),  # the tree kubelet made
+        address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
+        read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout,
+        token=objects.bearer_token() if isinstance(objects, KubeObjectsSource) else None)
+
+
+def kubeconfig_path(a: argparse.Namespace) -> Path | None:
+    """Where upstream looks first: ``--kubeconfig``, then ``$KUBECONFIG`` (in-cluster after)."""
+    if a.kubeconfig is not None:
+        return a.kubeconfig
+    env = os.environ.get("KUBECONFIG", "")
+    return Path(env.split(os.pathsep)[0]) if env else None
 
 
 def node_name() -> str:
@@ -300,10 +352,23 @@ def kube_api_client(kubeconfig: Path | None):
     return client.ApiClient()
 
 
+def warn_about_upstream_only(args: argparse.Namespace) -> None:
+    """One warning per kind of upstream setting that has no effect here, naming them."""
+    ignored = upstreamflags.ignored_flags(args)
+    if ignored:
+        log.warning("upstream flags without a feature here, ignored: %s", ", ".join("--" + n for n in ignored))
+    gates = features.not_implemented(args.feature_gates)
+    if gates:
+        log.warning("feature gates enabled but not implemented here (no effect): %s", ", ".join(gates))
+    if args.unparsed:
+        log.warning("arguments after the flags are not parsed (Go's flag rules) and ignored: %s",
+                    " ".join(args.unparsed)[:300])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    upstreamflags.configure_logging(args)
+    warn_about_upstream_only(args)
     rlimits.raise_open_file_limit()
     stopping = threading.Event()
 

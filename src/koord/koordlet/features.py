@@ -13,6 +13,7 @@ CPU_EVICT = "CPUEvict"
 BE_MEMORY_EVICT = "BEMemoryEvict"
 MEMORY_EVICT = "MemoryEvict"
 PSI_COLLECTOR = "PSICollector"
+CPU_BURST = "CPUBurst"
 
 RUNTIME_HOOK_GATES: dict[str, bool] = {
     "GroupIdentity": True,
@@ -21,6 +22,8 @@ RUNTIME_HOOK_GATES: dict[str, bool] = {
     "GPUEnvInject": False,
     "CPUNormalization": False,
     "Resctrl": False,
+    "OOMScoreAdj": False,
+    "CoreSched": False,
 }
 """One gate per runtime-hooks plugin, named after the plugin."""
 
@@ -30,28 +33,84 @@ QOS_FEATURE_GATES: dict[str, bool] = {
     CPU_EVICT: False,
     BE_MEMORY_EVICT: False,
     MEMORY_EVICT: False,
+    CPU_BURST: True,
 }
 
 ADVISOR_FEATURE_GATES: dict[str, bool] = {PSI_COLLECTOR: False}
 
-DEFAULT_FEATURE_GATES: dict[str, bool] = {**RUNTIME_HOOK_GATES, **QOS_FEATURE_GATES, **ADVISOR_FEATURE_GATES}
+NODE_TOPOLOGY_REPORT = "NodeTopologyReport"
+STATES_FEATURE_GATES: dict[str, bool] = {NODE_TOPOLOGY_REPORT: True}
+"""The states informer's: report the NodeResourceTopology (on by default, as upstream)."""
 
-_TRUE = {"1", "t", "true"}
-_FALSE = {"0", "f", "false"}
+DEFAULT_FEATURE_GATES: dict[str, bool] = {**RUNTIME_HOOK_GATES, **QOS_FEATURE_GATES, **ADVISOR_FEATURE_GATES,
+                                          **STATES_FEATURE_GATES}
+"""The gates this koordlet implements, with upstream's defaults."""
+
+ALPHA, BETA = "Alpha", "Beta"
+UPSTREAM_GATES: dict[str, tuple[bool, str]] = {
+    # koordlet's own gates
+    "AuditEvents": (False, ALPHA), "AuditEventsHTTPHandler": (False, ALPHA),
+    BE_CPU_SUPPRESS: (True, BETA), "BECPUManager": (False, ALPHA), BE_CPU_EVICT: (False, ALPHA),
+    CPU_EVICT: (False, ALPHA), "CPUAllocatableEvict": (False, ALPHA), BE_MEMORY_EVICT: (False, ALPHA),
+    MEMORY_EVICT: (False, ALPHA), "MemoryAllocatableEvict": (False, ALPHA), "CPUBurst": (True, BETA),
+    "SystemConfig": (False, ALPHA), "RdtResctrl": (True, BETA), "ResctrlCollector": (False, ALPHA),
+    "CgroupReconcile": (False, ALPHA), NODE_TOPOLOGY_REPORT: (True, BETA), "Accelerators": (False, ALPHA),
+    "RDMADevices": (False, ALPHA), "CPICollector": (False, ALPHA), "Libpfm4": (False, ALPHA),
+    PSI_COLLECTOR: (False, ALPHA), "BlkIOReconcile": (False, ALPHA), "ColdPageCollector": (False, ALPHA),
+    "HugePageReport": (False, ALPHA), "PodResourcesProxy": (False, ALPHA), "HamiCoreVGPUMonitor": (False, ALPHA),
+    "PerCPUMetric": (False, ALPHA), "NodeMetricPromMetrics": (False, ALPHA),
+    # the runtime-hooks plugins' gates, registered in the same gate set upstream
+    "GroupIdentity": (True, BETA), "CPUSetAllocator": (True, BETA), "GPUEnvInject": (False, ALPHA),
+    "RDMADeviceInject": (False, ALPHA), "BatchResource": (True, BETA), "CPUNormalization": (False, ALPHA),
+    "CoreSched": (False, ALPHA), "TerwayQoS": (False, ALPHA), "TCNetworkQoS": (False, ALPHA),
+    "Resctrl": (False, ALPHA), "OOMScoreAdj": (False, ALPHA),
+}
+"""Every gate upstream koordlet knows (v1.8): its default and stage. ``AllAlpha`` / ``AllBeta``
+set every gate of that stage that is not named explicitly, as Kubernetes' feature gates do."""
+
+ALL_GATE_DEFAULTS: dict[str, bool] = {name: default for name, (default, _) in UPSTREAM_GATES.items()}
+_ALL_STAGE = {"AllAlpha": ALPHA, "AllBeta": BETA}
+
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+"""Go's strconv.ParseBool spellings, exactly (``tRuE`` is an error there too)."""
+
+MAX_GATES_TEXT = 4096
 
 
 def parse_feature_gates(text: str) -> dict[str, bool]:
-    """"A=true,B=false" -> every gate's value, defaults filled in (Go's ParseBool spellings)."""
-    gates = dict(DEFAULT_FEATURE_GATES)
+    """"AllAlpha=true,B=false" -> every upstream gate's value, defaults filled in.
+
+    Unknown names and values that are not Go booleans are errors naming them. Explicit
+    gates win over ``AllAlpha``/``AllBeta`` whatever their order.
+    """
+    if len(text) > MAX_GATES_TEXT:
+        raise ValueError(f"feature gates: longer than {MAX_GATES_TEXT} characters")
+    explicit: dict[str, bool] = {}
+    stages: dict[str, bool] = {}
     for item in text.split(","):
         item = item.strip()
         if not item:
             continue
         name, sep, value = item.partition("=")
-        name, value = name.strip(), value.strip().lower()
-        if name not in DEFAULT_FEATURE_GATES:
-            raise ValueError(f"unknown feature gate {name!r}; known: {', '.join(DEFAULT_FEATURE_GATES)}")
+        name, value = name.strip(), value.strip()
+        if name not in UPSTREAM_GATES and name not in _ALL_STAGE:
+            raise ValueError(f"unknown feature gate {name!r:.60}; known: AllAlpha, AllBeta, "
+                             + ", ".join(UPSTREAM_GATES))
         if not sep or value not in _TRUE | _FALSE:
-            raise ValueError(f"feature gate {name}: bad value {value!r}: want true or false")
-        gates[name] = value in _TRUE
+            raise ValueError(f"feature gate {name}: bad value {value!r:.20}: want true or false")
+        if name in _ALL_STAGE:
+            stages[_ALL_STAGE[name]] = value in _TRUE
+        else:
+            explicit[name] = value in _TRUE
+    gates = dict(ALL_GATE_DEFAULTS)
+    for name, (_, stage) in UPSTREAM_GATES.items():
+        if stage in stages:
+            gates[name] = stages[stage]
+    gates.update(explicit)
     return gates
+
+
+def not_implemented(gates: dict[str, bool]) -> list[str]:
+    """Enabled gates of upstream that this koordlet has no feature for (logged once at start)."""
+    return sorted(name for name, on in gates.items() if on and name not in DEFAULT_FEATURE_GATES)

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
+from koord.commonflags import PrintVersion, log_level
 from koord.hookapi import durations, endpoints
 
 DEFAULT_PROXY_ENDPOINT = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
@@ -88,7 +89,7 @@ def check_bind_address(value: str, flag: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="koord-runtime-proxy",
+        prog="koord-runtime-proxy", allow_abbrev=False,  # pflag has no abbreviations
         description="CRI proxy between kubelet and containerd that calls runtime plugins "
         "before and after pod and container lifecycle calls.",
     )
@@ -121,8 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="haproxy: HAProxy serves the socket and sends only the hooked lifecycle calls "
                    "to Python; python: Python serves every call; auto: haproxy when the haproxy "
                    "binary is on PATH, else python (default: %(default)s)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="log verbosity (default: %(default)s)")
+    p.add_argument("--log-level", default="info", type=log_level, metavar="debug|info|warning|error",
+                   help="log verbosity, any case (default: %(default)s)")
+    p.add_argument("--version", action=PrintVersion,
+                   help="print the version and the upstream version followed, then exit")
     return p
 
 

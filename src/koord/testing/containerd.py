@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -155,7 +156,14 @@ class Containerd:
         image_ref: str = DEFAULT_REF,
         cgroup_root: Path = CGROUP_ROOT,
         image_cache: Path | None = None,
+        cgroup_driver: str = "cgroupfs",
     ) -> None:
+        """``cgroup_driver="systemd"``: containerd's systemd driver, with runc wrapped so that the
+        cgroups land where systemd would create them (see ``koord.testing.runc_systemd``);
+        pods then need kubelet's systemd parents (``KubeletClient(kube_dir="kubepods.slice")``)."""
+        if cgroup_driver not in ("cgroupfs", "systemd"):
+            raise ValueError(f"cgroup driver {cgroup_driver!r}: want 'cgroupfs' or 'systemd'")
+        self.cgroup_driver = cgroup_driver
         self.workdir = Path(workdir).resolve()
         self.root = self.workdir / "root"
         self.state = self.workdir / "state"
@@ -212,15 +220,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   runtime_type = "io.containerd.runc.v2"
 
 [{cri}.containerd.runtimes.runc.options]
-  SystemdCgroup = false
+  SystemdCgroup = {"true" if self.systemd else "false"}
   Root = "{self.runc_root}"
+{f'  BinaryName = "{self.runc_wrapper}"' if self.systemd else ""}
 """
+
+    @property
+    def systemd(self) -> bool:
+        return self.cgroup_driver == "systemd"
+
+    @property
+    def runc_wrapper(self) -> Path:
+        return self.workdir / "runc-systemd"
+
+    def _write_runc_wrapper(self) -> None:
+        real = shutil.which("runc")
+        if real is None:
+            raise RuntimeError("runc is not on PATH")
+        self.runc_wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m koord.testing.runc_systemd {real} \"$@\"\n")
+        self.runc_wrapper.chmod(0o755)
 
     def start(self, timeout: float = 30.0) -> Containerd:
         """Starts containerd, waits for CRI and imports the test image (idempotent image build)."""
         containerd_binaries_present()
         for directory in (self.root, self.state, self.opt, self.runc_root, self.cni_conf_dir, self.cni_bin_dir):
             directory.mkdir(parents=True, exist_ok=True)
+        if self.systemd:
+            self._write_runc_wrapper()
         self.config_path.write_text(self.config_toml())
         self._spawn(timeout)
         self.reimport_image()

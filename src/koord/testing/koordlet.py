@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -20,18 +21,21 @@ class KoordletProcess:
     """``python -m koord.koordlet`` registered in ``workdir/hookserver.d``, with its own
     metric cache dir and no Prometheus port unless ``args`` name one."""
 
-    def __init__(self, workdir: Path, args: Sequence[str]) -> None:
+    def __init__(self, workdir: Path, args: Sequence[str], *, own_flags: bool = True,
+                 env: dict[str, str] | None = None) -> None:
+        """``own_flags=False``: ``args`` are the whole command line (upstream's manifest); they
+        must then name ``workdir/hookserver.d`` as ``-runtime-hooks-config-path``. ``env`` is
+        added to this process's environment."""
         self.workdir = workdir
         self.sockdir = make_short_socket_dir("kl-e2e-")
         self.socket = self.sockdir / "koordlet.sock"
         self.config_dir = workdir / "hookserver.d"
         self.log_path = workdir / "koordlet.log"
-        self.command = [sys.executable, "-m", "koord.koordlet", "--log-level", "DEBUG",
-                        "--runtime-hooks-addr", str(self.socket),
-                        "--runtime-hooks-config-path", str(self.config_dir),
-                        "--tsdb-path", str(workdir / "tsdb"),
-                        "--prediction-checkpoint-filepath", str(workdir / "prediction"),
-                        "--addr", "", *args]
+        own = ["--log-level", "DEBUG", "--runtime-hooks-addr", str(self.socket),
+               "--runtime-hooks-config-path", str(self.config_dir), "--tsdb-path", str(workdir / "tsdb"),
+               "--prediction-checkpoint-filepath", str(workdir / "prediction"), "--addr", ""] if own_flags else []
+        self.command = [sys.executable, "-m", "koord.koordlet", *own, *args]
+        self.env = {**os.environ, **(env or {})}
         self._log: BinaryIO | None = None
         self._proc: subprocess.Popen | None = None
 
@@ -42,7 +46,7 @@ class KoordletProcess:
         registration.unlink(missing_ok=True)  # left behind by a kill -9
         self._log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                      stderr=self._log, start_new_session=True)
+                                      stderr=self._log, start_new_session=True, env=self.env)
         timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while not registration.exists() and self._proc.poll() is None:

@@ -1,9 +1,13 @@
 """A tiny Kubernetes API server for koordlet's tests: the few endpoints koordlet uses.
 
-Cluster-scoped Node, NodeSLO and NodeMetric: list (with ``fieldSelector=metadata.name=``),
-watch (newline-delimited JSON events from a resourceVersion), get, and the NodeMetric
-``/status`` PUT with resourceVersion conflicts (409) as the real API server answers them.
-Serves plain HTTP on loopback at a free port; the real ``kubernetes`` client talks to it.
+Cluster-scoped Node, NodeSLO, NodeMetric and NodeResourceTopology: list (with
+``fieldSelector=metadata.name=``), watch (newline-delimited JSON events from a
+resourceVersion), get, the NodeMetric ``/status`` PUT with resourceVersion conflicts (409)
+as the real API server answers them, and create (POST) / update (PUT) of
+NodeResourceTopology. ``crds=False`` answers 404 for every Koordinator and topology kind,
+as an API server without those CRDs does. Every request is recorded as (verb, path) for
+RBAC checks. Serves plain HTTP on loopback at a free port; the real ``kubernetes`` client
+talks to it.
 """
 
 from __future__ import annotations
@@ -24,12 +28,17 @@ _PATHS = {
     "/apis/slo.koordinator.sh/v1alpha1/nodeslos": ("slo.koordinator.sh/v1alpha1", "NodeSLO", "NodeSLOList"),
     "/apis/slo.koordinator.sh/v1alpha1/nodemetrics": ("slo.koordinator.sh/v1alpha1", "NodeMetric",
                                                       "NodeMetricList"),
+    "/apis/topology.node.k8s.io/v1alpha1/noderesourcetopologies": (
+        "topology.node.k8s.io/v1alpha1", "NodeResourceTopology", "NodeResourceTopologyList"),
 }
+_CORE = "/api/v1/nodes"
 
 
 class FakeKubeAPI:
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, crds: bool = True, port: int = 0) -> None:
         """``port`` 0 picks a free one; a given port brings a stopped server "back"."""
+        self.crds = crds
+        self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._version = 100
         self.objects: dict[str, dict[str, dict]] = {p: {} for p in _PATHS}
@@ -51,6 +60,9 @@ class FakeKubeAPI:
 
             def do_PUT(self) -> None:
                 api._put(self)
+
+            def do_POST(self) -> None:
+                api._post(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
@@ -119,6 +131,14 @@ class FakeKubeAPI:
         self._send(h, code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                              "reason": reason, "message": message, "code": code})
 
+    def _served(self, h: BaseHTTPRequestHandler, verb: str, base: str) -> bool:
+        """Records the request; False (404 sent) for a kind whose CRD is not installed."""
+        self.requests.append((verb, urlparse(h.path).path))
+        if base and base != _CORE and not self.crds:
+            self._status(h, 404, "NotFound", "the server could not find the requested resource")
+            return False
+        return True
+
     def _split(self, raw_path: str) -> tuple[str, str | None, str | None]:
         for base in _PATHS:
             if raw_path == base:
@@ -132,6 +152,9 @@ class FakeKubeAPI:
         url = urlparse(h.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         base, name, _ = self._split(url.path)
+        verb = "watch" if query.get("watch") in ("true", "1") else "get" if name else "list"
+        if not self._served(h, verb, base):
+            return None
         if not base:
             return self._status(h, 404, "NotFound", f"no such path {url.path}")
         selector = query.get("fieldSelector", "")
@@ -194,6 +217,10 @@ class FakeKubeAPI:
         base, name, sub = self._split(url.path)
         length = int(h.headers.get("Content-Length", "0"))
         body = json.loads(h.rfile.read(length) or b"{}")
+        if not self._served(h, "update", base):
+            return None
+        if base.endswith("noderesourcetopologies") and name is not None and sub is None:
+            return self._update(h, base, name, body)
         if not base.endswith("nodemetrics") or name is None or sub != "status":
             return self._status(h, 405, "MethodNotAllowed", "only nodemetrics/<name>/status is writable")
         with self._lock:
@@ -215,5 +242,32 @@ class FakeKubeAPI:
         self.status_updates.append(copy.deepcopy(body.get("status")))
         self._send(h, 200, self.put(base, updated))
 
+    def _update(self, h: BaseHTTPRequestHandler, base: str, name: str, body: dict) -> None:
+        with self._lock:
+            current = self.objects[base].get(name)
+        if current is None:
+            return self._status(h, 404, "NotFound", f"{name} not found")
+        sent = (body.get("metadata") or {}).get("resourceVersion")
+        if sent != current["metadata"]["resourceVersion"]:
+            return self._status(h, 409, "Conflict", "the object has been modified")
+        self._send(h, 200, self.put(base, body))
 
-NODES, NODESLOS, NODEMETRICS = _PATHS
+    def _post(self, h: BaseHTTPRequestHandler) -> None:
+        """Create: only NodeResourceTopology (koordlet creates its node's)."""
+        url = urlparse(h.path)
+        base, name, _ = self._split(url.path)
+        length = int(h.headers.get("Content-Length", "0"))
+        body = json.loads(h.rfile.read(length) or b"{}")
+        if not self._served(h, "create", base):
+            return None
+        if not base.endswith("noderesourcetopologies") or name is not None:
+            return self._status(h, 405, "MethodNotAllowed", "only noderesourcetopologies can be created")
+        new = (body.get("metadata") or {}).get("name")
+        with self._lock:
+            exists = new in self.objects[base]
+        if not isinstance(new, str) or exists:
+            return self._status(h, 409, "AlreadyExists", f"{new} already exists")
+        self._send(h, 201, self.put(base, body))
+
+
+NODES, NODESLOS, NODEMETRICS, NODERESOURCETOPOLOGIES = _PATHS

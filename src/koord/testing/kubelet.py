@@ -29,9 +29,20 @@ _CLEANUP_TIMEOUT = 30.0
 
 
 def pod_cgroup_parent(qos: str, uid: str, kube_dir: str = "kubepods") -> str:
-    """kubelet's cgroupfs-driver pod cgroup for a QoS class (koordlet parses this layout);
-    ``kube_dir`` is koordlet's ``--cgroup-kube-dir``, for tests that keep their pods apart."""
+    """kubelet's pod cgroup for a QoS class (koordlet parses this layout); ``kube_dir`` is
+    koordlet's ``--cgroup-kube-dir``, for tests that keep their pods apart.
+
+    A ``kube_dir`` of ``kubepods.slice`` gives the systemd driver's names, expanded as kubelet
+    sends them: ``/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid_>.slice``
+    (systemd names have ``_`` where the uid has ``-``).
+    """
     base = kube_dir.strip("/")
+    if base == "kubepods.slice":
+        unit = uid.replace("-", "_")
+        if qos == "guaranteed":
+            return f"/{base}/kubepods-pod{unit}.slice"
+        if qos in ("besteffort", "burstable"):
+            return f"/{base}/kubepods-{qos}.slice/kubepods-{qos}-pod{unit}.slice"
     if qos == "guaranteed":
         return f"/{base}/pod{uid}"
     if qos in ("besteffort", "burstable"):

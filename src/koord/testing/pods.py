@@ -33,6 +33,7 @@ class FakeStatesInformer:
         self.node_slo = node_slo
         self.node = node
         self.synced = synced
+        self.node_topo: dict | None = None
         self.callbacks: dict[str, list[Callable[[], None]]] = {}
 
     def get_all_pods(self) -> list[Any]:
@@ -43,6 +44,12 @@ class FakeStatesInformer:
 
     def get_node(self) -> dict | None:
         return self.node
+
+    def get_node_topo(self) -> dict | None:
+        return copy.deepcopy(self.node_topo)
+
+    def set_node_topo(self, obj: dict) -> None:
+        self.node_topo = copy.deepcopy(obj)
 
     def has_synced(self) -> bool:
         return self.synced

@@ -15,7 +15,7 @@ from typing import BinaryIO
 from koord.testing.containerd import wait_cri_ready
 from koord.testing.docker import wait_docker_ready
 from koord.testing.processes import stop_process
-from koord.testing.wait import wait_for
+from koord.testing.wait import scaled, wait_for
 
 START_TIMEOUT = 20.0
 SERVING_LINES = ("serving CRI on ", "serving the Docker API on ")
@@ -69,8 +69,16 @@ class RuntimeProxy:
             *(["--backend-runtime-mode", "Docker"] if self.docker else []),
             "--data-plane",
             self.data_plane,
+            *self._hook_timeout_args(),
             *self.extra_args,
         ]
+
+    def _hook_timeout_args(self) -> list[str]:
+        """The proxy's default time per plugin call (5 s) stretched like every other deadline in a
+        slowed-down lane, unless the test sets its own: an emulated plugin is slow, not broken."""
+        if any(arg.startswith("--hook-timeout") for arg in self.extra_args):
+            return []
+        return ["--hook-timeout", f"{scaled(5.0):g}s"]
 
     def start(self, timeout: float = START_TIMEOUT) -> RuntimeProxy:
         """Starts the proxy and returns once its socket answers CRI Version (Docker mode: ``/_ping``)."""

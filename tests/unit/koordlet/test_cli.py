@@ -54,7 +54,7 @@ def test_go_durations(text, seconds):
     (["--runtime-hooks-network", "tcp", "--runtime-hooks-addr", "127.0.0.1:٩٣١٨"], "--runtime-hooks-addr"),
     (["--kubelet-read-only-port", "١٠٢٥٥"], "--kubelet-read-only-port"),
     (["--kubelet-read-only-port", "65536"], "--kubelet-read-only-port"),
-    (["--enable-pagecache-collector", "yes"], "--enable-pagecache-collector"),
+    (["--enable-pagecache-collector=yes"], "--enable-pagecache-collector"),
 ])
 def test_bad_flag_exits_2_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -84,8 +84,9 @@ def test_defaults_match_issue_4():
     assert args.runtime_hooks_plugin_failure_policy is FailurePolicy.IGNORE
     assert args.runtime_hooks_reconcile_interval == 10.0
     assert args.containerd_endpoint == "/var/run/containerd/containerd.sock"
-    assert {k for k, v in args.feature_gates.items() if v} == {
-        "GroupIdentity", "CPUSetAllocator", "BatchResource", "BECPUSuppress"}
+    assert {k for k, v in args.feature_gates.items() if v} == {  # upstream's on-by-default gates
+        "GroupIdentity", "CPUSetAllocator", "BatchResource", "BECPUSuppress", "NodeTopologyReport",
+        "CPUBurst", "RdtResctrl"}
 
 
 def test_flag_values_are_parsed():

@@ -306,4 +306,5 @@ def test_the_strategies_reach_real_answers(tmp_path, caplog) -> None:
             "requests": {"kubernetes.io/batch-cpu": "500"}, "limits": {"kubernetes.io/batch-cpu": "500"}}}})}))
     with caplog.at_level(logging.WARNING):
         hooks.run(HookPoint.PRE_CREATE_CONTAINER, ctx)
-    assert ctx.response.resources.cpu_shares == 512 and ctx.response.resources.cpu_quota == 50000
+    # the batch quota is scaled by the node's normalization ratio 1.5 too: ceil(50000 / 1.5)
+    assert ctx.response.resources.cpu_shares == 512 and ctx.response.resources.cpu_quota == 33334

@@ -76,10 +76,11 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks_and_is_retried(
         assert k.metric_cache is None and k.reporter is None
         assert module_up(port) == {
             "resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
-            "prediction": "0.0", "nodemetric-reporter": "0.0", "metrics-advisor": "0.0", "qos-manager": "0.0",
-            "runtime-hooks": "1.0"}
+            "prediction": "0.0", "nodemetric-reporter": "0.0", "node-topology": "0.0",
+            "metrics-advisor": "0.0", "qos-manager": "0.0", "runtime-hooks": "1.0"}
         code, body = readyz(port)
-        assert code == 503 and "metric-cache, prediction, nodemetric-reporter, metrics-advisor, qos-manager" in body
+        assert code == 503 and ("metric-cache, prediction, nodemetric-reporter, node-topology, "
+                                "metrics-advisor, qos-manager") in body
         time.sleep(2.5)  # a few retries fail: each cause is logged once, not per attempt
         blocker.unlink()  # the fault goes away: the next retry round brings every module up
         deadline = time.monotonic() + 15

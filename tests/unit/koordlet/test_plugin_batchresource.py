@@ -10,16 +10,18 @@ import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint, parse_quantity
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.batchresource import BatchResource
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
+    KubeQoS,
     PodContext,
     PodMeta,
     PodRequest,
-    Resources,
 )
+from koord.koordlet.runtimehooks.rule import Rules
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
 BE = {"koordinator.sh/qosClass": "BE"}
@@ -142,3 +144,49 @@ def test_parse_quantity(text: object, value: Fraction) -> None:
 def test_parse_quantity_rejects(text: object) -> None:
     with pytest.raises(ValueError):
         parse_quantity(text)
+
+
+def run_with_rules(rules: Rules, stage: HookPoint) -> Resources:
+    h = Hooks(FailurePolicy.FAIL)
+    plugin = BatchResource(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
+    plugin.update_rules(rules)
+    plugin.register(h)
+    ctx: PodContext | ContainerContext
+    if stage is HookPoint.PRE_RUN_POD_SANDBOX:
+        ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"), labels=BE,
+                                    annotations=spec(c1=C1), cgroup_parent="/kubepods/besteffort/pod1"))
+    else:
+        ctx = ContainerContext(ContainerRequest(
+            pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
+            pod_labels=BE, pod_annotations=spec(c1=C1), pod_cgroup_parent="/kubepods/besteffort/pod1"))
+    h.run(stage, ctx)
+    return ctx.response.resources
+
+
+# Upstream's Test_plugin_SetPodResources / Test_plugin_SetContainerResources cases that
+# depend on the rule: "a Batch pod with cfs quota unset", "... scaled with ratio", and the
+# same for a container; plus a ratio at or below 1 (upstream: "no support ratio in (0, 1)").
+@pytest.mark.parametrize("stage", [HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER])
+@pytest.mark.parametrize("rules, quota", [
+    (Rules(batch_cfs_quota=False), -1),
+    (Rules(batch_cfs_quota=False, cpu_normalization_ratio=1.2), -1),
+    (Rules(cpu_normalization_ratio=1.2), 41667),  # ceil(50000 / 1.2)
+    (Rules(cpu_normalization_ratio=1.0), 50000),
+    (Rules(), 50000),
+])
+def test_quota_follows_node_rules(stage: HookPoint, rules: Rules, quota: int) -> None:
+    assert run_with_rules(rules, stage) == Resources(cpu_shares=512, cpu_quota=quota, memory_limit=2147483648)
+
+
+@pytest.mark.parametrize("rules, qos, expected", [
+    (Rules(), KubeQoS.BESTEFFORT, Resources(cpu_quota=-1)),       # suppress off: besteffort unlimited first
+    (Rules(batch_cfs_quota=False), KubeQoS.BESTEFFORT, None),     # suppress owns the besteffort quota
+    (Rules(), KubeQoS.BURSTABLE, None),
+    (None, KubeQoS.BESTEFFORT, None),
+])
+def test_besteffort_quota_unlimited_before_pods_get_limits(rules: Rules | None, qos: KubeQoS,
+                                                           expected: Resources | None) -> None:
+    plugin = BatchResource(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
+    if rules is not None:
+        plugin.update_rules(rules)
+    assert plugin.kube_qos_resources(qos) == expected

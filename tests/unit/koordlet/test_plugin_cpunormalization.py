@@ -8,6 +8,7 @@ import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import PLUGIN_ORDER, build_plugins
 from koord.koordlet.runtimehooks.plugins.cpunormalization import CPUNormalization
@@ -17,7 +18,6 @@ from koord.koordlet.runtimehooks.protocol import (
     PodContext,
     PodMeta,
     PodRequest,
-    Resources,
 )
 from koord.koordlet.runtimehooks.rule import parse_rules
 

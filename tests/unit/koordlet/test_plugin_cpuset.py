@@ -9,6 +9,7 @@ import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator
 from koord.koordlet.runtimehooks.protocol import (
@@ -17,7 +18,6 @@ from koord.koordlet.runtimehooks.protocol import (
     PodContext,
     PodMeta,
     PodRequest,
-    Resources,
 )
 from koord.koordlet.runtimehooks.rule import parse_rules
 

@@ -8,9 +8,10 @@ import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
-from koord.koordlet.runtimehooks.protocol import KubeQoS, PodContext, PodMeta, PodRequest, Resources
+from koord.koordlet.runtimehooks.protocol import PodContext, PodMeta, PodRequest
 from koord.koordlet.runtimehooks.rule import parse_rules
 
 ALL_ON = {"spec": {"resourceQOSStrategy": {

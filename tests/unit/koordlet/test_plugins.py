@@ -9,9 +9,12 @@ import pytest
 from koord.hookapi import HookPoint
 from koord.koordlet.features import (
     ADVISOR_FEATURE_GATES,
+    ALL_GATE_DEFAULTS,
     DEFAULT_FEATURE_GATES,
     QOS_FEATURE_GATES,
     RUNTIME_HOOK_GATES,
+    STATES_FEATURE_GATES,
+    UPSTREAM_GATES,
     parse_feature_gates,
 )
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
@@ -24,10 +27,14 @@ ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
 
 def test_order_and_names_match_gates() -> None:
     assert [c.name for c in PLUGIN_ORDER] == [
-        "GroupIdentity", "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl"]
+        "GroupIdentity", "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl",
+        "OOMScoreAdj", "CoreSched"]
     assert set(RUNTIME_HOOK_GATES) == {c.name for c in PLUGIN_ORDER}
-    assert DEFAULT_FEATURE_GATES == {**RUNTIME_HOOK_GATES, **QOS_FEATURE_GATES, **ADVISOR_FEATURE_GATES}
-    assert len(DEFAULT_FEATURE_GATES) == len(RUNTIME_HOOK_GATES) + len(QOS_FEATURE_GATES) + len(ADVISOR_FEATURE_GATES)
+    parts = (RUNTIME_HOOK_GATES, QOS_FEATURE_GATES, ADVISOR_FEATURE_GATES, STATES_FEATURE_GATES)
+    assert DEFAULT_FEATURE_GATES == {k: v for part in parts for k, v in part.items()}
+    assert len(DEFAULT_FEATURE_GATES) == sum(map(len, parts))
+    # every gate implemented here is upstream's, with upstream's default
+    assert {k: ALL_GATE_DEFAULTS[k] for k in DEFAULT_FEATURE_GATES} == DEFAULT_FEATURE_GATES
 
 
 @pytest.mark.parametrize("text, changed", [
@@ -38,13 +45,34 @@ def test_order_and_names_match_gates() -> None:
     ("PSICollector=true,BECPUSuppress=false", {"PSICollector": True, "BECPUSuppress": False}),
 ])
 def test_parse_feature_gates(text: str, changed: dict[str, bool]) -> None:
-    assert parse_feature_gates(text) == {**DEFAULT_FEATURE_GATES, **changed}
+    assert parse_feature_gates(text) == {**ALL_GATE_DEFAULTS, **changed}
+
+
+ALPHA = {k for k, (_, stage) in UPSTREAM_GATES.items() if stage == "Alpha"}
+BETA = {k for k, (_, stage) in UPSTREAM_GATES.items() if stage == "Beta"}
+
+
+@pytest.mark.parametrize("text, enabled", [
+    # Kubernetes' AllAlpha/AllBeta: every gate of the stage not named explicitly, in any order
+    ("AllAlpha=true,AllBeta=true", ALPHA | BETA),
+    ("AllBeta=false", set()),
+    ("AllAlpha=true", ALPHA | BETA),
+    ("AllAlpha=true,BECPUEvict=false", (ALPHA | BETA) - {"BECPUEvict"}),
+    ("BECPUEvict=false,AllAlpha=true", (ALPHA | BETA) - {"BECPUEvict"}),
+    ("AllBeta=false,CPUSetAllocator=true", {"CPUSetAllocator"}),
+    ("AllAlpha=false", BETA),
+])
+def test_all_alpha_all_beta(text: str, enabled: set[str]) -> None:
+    assert {k for k, v in parse_feature_gates(text).items() if v} == enabled
 
 
 @pytest.mark.parametrize("text, named", [
     ("Bogus=true", "Bogus"),
     ("Resctrl=yes", "Resctrl"),
     ("Resctrl", "Resctrl"),
+    ("Resctrl=tRuE", "Resctrl"),  # strconv.ParseBool has exactly six true spellings
+    ("AllAlpha=on", "AllAlpha"),
+    ("AllGA=true", "AllGA"),
 ])
 def test_parse_feature_gates_rejects(text: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
@@ -64,7 +92,8 @@ def test_build_all_and_register() -> None:
     for plugin in plugins:
         plugin.register(hooks)
     assert [name for name, _ in hooks.registrations(HookPoint.PRE_CREATE_CONTAINER)] == [
-        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject"]
+        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "OOMScoreAdj",
+        "CoreSched"]
     assert hooks.stages() == {HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER,
                               HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, HookPoint.POST_START_CONTAINER,
                               HookPoint.POST_STOP_POD_SANDBOX}

@@ -4,17 +4,15 @@ import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import KoordQoS, KubeQoS, Resources
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
     ContainerResponse,
-    KoordQoS,
-    KubeQoS,
     PodContext,
     PodMeta,
     PodRequest,
     PodResponse,
-    Resources,
 )
 
 META = api_pb2.PodSandboxMetadata(name="web", namespace="prod", uid="u-1", attempt=2)

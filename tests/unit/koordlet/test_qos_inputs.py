@@ -17,7 +17,7 @@ from koord.koordlet.qosmanager.nodeinfo import (
     reserved_milli_cpu,
     system_qos_exclusive_cpus,
 )
-from koord.koordlet.qosmanager.slo import SLOError, ThresholdConfig, threshold_config
+from koord.koordlet.slo import SLOError, ThresholdConfig, threshold_config
 from koord.koordlet.statesinformer.specs import merged_node_slo
 
 from .qos_fakes import pod

@@ -368,7 +368,8 @@ def test_gates_choose_threads_and_a_failing_tick_is_logged_and_retried(
                          evictor=RecordingEvictor())
     with caplog.at_level(logging.ERROR):
         manager.start()
-        assert [t.name for t in manager._threads] == ["qos-BECPUSuppress"]
+        # the default gates: BECPUSuppress and CPUBurst on, every eviction off
+        assert [t.name for t in manager._threads] == ["qos-BECPUSuppress", "qos-CPUBurst"]
         deadline = time.time() + 5
         while len(calls) < 3 and time.time() < deadline:
             time.sleep(0.02)
@@ -389,10 +390,10 @@ def test_add_flags_defaults() -> None:
     add_flags(p)
     cfg = QOSConfig.from_args(p.parse_args([]))
     assert (cfg.cpu_suppress_interval, cfg.cpu_evict_interval, cfg.memory_evict_interval,
-            cfg.memory_evict_cool_time, cfg.cpu_evict_cool_time, cfg.only_evict_by_api) == \
-        (1, 1, 1, 4, 20, False)
+            cfg.memory_evict_cool_time, cfg.cpu_evict_cool_time, cfg.only_evict_by_api,
+            cfg.reconcile_interval) == (1, 1, 1, 4, 20, False, 1)
     assert cfg.gates == {"BECPUSuppress": True, "BECPUEvict": False, "CPUEvict": False,
-                         "BEMemoryEvict": False, "MemoryEvict": False}
+                         "BEMemoryEvict": False, "MemoryEvict": False, "CPUBurst": True}
     with pytest.raises(SystemExit):
         p.parse_args(["--cpu-suppress-interval-seconds", "-1"])
 

@@ -8,8 +8,8 @@ from cri_api.v1 import api_pb2 as cri
 
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
-from koord.koordlet.runtimehooks.protocol import KubeQoS, Resources
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 

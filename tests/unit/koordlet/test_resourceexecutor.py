@@ -10,7 +10,7 @@ import pytest
 
 from koord.hookapi import format_cpuset, parse_cpuset
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor, shares_to_weight
-from koord.koordlet.runtimehooks.protocol import KubeQoS, Resources
+from koord.koordlet.resources import KubeQoS, Resources
 
 POD = "kubepods/besteffort/pod1"
 V1_UNLIMITED = "9223372036854771712"
@@ -106,8 +106,23 @@ def test_path_v1_and_v2(tmp_path: Path) -> None:
     assert v1.path(POD, "cpuset_cpus") == tmp_path / "cpuset" / POD / "cpuset.cpus"
     assert v2.path(POD, "cpu_shares") == tmp_path / POD / "cpu.weight"
     assert v2.path(POD, "cpu_quota") == tmp_path / POD / "cpu.max"
+    assert v1.path(POD, "cpu_burst") == tmp_path / "cpu" / POD / "cpu.cfs_burst_us"
+    assert v2.path(POD, "cpu_burst") == tmp_path / POD / "cpu.max.burst"
     with pytest.raises(CgroupError, match="unknown cgroup resource"):
-        v1.path(POD, "cpu_burst")
+        v1.path(POD, "cpu_idle_typo")
+
+
+@pytest.mark.parametrize("version, name", [(1, "cpu.cfs_burst_us"), (2, "cpu.max.burst")])
+def test_burst_is_range_checked_before_the_kernel(tmp_path: Path, version: int, name: str) -> None:
+    ex = CgroupExecutor(tmp_path, version=version)
+    path = ex.path(POD, "cpu_burst")
+    path.parent.mkdir(parents=True)
+    path.write_text("0\n")
+    assert ex.write(POD, "cpu_burst", 200000) and path.read_text() == "200000"
+    for bad in (-1, 1 << 44, "x"):
+        with pytest.raises(CgroupError, match="cpu_burst"):
+            ex.write(POD, "cpu_burst", bad)
+    assert path.read_text() == "200000"
 
 
 # ---- v1 ------------------------------------------------------------------------------------

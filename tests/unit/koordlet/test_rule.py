@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from koord.koordlet.runtimehooks.protocol import KoordQoS, KubeQoS
+from koord.koordlet.resources import KoordQoS, KubeQoS
 from koord.koordlet.runtimehooks.rule import (
     CPUSharedPool,
     GroupIdentityRule,
@@ -166,3 +166,48 @@ def test_normalization_ratio_is_an_ascii_number_of_at_least_one(ratio) -> None:
     node = {"metadata": {"annotations": {"node.koordinator.sh/cpu-normalization-ratio": ratio}}}
     with pytest.raises(RuleError, match="cpu-normalization-ratio"):
         parse_rules(None, node)
+
+
+def be_threshold(**fields: object) -> dict:
+    return {"spec": {"resourceUsedThresholdWithBE": fields}}
+
+
+# Upstream's Test_parseRuleForNodeSLO: the BE cfs quota is unset only while suppress is
+# enabled with the cfsQuota policy.
+@pytest.mark.parametrize("slo, enabled", [
+    (None, True),                                                            # initialize true
+    ({"spec": {}}, True),
+    (be_threshold(enable=True, cpuSuppressPolicy="cfsQuota"), False),        # initialize false
+    (be_threshold(enable=True, cpuSuppressPolicy="cpuset"), True),
+    (be_threshold(enable=False, cpuSuppressPolicy="cfsQuota"), True),
+    (be_threshold(enable=True), True),                                       # default policy cpuset
+    (be_threshold(cpuSuppressPolicy="cfsQuota"), True),                      # default enable false
+    ({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressPolicy": "cfsQuota"}}, False),  # spec alone
+])
+def test_batch_cfs_quota(slo: dict | None, enabled: bool) -> None:
+    assert parse_rules(slo, None).batch_cfs_quota is enabled
+
+
+def test_batch_cfs_quota_change_refreshes_pods() -> None:
+    """Upstream's "rule change to false/true" and "rule not change" cases, as update_rules."""
+    from koord.koordlet.runtimehooks.plugins.batchresource import BatchResource
+
+    plugin = BatchResource.__new__(BatchResource)
+    plugin.rules = None
+    on = parse_rules(None, None)
+    off = parse_rules(be_threshold(enable=True, cpuSuppressPolicy="cfsQuota"), None)
+    assert plugin.update_rules(on)
+    assert plugin.update_rules(off)
+    assert not plugin.update_rules(parse_rules(be_threshold(enable=True, cpuSuppressPolicy="cfsQuota"), None))
+    assert plugin.update_rules(parse_rules({"spec": {}}, None))
+    assert not plugin.update_rules(parse_rules(be_threshold(enable=False, cpuSuppressPolicy="cfsQuota"), None))
+
+
+@pytest.mark.parametrize("raw, field", [
+    ({"enable": "yes"}, "resourceUsedThresholdWithBE.enable"),
+    ({"cpuSuppressPolicy": "quota"}, "resourceUsedThresholdWithBE.cpuSuppressPolicy"),
+    ("on", "resourceUsedThresholdWithBE"),
+])
+def test_bad_suppress_fields_name_the_field(raw: object, field: str) -> None:
+    with pytest.raises(RuleError, match=field):
+        parse_rules({"spec": {"resourceUsedThresholdWithBE": raw}}, None)

@@ -175,3 +175,28 @@ def test_api_server_outage_is_logged_once_when_it_goes_and_once_when_it_is_back(
     assert not [r for r in caplog.records if r.name.startswith("urllib3") and r.levelno >= logging.WARNING]
     assert not [r for r in caplog.records if r.getMessage().startswith("states informer: list-watch")], \
         "no per-retry lines"
+
+
+def test_kinds_the_api_server_does_not_serve_are_absent_and_logged_once(tmp_path, caplog, monkeypatch):
+    """CRDs not installed: 404 for NodeSLO and NodeMetric. The informer syncs with them absent
+    (defaults), says so once per kind, and asks again at the slow pace; once the CRDs exist
+    the objects arrive."""
+    from koord.koordlet.statesinformer import objects
+
+    monkeypatch.setattr(objects, "NOT_SERVED_RETRY_SECONDS", 0.2)
+    with FakeKubeAPI(crds=False) as api:
+        api.put(NODES, {"metadata": {"name": "node1"}})
+        client = config.new_client_from_config(config_file=str(api.write_kubeconfig(tmp_path / "kc")))
+        informer = StatesInformer(objects=KubeObjectsSource(client, "node1"))
+        informer.start()
+        try:
+            wait_for(informer.has_synced, "sync without the CRDs")
+            assert informer.get_node() is not None and informer.get_node_slo() is None
+            wait_for(lambda: sum(1 for v, p in api.requests if p == NODESLOS) >= 3, "slow retries")
+            said = [r.getMessage() for r in caplog.records if "does not serve" in r.getMessage()]
+            assert sorted(m.split("serve ")[1].split(" ")[0] for m in said) == ["NodeMetric", "NodeSLO"]
+            api.crds = True
+            api.put(NODESLOS, {"metadata": {"name": "node1"}, "spec": {}})
+            wait_for(lambda: informer.get_node_slo() is not None, "the NodeSLO once its CRD exists")
+        finally:
+            informer.stop()

@@ -31,15 +31,19 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     cgroup and proc roots, the cgroup driver and kube dir are read from the koordlet's own."""
     group = parser.add_argument_group("metrics advisor")
     group.add_argument("--collect-res-used-interval", type=positive_duration, default=1.0, metavar="DURATION",
-                       help="node/pod/system/BE usage collect interval; below 1s disables the advisor")
+                       help="node/pod/system/BE usage collect interval; below 1s disables the advisor (default: 1s)")
     group.add_argument("--collect-sys-metric-outdated-interval", type=positive_duration, default=10.0,
-                       metavar="DURATION", help="node and pod totals older than this give no system usage")
-    group.add_argument("--collect-node-cpu-info-interval", type=positive_duration, default=60.0, metavar="DURATION")
-    group.add_argument("--psi-collector-interval", type=positive_duration, default=10.0, metavar="DURATION")
+                       metavar="DURATION",
+                       help="node and pod totals older than this give no system usage (default: 10s)")
+    group.add_argument("--collect-node-cpu-info-interval", type=positive_duration, default=60.0, metavar="DURATION",
+                       help="how often CPU and NUMA topology are read from /proc/cpuinfo and sysfs (default: 1m)")
+    group.add_argument("--psi-collector-interval", type=positive_duration, default=10.0, metavar="DURATION",
+                       help="PSI collect interval, with the PSICollector gate (default: 10s)")
     group.add_argument("--enable-pagecache-collector", type=flag_bool, default=False, nargs="?", const=True,
-                       metavar="BOOL", help="also store memory usage with page cache")
+                       metavar="BOOL", help="also store memory usage with page cache (default: false)")
     if "--sys-root-dir" not in parser._option_string_actions:  # noqa: SLF001 - shared flag
-        group.add_argument("--sys-root-dir", type=Path, default=Path("/sys"))
+        group.add_argument("--sys-root-dir", type=Path, default=Path("/sys"), metavar="DIR",
+                           help="host /sys: CPU topology, NUMA nodes (default: %(default)s)")
 
 
 def from_args(args: argparse.Namespace) -> AdvisorConfig:

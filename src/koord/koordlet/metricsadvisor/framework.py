@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..metriccache import MetricCache, Sample
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor
-from ..runtimehooks.protocol import KubeQoS
+from ..resources import KubeQoS
 from ..statesinformer.meta import CGROUPFS, SYSTEMD, ContainerMeta, PodMeta, pod_cgroup_dir
 from .config import AdvisorConfig
 from .parsers import SMALL_FILE_BYTES, FileProblem, parse

@@ -4,6 +4,7 @@
 through ``add_flags(parser)``.
 """
 
-from .framework import QOSConfig, QOSManager, add_flags
+from .framework import QOSConfig, add_flags
+from .manager import QOSManager
 
 __all__ = ["QOSConfig", "QOSManager", "add_flags"]

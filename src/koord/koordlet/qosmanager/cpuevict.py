@@ -28,6 +28,7 @@ from ..metriccache import (
     POD_UID,
     Aggregation,
 )
+from ..slo import EVICT_BY_ALLOCATABLE, ThresholdConfig
 from .evictcalc import (
     BATCH_CPU,
     BEUsage,
@@ -38,7 +39,6 @@ from .evictcalc import (
 )
 from .framework import Context, EvictStrategy
 from .nodeinfo import NodeInfoError, capacity_milli_cpu, node_quantity
-from .slo import EVICT_BY_ALLOCATABLE, ThresholdConfig
 
 log = logging.getLogger(__name__)
 

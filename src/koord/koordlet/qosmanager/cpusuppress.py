@@ -32,7 +32,8 @@ from ..metriccache import (
 )
 from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import BatchResult, Update, quota_value
-from ..runtimehooks.protocol import KubeQoS
+from ..resources import KubeQoS
+from ..slo import CFS_QUOTA_POLICY, CPUSET_POLICY
 from ..statesinformer import PodMeta
 from .framework import Context, Strategy
 from .nodeinfo import (
@@ -46,7 +47,6 @@ from .nodeinfo import (
     reserved_milli_cpu,
     system_qos_exclusive_cpus,
 )
-from .slo import CFS_QUOTA_POLICY, CPUSET_POLICY
 from .suppresscalc import (
     UNLIMITED,
     Suppress,
@@ -240,8 +240,9 @@ class CPUSuppress(Strategy):
             return
         self.ctx.log_once(self.name + "/cpuset", None)
         cpus = format_cpuset(target)
-        node = self.ctx.informer.get_node() or {}
-        if kubelet_static_policy(node):
+        # the kubelet policy as koordlet's NodeResourceTopology holds it (the Node's without one)
+        holder = self.ctx.informer.get_node_topo() or self.ctx.informer.get_node() or {}
+        if kubelet_static_policy(holder):
             self._write_pool(POD_DEPTH)
             levels = self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", CONTAINER_DEPTH)
             containers = levels[CONTAINER_DEPTH] if len(levels) > CONTAINER_DEPTH else []

@@ -1,30 +1,27 @@
-"""The QoS Manager: strategies, each on its own interval in its own thread.
+"""What every QoS strategy is built on: its flags, its context and the Strategy base classes.
 
 A strategy has ``enabled()`` (its feature gate and a positive interval), ``setup(ctx)``
-(once, before its first tick) and ``run_once()`` (one tick). The manager starts one
-thread per enabled strategy; an exception in a tick is logged with its traceback and
-counted, and the next tick runs as usual, so no strategy dies silently. NodeSLO is read
-afresh on every tick, so a change takes effect on the next one.
+(once, before its first tick) and ``run_once()`` (one tick). This module knows no strategy:
+each strategy module imports it, and ``manager.py`` lists the strategies and runs them, so
+no import circle forms.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
-
 from ..features import QOS_FEATURE_GATES
+from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
+from ..slo import SLOError, ThresholdConfig, threshold_config
 from ..statesinformer import StatesInformer
 from .evictor import Evictor
 from .metrics import QOSMetrics
-from .slo import SLOError, ThresholdConfig, threshold_config
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +49,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help="no memory eviction this long after the last one (default: %(default)s)")
     g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=20, metavar="N",
                    help="no CPU eviction this long after the last one (default: %(default)s)")
-    g.add_argument("--only-evict-by-api", action="store_true",
+    g.add_argument("--reconcile-interval-seconds", type=_seconds, default=1, metavar="N",
+                   help="CPUBurst period; 0 disables (default: %(default)s)")
+    g.add_argument("--only-evict-by-api", type=flag_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="evict only through the API server's Eviction subresource, never by "
-                   "stopping containers through CRI")
+                   "stopping containers through CRI (default: false)")
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,7 @@ class QOSConfig:
     memory_evict_cool_time: float = 4.0
     cpu_evict_cool_time: float = 20.0
     only_evict_by_api: bool = False
+    reconcile_interval: float = 1.0
     collect_interval: float = 1.0
     gates: Mapping[str, bool] = field(default_factory=lambda: dict(QOS_FEATURE_GATES))
     cri_endpoint: str = "/var/run/containerd/containerd.sock"
@@ -82,6 +82,7 @@ class QOSConfig:
             memory_evict_cool_time=args.memory_evict_cool_time_seconds,
             cpu_evict_cool_time=args.cpu_evict_cool_time_seconds,
             only_evict_by_api=args.only_evict_by_api,
+            reconcile_interval=getattr(args, "reconcile_interval_seconds", 1),
             collect_interval=float(getattr(args, "collect_res_used_interval", 1.0) or 1.0),
             gates=gates,
             cri_endpoint=getattr(args, "containerd_endpoint", cls.cri_endpoint),
@@ -180,64 +181,3 @@ class EvictStrategy(Strategy):
     def evict(self, cfg: ThresholdConfig, now: float) -> int:
         """One check with valid, enabled thresholds; returns how many pods were evicted."""
         raise NotImplementedError
-
-
-class QOSManager:
-    """``QOSManager(config, states_informer, metric_cache, executor).start()/stop()``.
-
-    ``config`` is the parsed flags (``add_flags``) or a QOSConfig; ``api_client`` (a
-    ``kubernetes.client.ApiClient``) makes evictions go through the Eviction API.
-    """
-
-    def __init__(self, config: argparse.Namespace | QOSConfig, states_informer: StatesInformer,
-                 metric_cache: MetricCache, executor: ResourceExecutor, *,
-                 registry: CollectorRegistry | None = None, evictor: Evictor | None = None,
-                 api_client: object = None, clock: Callable[[], float] = time.time) -> None:
-        from .cpuevict import CPUEvict
-        from .cpusuppress import CPUSuppress
-        from .memoryevict import MemoryEvict
-
-        cfg = config if isinstance(config, QOSConfig) else QOSConfig.from_args(config)
-        metrics = QOSMetrics(cfg.node_name, registry)
-        if evictor is None:
-            evictor = Evictor(cfg.cri_endpoint, only_by_api=cfg.only_evict_by_api, api_client=api_client)
-        if isinstance(evictor, Evictor) and evictor.metrics is None:
-            evictor.metrics = metrics
-        self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
-        self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
-                                           MemoryEvict(self.ctx)]
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-
-    def start(self) -> None:
-        self._stop.clear()
-        for s in self.strategies:
-            if not s.enabled():
-                log.info("QoS strategy %s disabled (gate %s=%s, interval %ss)", s.name, s.gate,
-                         self.ctx.config.gates.get(s.gate), s.interval)
-                continue
-            t = threading.Thread(target=self._loop, args=(s,), name=f"qos-{s.name}", daemon=True)
-            t.start()
-            self._threads.append(t)
-            log.info("QoS strategy %s started: every %ss", s.name, s.interval)
-
-    def _loop(self, strategy: Strategy) -> None:
-        try:
-            strategy.setup()
-        except Exception:
-            log.exception("QoS strategy %s: setup failed; its ticks run anyway", strategy.name)
-        while not self._stop.is_set():
-            try:
-                strategy.run_once()
-            except Exception:
-                self.ctx.metrics.strategy_errors.labels(self.ctx.metrics.node, strategy.name).inc()
-                log.exception("QoS strategy %s: tick failed; next tick in %ss",
-                              strategy.name, strategy.interval)
-            self._stop.wait(strategy.interval)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=10)
-        self._threads.clear()
-        self.ctx.evictor.close()

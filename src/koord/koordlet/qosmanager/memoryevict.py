@@ -15,10 +15,10 @@ import logging
 
 from ..features import BE_MEMORY_EVICT, MEMORY_EVICT
 from ..metriccache import NODE_MEMORY_USAGE, POD_MEMORY_USAGE, POD_UID
+from ..slo import ThresholdConfig
 from .evictcalc import be_memory_victims, labelled_victims, release_memory
 from .framework import Context, EvictStrategy
 from .nodeinfo import NodeInfoError, capacity_memory
-from .slo import ThresholdConfig
 
 log = logging.getLogger(__name__)
 

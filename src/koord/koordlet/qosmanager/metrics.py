@@ -26,6 +26,24 @@ class QOSMetrics:
         self.evictions = Counter(
             "koordlet_pod_eviction", "pods evicted by the QoS manager, by reason",
             ["node", "reason"], registry=r)
+        container = ["node", "pod_namespace", "pod_name", "container_id", "container_name"]
+        self.container_scaled_cfs_burst = Gauge(
+            "koordlet_container_scaled_cfs_burst_us",
+            "The maximum accumulated run-time (in microseconds) in container-level set by koordlet",
+            container, registry=r)
+        self.container_scaled_cfs_quota = Gauge(
+            "koordlet_container_scaled_cfs_quota_us",
+            "Run-time replenished within a period (in microseconds) in container-level set by koordlet",
+            container, registry=r)
+        self.cpu_burst_share_pool = Gauge(
+            "koordlet_cpu_burst_share_pool_usage_ratio",
+            "CPUBurst's last share-pool usage / share-pool cpus (quotas rise below its threshold)",
+            ["node"], registry=r)
         self.strategy_errors = Counter(
             "koordlet_qos_strategy_errors", "QoS strategy ticks that raised, by strategy",
             ["node", "strategy"], registry=r)
+
+    def reset_cpu_burst(self) -> None:
+        """Each CPUBurst tick reports only the containers it handled (gone ones vanish)."""
+        self.container_scaled_cfs_burst.clear()
+        self.container_scaled_cfs_quota.clear()

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from koord import cgrouplimits
 from koord.hookapi import format_cpuset, parse_cpuset
 
-from ..runtimehooks.protocol import KubeQoS, Resources
+from ..resources import KubeQoS, Resources
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,14 @@ _FILES: dict[str, _File] = {
     "cpu_shares": _File("cpu", "cpu.shares", "cpu.weight"),
     "cpu_quota": _File("cpu", "cpu.cfs_quota_us", "cpu.max"),
     "cpu_period": _File("cpu", "cpu.cfs_period_us", "cpu.max"),
+    "cpu_burst": _File("cpu", "cpu.cfs_burst_us", "cpu.max.burst"),
     "memory_limit": _File("memory", "memory.limit_in_bytes", "memory.max"),
     "cpuset_cpus": _File("cpuset", "cpuset.cpus", "cpuset.cpus"),
     "cpuset_mems": _File("cpuset", "cpuset.mems", "cpuset.mems"),
     "cpu_bvt_warp_ns": _File("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns"),
+    "cpu_idle": _File("cpu", "cpu.idle", "cpu.idle"),
     "tasks": _File("cpu", "tasks", "cgroup.threads"),
+    "procs": _File("cpu", "cgroup.procs", "cgroup.procs"),
     # Read by the metrics advisor. v2's cpu.stat holds usage_usec where v1 has cpuacct.usage
     # (ns); callers parse by ``version``.
     "cpuacct_usage": _File("cpuacct", "cpuacct.usage", "cpu.stat"),
@@ -71,7 +74,7 @@ _FILES: dict[str, _File] = {
     "memory_pressure": _File("cpuacct", "memory.pressure", "memory.pressure"),
     "io_pressure": _File("cpuacct", "io.pressure", "io.pressure"),
 }
-_READ_ONLY = {"tasks", "cpuacct_usage", "cpu_stat", "memory_stat", "memory_usage",
+_READ_ONLY = {"tasks", "procs", "cpuacct_usage", "cpu_stat", "memory_stat", "memory_usage",
               "cpuset_cpus_effective", "cpu_pressure", "memory_pressure", "io_pressure"}
 
 # Every integer resource is checked against what its kernel file accepts before a write.
@@ -79,14 +82,16 @@ _LIMITS = {
     "cpu_shares": cgrouplimits.Kind.SHARES,
     "cpu_quota": cgrouplimits.Kind.QUOTA,
     "cpu_period": cgrouplimits.Kind.PERIOD,
+    "cpu_burst": cgrouplimits.Kind.BURST,
     "memory_limit": cgrouplimits.Kind.MEMORY,
     "cpu_bvt_warp_ns": cgrouplimits.Kind.BVT,
+    "cpu_idle": cgrouplimits.Kind.IDLE,
 }
 
 # Write order inside one cgroup: period before quota so a v1 quota below the old period is
 # accepted; mems before cpus as runc does.
 _APPLY_ORDER = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit",
-                "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns")
+                "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns", "cpu_idle")
 
 
 def shares_to_weight(shares: int) -> int:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from koord.hookapi import FailurePolicy, HookPoint
 
-from .protocol import ContainerContext, HookContext, KubeQoS, PodContext, Resources
+from ..resources import KubeQoS, Resources
+from .protocol import ContainerContext, HookContext, PodContext
 
 if TYPE_CHECKING:
     from ..resourceexecutor.executor import CgroupExecutor

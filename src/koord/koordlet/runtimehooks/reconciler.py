@@ -34,8 +34,9 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 from koord.hookapi import HookPoint, PodHookRequest, crilist, fromcri
 
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_exists
+from ..resources import KubeQoS, Resources
 from .hooks import Hooks, RuntimePlugin, describe
-from .protocol import CgroupUpdate, ContainerContext, HookContext, KubeQoS, PodContext, Resources
+from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
 
 log = logging.getLogger(__name__)
 

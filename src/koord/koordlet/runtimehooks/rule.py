@@ -19,7 +19,8 @@ from typing import Any
 
 from koord.hookapi import cpuset_value, json_annotation, json_object
 
-from .protocol import KoordQoS, KubeQoS
+from ..resources import KoordQoS, KubeQoS
+from ..slo import CFS_QUOTA_POLICY, SLOError, threshold_config
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
 NODE_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
@@ -29,7 +30,8 @@ POD_CPU_QOS = "koordinator.sh/cpuQOS"
 
 CPU_MANAGER_POLICIES = ("none", "static")
 CPU_POLICY_GROUP_IDENTITY = "groupIdentity"
-CPU_POLICIES = (CPU_POLICY_GROUP_IDENTITY, "coreSched")
+CPU_POLICY_CORE_SCHED = "coreSched"
+CPU_POLICIES = (CPU_POLICY_GROUP_IDENTITY, CPU_POLICY_CORE_SCHED)
 NONE_BVT = 0
 """The kernel's neutral group identity: what a class gets while its cpuQOS is disabled."""
 
@@ -107,6 +109,43 @@ def _pod_cpu_qos(annotations: dict[str, str]) -> int | None:
 
 
 @dataclass(frozen=True)
+class CoreSchedParam:
+    """One QoS class under the coreSched cpu policy (all False under any other policy)."""
+
+    enable: bool = False
+    expeller: bool = False
+    cpu_idle: bool = False
+
+
+@dataclass(frozen=True)
+class CoreSchedRule:
+    """Core scheduling per class from NodeSLO ``resourceQOSStrategy`` (upstream's coresched rule)."""
+
+    lsr: CoreSchedParam = CoreSchedParam()
+    ls: CoreSchedParam = CoreSchedParam()
+    be: CoreSchedParam = CoreSchedParam()
+
+    @property
+    def enabled(self) -> bool:
+        return self.lsr.enable or self.ls.enable or self.be.enable
+
+    def kube_qos_cpu_idle(self, kube_qos: KubeQoS) -> int:
+        """``cpu.idle`` of a kube-QoS dir: besteffort follows BE's schedIdle, burstable LS's,
+        the guaranteed (kubepods) dir LSR's when LSR is enabled, else LS's."""
+        if kube_qos is KubeQoS.BESTEFFORT:
+            param = self.be
+        elif kube_qos is KubeQoS.BURSTABLE or not self.lsr.enable:
+            param = self.ls
+        else:
+            param = self.lsr
+        return 1 if param.cpu_idle else 0
+
+
+# Upstream's defaults (DefaultCPUQOS): schedIdle 0; coreExpeller true for LSR and LS.
+_CORE_SCHED_DEFAULTS = {"lsrClass": True, "lsClass": True, "beClass": False}
+
+
+@dataclass(frozen=True)
 class CPUSharedPool:
     socket: int
     node: int
@@ -120,16 +159,27 @@ class Rules:
     be_cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
     kubelet_cpu_manager_policy: str = "none"
     cpu_normalization_ratio: float | None = None
+    batch_cfs_quota: bool = True
+    """False while BE CPU suppress limits the besteffort dir by cfs quota: BE pods and
+    containers then get quota -1 (see ``batch_cfs_quota_enabled``)."""
+    core_sched: CoreSchedRule | None = None
+    """None without a NodeSLO: nothing about core scheduling or cpu.idle is written then."""
 
 
-def parse_rules(node_slo: dict | None, node: dict | None) -> Rules:
-    """NodeSLO (the object or its ``spec``) and the Node object -> Rules, defaults merged in."""
+def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None = None) -> Rules:
+    """NodeSLO (the object or its ``spec``), the Node and this node's NodeResourceTopology
+    -> Rules, defaults merged in. The cpuset pools and the kubelet policy come from the
+    topology koordlet computed (as upstream reads them), from the Node's annotations when
+    there is none yet (a Node file written by hand)."""
     annotations = _node_annotations(node)
+    pools_from = _node_annotations(topology) if topology is not None else annotations
     return Rules(
         group_identity=_group_identity(node_slo),
-        cpu_shared_pools=_shared_pools(annotations, NODE_CPU_SHARED_POOLS),
-        be_cpu_shared_pools=_shared_pools(annotations, NODE_BE_CPU_SHARED_POOLS),
-        kubelet_cpu_manager_policy=_cpu_manager_policy(annotations),
+        batch_cfs_quota=batch_cfs_quota_enabled(node_slo),
+        core_sched=_core_sched(node_slo),
+        cpu_shared_pools=_shared_pools(pools_from, NODE_CPU_SHARED_POOLS),
+        be_cpu_shared_pools=_shared_pools(pools_from, NODE_BE_CPU_SHARED_POOLS),
+        kubelet_cpu_manager_policy=_cpu_manager_policy(pools_from),
         cpu_normalization_ratio=_normalization_ratio(annotations),
     )
 
@@ -163,6 +213,50 @@ def _group_identity(node_slo: dict | None) -> GroupIdentityRule:
         # Core scheduling replaces group identity: the classes stay neutral then.
         values[attr] = ClassCPUQoS(enable and cpu_policy == CPU_POLICY_GROUP_IDENTITY, bvt)
     return GroupIdentityRule(**values)
+
+
+def _core_sched(node_slo: dict | None) -> CoreSchedRule | None:
+    """Per class: enable, coreExpeller and schedIdle == 1, each only under cpuPolicy coreSched.
+    The NodeSLO's shape was checked by ``_group_identity`` already."""
+    if node_slo is None:
+        return None
+    spec = node_slo.get("spec", node_slo)
+    strategy = spec.get("resourceQOSStrategy") or {}
+    policy = (strategy.get("policies") or {}).get("cpuPolicy", CPU_POLICY_GROUP_IDENTITY)
+    base = "spec.resourceQOSStrategy"
+    params: dict[str, CoreSchedParam] = {}
+    for key, attr in (("lsrClass", "lsr"), ("lsClass", "ls"), ("beClass", "be")):
+        cpu_qos = _object((strategy.get(key) or {}).get("cpuQOS"), f"{base}.{key}.cpuQOS")
+        path = f"{base}.{key}.cpuQOS"
+        expeller = cpu_qos.get("coreExpeller", _CORE_SCHED_DEFAULTS[key])
+        if not isinstance(expeller, bool):
+            raise RuleError(f"{path}.coreExpeller={expeller!r:.40}: want true or false")
+        idle = cpu_qos.get("schedIdle", 0)
+        if isinstance(idle, bool) or idle not in (0, 1):
+            raise RuleError(f"{path}.schedIdle={idle!r:.40}: want 0 or 1")
+        on = policy == CPU_POLICY_CORE_SCHED
+        params[attr] = CoreSchedParam(enable=on and cpu_qos.get("enable") is True, expeller=on and expeller,
+                                      cpu_idle=on and idle == 1)
+    return CoreSchedRule(**params)
+
+
+def batch_cfs_quota_enabled(node_slo: dict | None) -> bool:
+    """Whether BE pods keep a cfs quota of their batch-cpu limit.
+
+    Not while ``resourceUsedThresholdWithBE`` enables suppress with ``cpuSuppressPolicy:
+    cfsQuota``: cgroup v1 refuses a parent's quota below a child's (EINVAL), so a BE pod's
+    own quota would be the floor of the besteffort quota suppress writes. The pods are then
+    held by their shares and the besteffort quota alone. The thresholds are validated as
+    the QoS manager validates them, so both read one NodeSLO the same way.
+    """
+    if node_slo is None:
+        return True
+    obj = node_slo if "spec" in node_slo else {"spec": node_slo}
+    try:
+        config = threshold_config(obj)
+    except SLOError as exc:
+        raise RuleError(str(exc)) from None
+    return config is None or not (config.enable and config.cpu_suppress_policy == CFS_QUOTA_POLICY)
 
 
 def _bvt(value: Any, where: str) -> int:

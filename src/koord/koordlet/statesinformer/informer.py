@@ -22,7 +22,8 @@ from .specs import merged_node_slo, node_metric_collect_policy
 log = logging.getLogger(__name__)
 
 PODS = "pods"
-CALLBACK_KINDS = (NODE, NODE_SLO, NODE_METRIC, PODS)
+NODE_TOPOLOGY = "node_topology"
+CALLBACK_KINDS = (NODE, NODE_SLO, NODE_METRIC, PODS, NODE_TOPOLOGY)
 DEFAULT_PODS_SYNC_SECONDS = 10.0
 
 
@@ -46,7 +47,8 @@ class StatesInformer:
         self.pods_source = pods
         self.pods_interval = pods_interval
         self._lock = threading.Lock()
-        self._objects: dict[str, dict | None] = {NODE: None, NODE_SLO: None, NODE_METRIC: None}
+        self._objects: dict[str, dict | None] = {NODE: None, NODE_SLO: None, NODE_METRIC: None,
+                                                 NODE_TOPOLOGY: None}
         self._seen: set[str] = set()
         self._pods: list[PodMeta] = []
         self._pods_synced = False
@@ -85,6 +87,19 @@ class StatesInformer:
             log.warning("NodeMetric %s: %s; using the default collect policy",
                         ((node_metric or {}).get("metadata") or {}).get("name", ""), exc)
             return node_metric_collect_policy(None)
+
+    def get_node_topo(self) -> dict | None:
+        """This node's NodeResourceTopology as last computed (None before the first round)."""
+        with self._lock:
+            return copy.deepcopy(self._objects[NODE_TOPOLOGY])
+
+    def set_node_topo(self, obj: dict) -> None:
+        """Keeps the computed topology and calls back when what it holds changed."""
+        with self._lock:
+            if self._objects[NODE_TOPOLOGY] == obj:
+                return
+            self._objects[NODE_TOPOLOGY] = copy.deepcopy(obj)
+        self._notify(NODE_TOPOLOGY)
 
     def get_all_pods(self) -> list[PodMeta]:
         with self._lock:

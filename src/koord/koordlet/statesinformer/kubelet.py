@@ -2,8 +2,8 @@
 
 The address is the Node's address of ``--kubelet-preferred-address-type``; with
 ``--kubelet-insecure-tls`` the read-only port over plain HTTP, otherwise HTTPS on the
-Node's ``status.daemonEndpoints.kubeletEndpoint.Port`` with the service-account token and
-kubelet's certificate not verified (as upstream). The answer is bounded in size and each
+Node's ``status.daemonEndpoints.kubeletEndpoint.Port`` with the API client's token (the service
+account's in a cluster) and kubelet's certificate not verified (as upstream). The answer is bounded in size and each
 pod is converted on its own: one malformed pod is skipped with a log line naming it.
 """
 
@@ -141,7 +141,7 @@ class KubeletPodsSource:
     def __init__(self, get_node: Callable[[], dict | None], *, kube_dir: str, driver: str | None,
                  address_type: str = "InternalIP", insecure_tls: bool = False,
                  read_only_port: int = 10255, timeout: float = 3.0,
-                 token_file: Path = TOKEN_FILE) -> None:
+                 token_file: Path = TOKEN_FILE, token: Callable[[], str | None] | None = None) -> None:
         self.get_node = get_node
         self.kube_dir = kube_dir
         self.driver = driver or CGROUPFS
@@ -150,6 +150,7 @@ class KubeletPodsSource:
         self.read_only_port = read_only_port
         self.timeout = timeout
         self.token_file = token_file
+        self.token = token
 
     def describe(self) -> str:
         return "kubelet /pods"
@@ -157,43 +158,55 @@ class KubeletPodsSource:
     def close(self) -> None:
         pass
 
-    def url(self) -> str:
+    def url(self, path: str = "/pods/") -> str:
         node = self.get_node()
         if node is None:
-            raise PodsUnavailable("kubelet /pods: the Node object is not known yet")
+            raise PodsUnavailable(f"kubelet {path}: the Node object is not known yet")
         status = node.get("status") or {}
         addresses = [a.get("address") for a in status.get("addresses") or []
                      if isinstance(a, dict) and a.get("type") == self.address_type]
         if not addresses or not isinstance(addresses[0], str):
-            raise PodsUnavailable(f"kubelet /pods: the Node has no {self.address_type} address")
+            raise PodsUnavailable(f"kubelet {path}: the Node has no {self.address_type} address")
         host = f"[{addresses[0]}]" if ":" in addresses[0] else addresses[0]
         if self.insecure_tls:
-            return f"http://{host}:{self.read_only_port}/pods/"
+            return f"http://{host}:{self.read_only_port}{path}"
         port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
         if not isinstance(port, int) or not 0 < port < 65536:
-            raise PodsUnavailable("kubelet /pods: the Node has no daemonEndpoints.kubeletEndpoint.Port")
-        return f"https://{host}:{port}/pods/"
+            raise PodsUnavailable(f"kubelet {path}: the Node has no daemonEndpoints.kubeletEndpoint.Port")
+        return f"https://{host}:{port}{path}"
 
-    def list_pods(self) -> list[PodMeta]:
-        url = self.url()
+    def _bearer_token(self) -> str:
+        """The API client's token when there is one (a kubeconfig), else the service account's."""
+        token = self.token() if self.token is not None else None
+        if token:
+            return token
+        try:
+            return self.token_file.read_text().strip()
+        except OSError as exc:
+            raise PodsUnavailable(f"kubelet /pods: service-account token: {exc}") from None
+
+    def fetch(self, path: str, limit: int = MAX_PODS_BYTES) -> bytes:
+        """GET ``path`` of the kubelet (``/pods/``, ``/configz``), bounded; PodsUnavailable on failure."""
+        url = self.url(path)
         request = urllib.request.Request(url)
         context = None
         if url.startswith("https:"):
             context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE  # kubelet's serving cert is self-signed, as upstream
-            try:
-                request.add_header("Authorization", "Bearer " + self.token_file.read_text().strip())
-            except OSError as exc:
-                raise PodsUnavailable(f"kubelet /pods: service-account token: {exc}") from None
+            request.add_header("Authorization", "Bearer " + self._bearer_token())
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=context) as r:
-                data = r.read(MAX_PODS_BYTES + 1)
+                data = r.read(limit + 1)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise PodsUnavailable(f"kubelet {url}: {exc}") from None
-        if len(data) > MAX_PODS_BYTES:
-            raise PodsUnavailable(f"kubelet {url}: answer larger than {MAX_PODS_BYTES} bytes")
+        if len(data) > limit:
+            raise PodsUnavailable(f"kubelet {url}: answer larger than {limit} bytes")
+        return data
+
+    def list_pods(self) -> list[PodMeta]:
+        data = self.fetch("/pods/")
         pods = pods_of_list(data, self.kube_dir, self.driver)
         if not pods:  # upstream: an empty list keeps the old one (kubelet restarting)
-            raise PodsUnavailable(f"kubelet {url}: empty pod list")
+            raise PodsUnavailable(f"kubelet {self.url()}: empty pod list")
         return pods

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from ..runtimehooks.protocol import KoordQoS, KubeQoS
+from ..resources import KoordQoS, KubeQoS
 
 CGROUPFS, SYSTEMD = "cgroupfs", "systemd"
 DEFAULT_KUBE_DIR = "kubepods/"

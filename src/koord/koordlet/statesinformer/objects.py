@@ -153,6 +153,15 @@ class FileObjectsSource:
 WATCH_SECONDS = 300
 """Server-side watch timeout: the watch ends and is resumed from its resourceVersion."""
 RETRY_SECONDS = 5.0
+NOT_SERVED_RETRY_SECONDS = 60.0
+"""A kind the API server answers 404 for (its CRD is not installed) is asked for again this
+often: slow, since installing a CRD is rare, but without a restart."""
+
+
+def api_status(exc: BaseException) -> int | None:
+    """The HTTP status of a kubernetes client error, None for anything else."""
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
 
 
 class KubeObjectsSource:
@@ -178,6 +187,14 @@ class KubeObjectsSource:
 
     def kinds(self) -> set[str]:
         return set(self._kinds)
+
+    def bearer_token(self) -> Callable[[], str | None]:
+        """The API client's credentials, read at each call (in-cluster tokens rotate): upstream
+        reaches the kubelet with the same REST config as the API server."""
+        def token() -> str | None:
+            header = (self.api.configuration.auth_settings().get("BearerToken") or {}).get("value")
+            return header.removeprefix("Bearer ").strip() if isinstance(header, str) else None
+        return token
 
     def _lister(self, kind: str) -> Callable[..., Any]:
         if kind == NODE:
@@ -221,12 +238,16 @@ class KubeObjectsSource:
         selector = f"metadata.name={self.node_name}"
         name = KIND_NAMES[kind]
         last_error = ""
+        not_served = False
         while not self._stopping.is_set():
             started = self.reachability.now()
             try:
                 listed = self._as_dict(lister(field_selector=selector, _request_timeout=30))
                 self.reachability.answered()
                 last_error = ""
+                if not_served:
+                    log.info("states informer: the API server serves %s now", name)
+                    not_served = False
                 items = listed.get("items") or []
                 self._emit(kind, self._as_dict(items[0]) if items else None)
                 version = (listed.get("metadata") or {}).get("resourceVersion")
@@ -243,6 +264,16 @@ class KubeObjectsSource:
                     obj = self._as_dict(event.get("raw_object") or event.get("object"))
                     self._emit(kind, None if etype == "DELETED" else obj)
             except Exception as exc:  # API errors, broken connections, bad objects
+                if api_status(exc) == 404:  # the kind is not served: its CRD is not installed
+                    self.reachability.answered()
+                    if not not_served:
+                        log.warning("states informer: the API server does not serve %s (CRD not "
+                                    "installed?): treated as absent, defaults used; asking again "
+                                    "every %.0fs", name, NOT_SERVED_RETRY_SECONDS)
+                        not_served = True
+                    self._emit(kind, None)
+                    self._stopping.wait(NOT_SERVED_RETRY_SECONDS)
+                    continue
                 if _unreachable(exc):
                     self.reachability.failed(f"list-watch {name} {self.node_name}", exc, started)
                 else:

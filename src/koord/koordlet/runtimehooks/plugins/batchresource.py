@@ -4,6 +4,10 @@ BE pods request ``kubernetes.io/batch-cpu`` / ``kubernetes.io/batch-memory`` (ex
 resources kubelet knows nothing about), so kubelet creates them as BestEffort with no
 limits. The scheduler writes the real amounts into ``node.koordinator.sh/extended-resource-spec``
 and this plugin turns them into shares, cfs quota and memory limit.
+
+The quota follows two node-wide rules: it is -1 while BE CPU suppress works by cfs quota
+(``Rules.batch_cfs_quota``; a pod's own quota would stop the besteffort quota from going
+lower), and it is scaled by the node's cpu normalization ratio, as LS quotas are.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from dataclasses import dataclass
 from koord import cgrouplimits
 from koord.hookapi import HookPoint, json_annotation, parse_quantity
 
+from ...resources import KoordQoS, KubeQoS, Resources
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
-from ..protocol import ContainerContext, KoordQoS, PodContext, Resources
+from ..protocol import ContainerContext, PodContext
+from .cpunormalization import normalized_quota
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +148,7 @@ class BatchResource(RuntimePlugin):
         if not specs:
             return
         period = req.resources.cpu_period or DEFAULT_CFS_PERIOD
-        ctx.response.resources.update(batch_resources(list(specs.values()), period))
+        ctx.response.resources.update(self._node_rules(batch_resources(list(specs.values()), period)))
         log.debug("plugin %s: pod %s: %s", self.name, req.meta, ctx.response.resources)
 
     def set_container_resources(self, ctx: ContainerContext) -> None:
@@ -153,6 +159,28 @@ class BatchResource(RuntimePlugin):
         if spec is None:
             return
         period = req.resources.cpu_period or DEFAULT_CFS_PERIOD
-        ctx.response.resources.update(batch_resources([spec], period))
+        ctx.response.resources.update(self._node_rules(batch_resources([spec], period)))
         log.debug("plugin %s: pod %s container %s: %s", self.name, req.pod_meta, req.container_name,
                   ctx.response.resources)
+
+    def kube_qos_resources(self, qos: KubeQoS) -> Resources | None:
+        """The besteffort quota back to -1 once cfs-quota suppress is off.
+
+        The reconciler writes the kube-QoS level before the pods, so when the rule turns BE
+        quotas back on, the besteffort dir is unlimited before any pod gets its limit again
+        (cgroup v1 refuses a pod quota above a suppressed parent's). Nothing else limits
+        the besteffort dir while the rule is on: the suppress strategy writes -1 itself then.
+        """
+        if qos is not KubeQoS.BESTEFFORT or self.rules is None or not self.rules.batch_cfs_quota:
+            return None
+        return Resources(cpu_quota=-1)
+
+    def _node_rules(self, resources: Resources) -> Resources:
+        """The quota as NodeSLO and the Node want it: -1 under cfs-quota suppress, else scaled."""
+        if self.rules is None or resources.cpu_quota is None:
+            return resources
+        if not self.rules.batch_cfs_quota:
+            resources.cpu_quota = -1
+        elif resources.cpu_quota > 0 and (ratio := self.rules.cpu_normalization_ratio) and ratio > 1.0:
+            resources.cpu_quota = normalized_quota(resources.cpu_quota, ratio)
+        return resources

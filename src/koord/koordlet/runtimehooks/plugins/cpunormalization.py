@@ -20,8 +20,9 @@ from fractions import Fraction
 from koord import cgrouplimits
 from koord.hookapi import HookPoint
 
+from ...resources import KoordQoS, Resources
 from ..hooks import Hooks, RuntimePlugin
-from ..protocol import ContainerContext, KoordQoS, PodContext, Resources
+from ..protocol import ContainerContext, PodContext
 from .cpuset import resource_status_cpuset
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,9 @@ import logging
 
 from koord.hookapi import HookPoint, cpuset_value, format_cpuset, json_annotation, parse_cpuset
 
+from ...resources import KoordQoS
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
-from ..protocol import ContainerContext, KoordQoS, PodContext
+from ..protocol import ContainerContext, PodContext
 from ..rule import CPUSharedPool
 
 log = logging.getLogger(__name__)

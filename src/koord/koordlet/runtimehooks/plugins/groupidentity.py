@@ -11,8 +11,9 @@ import logging
 
 from koord.hookapi import HookPoint
 
+from ...resources import KubeQoS, Resources
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
-from ..protocol import KubeQoS, PodContext, Resources
+from ..protocol import PodContext
 from ..rule import RuleError
 
 log = logging.getLogger(__name__)

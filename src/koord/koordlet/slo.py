@@ -1,4 +1,6 @@
-"""NodeSLO ``spec.resourceUsedThresholdWithBE``, checked once into a frozen value.
+"""NodeSLO ``spec.resourceUsedThresholdWithBE``, checked once into a frozen value: read by the
+QoS manager's strategies and by the runtime hooks' BatchResource rule, so both read one
+NodeSLO the same way.
 
 The states informer already merged the spec over upstream's defaults; this module refuses
 values no strategy can use (a percent outside its range, a lower bound above its

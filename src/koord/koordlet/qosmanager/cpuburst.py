@@ -1,0 +1,242 @@
+"""CPUBurst: lets latency-sensitive containers with a cpu limit run above it for short spells.
+
+Two mechanisms, chosen by NodeSLO ``spec.cpuBurstStrategy.policy`` (overridden per pod by the
+``koordinator.sh/cpuBurst`` annotation): ``cpuBurstOnly`` sets the kernel's burst file
+(``cpu.cfs_burst_us`` on v1, ``cpu.max.burst`` on v2) of each container to limit x
+cpuBurstPercent and of the pod to the sum; ``cfsQuotaBurstOnly`` raises a throttled
+container's quota by 1.2x a tick while the node's share pool is idle and lowers it by 0.8x
+when the pool is overloaded, within [limit, limit x cfsQuotaBurstPercent]; ``auto`` does
+both, ``none`` neither (and undoes both). Pods of QoS LSR, LSE and BE are left alone.
+
+Every write goes through the resource executor. Mainline kernels refuse a burst above the
+cgroup's own quota (EINVAL) and a quota below its burst: bursts are clamped to the quota
+(said once per container), and before a quota is lowered its burst is lowered with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from ..features import CPU_BURST
+from ..metriccache import (
+    CONTAINER_CPU_THROTTLED,
+    CONTAINER_CPU_USAGE,
+    CONTAINER_ID,
+    NODE_CPU_INFO,
+    NODE_CPU_USAGE,
+    POD_CPU_USAGE,
+    POD_UID,
+    Aggregation,
+)
+from ..resourceexecutor.executor import CgroupError
+from ..resourceexecutor.updater import Update, quota_value
+from ..statesinformer import PodMeta
+from ..statesinformer.meta import ContainerMeta
+from .burstcalc import (
+    BurstConfig,
+    BurstError,
+    BurstLimiter,
+    NodeState,
+    base_quota,
+    burst_strategy,
+    clamp_burst,
+    container_operation,
+    operation_by_node,
+    pod_burst_config,
+    share_pool_state,
+    static_burst_us,
+    target_quota,
+)
+from .framework import Context, Strategy
+from .nodeinfo import NodeInfoError, processors
+
+log = logging.getLogger(__name__)
+
+NOT_BURSTABLE = ("LSR", "LSE", "BE")
+SHARE_POOL_EXCLUDED = ("LSR", "LSE", "BE")
+MAX_STATE_WINDOW = 10.0
+
+
+class CPUBurst(Strategy):
+    name = CPU_BURST
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, ctx.config.reconcile_interval, CPU_BURST)
+        self.limiters: dict[str, BurstLimiter] = {}
+        self.clamped: dict[str, int] = {}
+        """Container id -> the burst it wanted when it was last clamped (said once)."""
+        self.last_state: NodeState = NodeState.UNKNOWN
+
+    def run_once(self) -> None:
+        ctx = self.ctx
+        ctx.metrics.reset_cpu_burst()
+        try:
+            strategy = burst_strategy(ctx.informer.get_node_slo())
+        except BurstError as exc:
+            ctx.log_once(self.name, f"NodeSLO rejected, nothing done until it is fixed: {exc}", logging.ERROR)
+            return
+        if strategy is None:
+            ctx.log_once(self.name, "no NodeSLO yet: nothing to do", logging.WARNING)
+            return
+        ctx.log_once(self.name, None)
+        pods = ctx.informer.get_all_pods()
+        state = self.node_state(strategy.share_pool_threshold_percent, pods)
+        live: set[str] = set()
+        for pod in pods:
+            if pod.koord_qos in NOT_BURSTABLE or not pod.running:
+                continue
+            try:
+                config = pod_burst_config(pod.annotations, strategy.config)
+                ctx.log_once(f"{self.name}/pod/{pod.uid}", None)
+            except BurstError as exc:
+                ctx.log_once(f"{self.name}/pod/{pod.uid}", f"pod {pod.key}: {exc}; using the node's config",
+                             logging.WARNING)
+                config = strategy.config
+            live.update(c.id for c in pod.containers)
+            self.apply_pod(pod, config, state)
+        self.recycle(live)
+
+    # ---- node state -----------------------------------------------------------------------
+
+    def node_state(self, threshold_percent: int, pods: list[PodMeta]) -> NodeState:
+        """The share pool's state from the node's and the excluded pods' average usage over
+        min(5 intervals, 10 s)."""
+        ctx = self.ctx
+        now = ctx.clock()
+        start = now - min(5 * self.interval, MAX_STATE_WINDOW)
+        node_used = ctx.metric_cache.aggregate(NODE_CPU_USAGE, start, now, Aggregation.AVG)
+        try:
+            total = len(processors(ctx.metric_cache.get_kv(NODE_CPU_INFO))) or None
+        except NodeInfoError:
+            total = None
+        excluded_requests, excluded_used = 0, 0.0
+        for pod in pods:
+            if pod.koord_qos in ("LSR", "LSE"):
+                excluded_requests += sum(c.requests.get("cpu", 0) for c in pod.containers)
+            if pod.koord_qos in SHARE_POOL_EXCLUDED:
+                used = ctx.metric_cache.aggregate(POD_CPU_USAGE, start, now, Aggregation.AVG, {POD_UID: pod.uid})
+                excluded_used += used or 0.0
+        state, ratio = share_pool_state(node_used, total, excluded_requests, excluded_used, threshold_percent)
+        if ratio is not None:
+            ctx.metrics.cpu_burst_share_pool.labels(ctx.metrics.node).set(ratio)
+        if state is not self.last_state:
+            log.info("%s: share pool %s (usage ratio %s, threshold %d%%)", self.name, state.value,
+                     "unknown" if ratio is None else f"{ratio:.3f}", threshold_percent)
+            self.last_state = state
+        return state
+
+    # ---- one pod --------------------------------------------------------------------------
+
+    def apply_pod(self, pod: PodMeta, config: BurstConfig, state: NodeState) -> None:
+        pod_burst = 0
+        for c in pod.containers:
+            if not c.id:
+                continue
+            try:
+                pod_burst += self.apply_container(pod, c, config, state)
+            except CgroupError as exc:
+                self.ctx.log_once(f"{self.name}/container/{c.id}", f"pod {pod.key} container {c.name}: {exc}",
+                                  logging.WARNING)
+                continue
+            self.ctx.log_once(f"{self.name}/container/{c.id}", None)
+        try:
+            self.write_burst(pod.cgroup_dir, pod_burst, f"pod {pod.key}")
+        except CgroupError as exc:
+            self.ctx.log_once(f"{self.name}/pod-burst/{pod.uid}", f"pod {pod.key}: {exc}", logging.WARNING)
+
+    def apply_container(self, pod: PodMeta, c: ContainerMeta, config: BurstConfig, state: NodeState) -> int:
+        """Scales the container's quota (and its pod's by the same delta), then sets its
+        burst; returns the burst written (0 when the kernel has no burst file)."""
+        ex = self.ctx.executor
+        who = f"pod {pod.key} container {c.name}"
+        limit = c.limits.get("cpu")
+        current = quota_value(ex.read(c.cgroup_dir, "cpu_quota"))
+        base = base_quota(limit)
+        if c.running and base > 0 and current > 0:
+            op = operation_by_node(state, container_operation(
+                config, self.allowed_by_limiter(c, config, limit or 0), self.throttled(c)))
+            target = target_quota(op, current, base, config)
+            if target != current:
+                self.scale_quota(pod, c, current, target)
+                m = self.ctx.metrics
+                m.container_scaled_cfs_quota.labels(m.node, pod.namespace, pod.name, c.id, c.name).set(target)
+                log.info("%s: %s: cfs quota %d -> %d (%s, share pool %s)", self.name, who, current, target,
+                         op.value, state.value)
+                current = target
+        wanted = static_burst_us(limit, config)
+        burst = clamp_burst(wanted, [current])
+        if burst < wanted and self.clamped.get(c.id) != wanted:
+            log.warning("%s: %s: cpu burst %d us is above the container's quota %d: clamped to it "
+                        "(the kernel refuses a burst larger than the quota)", self.name, who, wanted, current)
+            self.clamped[c.id] = wanted
+        if self.write_burst(c.cgroup_dir, burst, who):
+            m = self.ctx.metrics
+            m.container_scaled_cfs_burst.labels(m.node, pod.namespace, pod.name, c.id, c.name).set(burst)
+            return burst
+        return 0
+
+    def write_burst(self, cgroup_dir: str, burst: int, who: str) -> bool:
+        """False when this kernel has no burst file (said once)."""
+        ex = self.ctx.executor
+        if not ex.supports(cgroup_dir, "cpu_burst"):
+            name = ex.path(cgroup_dir, "cpu_burst").name
+            self.ctx.log_once(f"{self.name}/no-burst-file", f"this kernel has no {name}: cpu burst is "
+                              "not set, cfs quota burst still works")
+            return False
+        quota = quota_value(ex.read(cgroup_dir, "cpu_quota"))
+        ex.update(Update(cgroup_dir, "cpu_burst", clamp_burst(burst, [quota]), owner=f"{self.name} {who}"))
+        return True
+
+    def scale_quota(self, pod: PodMeta, c: ContainerMeta, current: int, target: int) -> None:
+        """Container and pod quota by the same delta: pod first when raising (a child may not
+        exceed its parent on v1), container first when lowering. An unlimited pod stays so."""
+        ex = self.ctx.executor
+        delta = target - current
+        pod_quota = quota_value(ex.read(pod.cgroup_dir, "cpu_quota"))
+        steps = [(c.cgroup_dir, target)]
+        if pod_quota > 0:
+            pod_step = (pod.cgroup_dir, pod_quota + delta)
+            steps = [pod_step, *steps] if delta > 0 else [*steps, pod_step]
+        for cgroup_dir, quota in steps:
+            self.set_quota(cgroup_dir, quota, f"pod {pod.key} container {c.name}")
+
+    def set_quota(self, cgroup_dir: str, quota: int, who: str) -> None:
+        """Lowers the dir's burst first when it would exceed the new quota (EINVAL otherwise)."""
+        ex = self.ctx.executor
+        if ex.supports(cgroup_dir, "cpu_burst"):
+            burst = int(ex.read(cgroup_dir, "cpu_burst"))
+            if burst > quota:
+                ex.update(Update(cgroup_dir, "cpu_burst", quota, owner=f"{self.name} {who}"), cacheable=False)
+        ex.update(Update(cgroup_dir, "cpu_quota", quota, owner=f"{self.name} {who}"), cacheable=False)
+
+    # ---- inputs -----------------------------------------------------------------------------
+
+    def throttled(self, c: ContainerMeta) -> float | None:
+        return self.ctx.last(CONTAINER_CPU_THROTTLED, {CONTAINER_ID: c.id})
+
+    def allowed_by_limiter(self, c: ContainerMeta, config: BurstConfig, limit_milli: int) -> bool:
+        """Upstream's cfsBurstAllowedByLimiter: no limiter while cfsQuotaBurstPeriodSeconds < 0."""
+        if config.cfs_quota_burst_period_seconds < 0:
+            return True
+        if config.cfs_quota_burst_percent < 100 or limit_milli <= 0:
+            return False
+        limit = limit_milli / 1000
+        usage = self.ctx.last(CONTAINER_CPU_USAGE, {CONTAINER_ID: c.id})
+        usage = limit if usage is None else usage
+        now = self.ctx.clock()
+        limiter = self.limiters.get(c.id)
+        if limiter is None:
+            limiter = self.limiters[c.id] = BurstLimiter(
+                config.cfs_quota_burst_period_seconds, config.cfs_quota_burst_percent, now)
+        else:
+            limiter.update_if_changed(config.cfs_quota_burst_period_seconds, config.cfs_quota_burst_percent, now)
+        allowed, _ = limiter.allow(now, math.floor(usage / limit * 100))
+        return allowed
+
+    def recycle(self, live: set[str]) -> None:
+        now = self.ctx.clock()
+        for cid in [k for k, lim in self.limiters.items() if lim.expired(now)]:
+            del self.limiters[cid]
+        for cid in [k for k in self.clamped if k not in live]:
+            del self.clamped[cid]

@@ -1,0 +1,177 @@
+"""Core-scheduling cookies: which group a pod's processes belong to and how they get its cookie.
+
+Processes with the same cookie may share an SMT core; others never run on siblings at once.
+Pods are grouped as upstream groups them: the ``koordinator.sh/core-sched-group-id`` label
+(default: the one unnamed group), ``koordinator.sh/core-sched-policy: exclusive`` makes the
+pod's uid its group, ``none`` turns it off for the pod, and an expeller class (coreExpeller)
+gets its own groups (``<group>-expeller``).
+
+The kernel's interface is ``prctl(PR_SCHED_CORE, ...)``; ``PrctlCookies`` wraps it and
+``CookieOps`` is what the manager needs, so the logic is tested against a stub on kernels
+without CONFIG_SCHED_CORE (this project's machines).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .. import rule as rules_module
+from ..protocol import KoordQoS, KubeQoS
+
+log = logging.getLogger(__name__)
+
+LABEL_GROUP_ID = "koordinator.sh/core-sched-group-id"
+LABEL_POLICY = "koordinator.sh/core-sched-policy"
+EXPELLER_SUFFIX = "-expeller"
+NO_COOKIE = 0
+
+PR_SCHED_CORE = 62
+PR_SCHED_CORE_GET, PR_SCHED_CORE_CREATE, PR_SCHED_CORE_SHARE_TO, PR_SCHED_CORE_SHARE_FROM = 0, 1, 2, 3
+PIDTYPE_PID = 0
+
+
+class CookieError(OSError):
+    """A prctl call failed; ESRCH (the process exited) is the caller's to ignore."""
+
+
+class CookieOps(Protocol):
+    def get(self, pid: int) -> int: ...
+
+    def create(self, pid: int) -> int: ...
+
+    def share(self, from_pid: int, to_pid: int) -> None: ...
+
+    def clear(self, pid: int) -> None: ...
+
+
+class PrctlCookies:
+    """The kernel's cookies through prctl. Sharing goes through the calling thread (pull the
+    cookie from one process, push it to another, drop it again), as the kernel offers it."""
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._lock = threading.Lock()
+
+    def _prctl(self, cmd: int, pid: int, arg: object = 0) -> None:
+        if self._libc.prctl(PR_SCHED_CORE, cmd, pid, PIDTYPE_PID, arg) != 0:
+            err = ctypes.get_errno()
+            raise CookieError(err, f"prctl(PR_SCHED_CORE, {cmd}, pid {pid}): {os.strerror(err)}")
+
+    def get(self, pid: int) -> int:
+        cookie = ctypes.c_uint64(0)
+        self._prctl(PR_SCHED_CORE_GET, pid, ctypes.byref(cookie))
+        return cookie.value
+
+    def create(self, pid: int) -> int:
+        self._prctl(PR_SCHED_CORE_CREATE, pid)
+        return self.get(pid)
+
+    def share(self, from_pid: int, to_pid: int) -> None:
+        with self._lock:
+            self._prctl(PR_SCHED_CORE_SHARE_FROM, from_pid)
+            try:
+                self._prctl(PR_SCHED_CORE_SHARE_TO, to_pid)
+            finally:
+                self._prctl(PR_SCHED_CORE_SHARE_FROM, 0)  # pid 0: this thread; drops the cookie
+
+    def clear(self, pid: int) -> None:
+        with self._lock:
+            self._prctl(PR_SCHED_CORE_SHARE_FROM, 0)
+            self._prctl(PR_SCHED_CORE_SHARE_TO, pid)
+
+
+def supported(ops: CookieOps) -> tuple[bool, str]:
+    try:
+        ops.get(os.getpid())
+    except CookieError as exc:
+        return False, f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror} (no CONFIG_SCHED_CORE?)"
+    return True, ""
+
+
+def pod_group(rule: rules_module.CoreSchedRule, labels: dict[str, str], kube_qos: KubeQoS,
+              uid: str) -> tuple[bool, str]:
+    """Upstream's getPodEnabledAndGroup: (cookies on for the pod, its group id)."""
+    qos = KoordQoS.of(labels)
+    param = {KoordQoS.LSE: rule.lsr, KoordQoS.LSR: rule.lsr, KoordQoS.LS: rule.ls, KoordQoS.BE: rule.be}.get(qos)
+    if param is None:  # no Koordinator class: by the kube QoS class
+        param = {KubeQoS.BESTEFFORT: rule.be, KubeQoS.BURSTABLE: rule.ls}.get(
+            kube_qos, rule.lsr if rule.lsr.enable else rule.ls)
+    enabled = rule.enabled and param.enable
+    group = labels.get(LABEL_GROUP_ID, "")
+    policy = labels.get(LABEL_POLICY)
+    if policy == "exclusive":
+        group = uid
+    elif policy == "none":
+        enabled = False
+    if rule.enabled and param.expeller:
+        group += EXPELLER_SUFFIX
+    return enabled, group
+
+
+@dataclass
+class _Group:
+    cookie: int
+    pids: set[int] = field(default_factory=set)
+
+
+class CookieManager:
+    """Gives every process of an enabled container its group's cookie, and takes cookies
+    away from processes of disabled ones. Thread-safe (hooks and reconciler)."""
+
+    def __init__(self, ops: CookieOps) -> None:
+        self.ops = ops
+        self.groups: dict[str, _Group] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, enabled: bool, group: str, pids: list[int]) -> int:
+        """Returns the cookie the processes now have (0: none)."""
+        with self._lock:
+            return self._enable(group, pids) if enabled else self._disable(pids)
+
+    def _enable(self, group_id: str, pids: list[int]) -> int:
+        if not pids:
+            return NO_COOKIE
+        group = self.groups.get(group_id)
+        if group is not None:
+            group.pids = {p for p in group.pids if self._cookie(p) == group.cookie}
+            if not group.pids:  # every holder exited: the cookie is gone with them
+                group = None
+        if group is None:
+            first = pids[0]
+            group = self.groups[group_id] = _Group(self.ops.create(first), {first})
+        source = next(iter(group.pids))
+        for pid in pids:
+            if pid in group.pids or self._cookie(pid) == group.cookie:
+                group.pids.add(pid)
+                continue
+            try:
+                self.ops.share(source, pid)
+                group.pids.add(pid)
+            except CookieError as exc:
+                if exc.errno != errno.ESRCH:
+                    raise
+        return group.cookie
+
+    def _disable(self, pids: list[int]) -> int:
+        for pid in pids:
+            if self._cookie(pid) != NO_COOKIE:
+                try:
+                    self.ops.clear(pid)
+                except CookieError as exc:
+                    if exc.errno != errno.ESRCH:
+                        raise
+            for group in self.groups.values():
+                group.pids.discard(pid)
+        return NO_COOKIE
+
+    def _cookie(self, pid: int) -> int | None:
+        try:
+            return self.ops.get(pid)
+        except CookieError:
+            return None
