@@ -68,6 +68,7 @@ def node_agent_args(work: Path) -> list[str]:
         f"spec:\n  metricCollectPolicy: {{reportIntervalSeconds: {NODE_METRIC_REPORT_SECONDS}, "
         "aggregateDurationSeconds: 10, nodeAggregatePolicy: {durations: [20s]}}\n")
     return ["--tsdb-path", str(work / "metric-data"), "--addr", "",
+            "--prediction-checkpoint-filepath", str(work / "prediction"),
             "--node-metric-file", str(work / "nodemetric.yaml"), "--kubelet-sync-interval", "1s"]
 
 

@@ -22,6 +22,7 @@ from koord.testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.wait import scaled
 from koord.testing.wait import wait_for as wait
 from koord.testing.workloads import burn_command, hold_command
 
@@ -187,3 +188,177 @@ def test_node_metric_and_prometheus_report_real_usage_and_survive_kill_9(
         assert p50 is not None and p50 > 0.5, "the kept samples are the burner's"
     finally:
         cache.close()
+
+
+def module_up(port: int) -> dict[str, float]:
+    return {dict(labels)["module"]: value for (name, labels), value in scrape(port).items()
+            if name == "koordlet_module_up"}
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status == 200
+    except OSError:  # HTTPError (503) included
+        return False
+
+
+def overwrite_middle(db: Path, size: int = 4096) -> int:
+    """Overwrites ``size`` bytes in the middle of the file (page-aligned); returns where."""
+    data = bytearray(db.read_bytes())
+    at = len(data) // 2 // 4096 * 4096
+    data[at:at + size] = bytes(range(256)) * (size // 256)
+    db.write_bytes(bytes(data))
+    return at
+
+
+def test_corrupted_metric_cache_is_moved_aside_and_every_module_runs_again(
+        containerd: Containerd, kube_dir: str, pods: dict[str, str], tmp_path: Path):
+    import sqlite3
+
+    node_metric = tmp_path / "nodemetric.yaml"
+    node_metric.write_text(
+        "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeMetric\nmetadata: {name: e2e-node}\n"
+        f"spec:\n  metricCollectPolicy:\n    reportIntervalSeconds: {REPORT_SECONDS}\n"
+        f"    aggregateDurationSeconds: {AGGREGATE_SECONDS}\n")
+    port = free_port()
+    workdir = tmp_path / "koordlet"
+    koordlet = KoordletProcess(workdir, [
+        "--containerd-endpoint", containerd.endpoint, "--node-metric-file", str(node_metric),
+        "--cgroup-kube-dir", kube_dir, "--addr", f"127.0.0.1:{port}",
+        "--kubelet-sync-interval", "500ms", "--collect-res-used-interval", "1s",
+        "--runtime-hooks-reconcile-interval", "0"]).start()
+    try:
+        wait_for(lambda: accurate(yaml.safe_load(node_metric.read_text())["status"]),
+                 "a first accurate report")
+        time.sleep(5)  # a few more ticks: the file has pages to damage
+        assert koordlet.stop() == 0
+        db = workdir / "tsdb" / "metrics.db"
+        size = db.stat().st_size
+        at = overwrite_middle(db)
+        with sqlite3.connect(db) as check:  # the damage is real: SQLite itself sees it
+            try:
+                verdict = check.execute("PRAGMA quick_check").fetchone()[0]
+            except sqlite3.DatabaseError as exc:
+                verdict = str(exc)
+        check.close()
+        assert verdict != "ok", f"4 KiB at {at} of {size} bytes went unnoticed"
+        print(f"overwrote 4 KiB at {at} of {size} bytes; quick_check: {verdict[:120]}")
+
+        restarted_at = time.time()
+        koordlet.start()
+        aside = wait_for(lambda: list(db.parent.glob("metrics.db.corrupt-*")), "the file moved aside")
+        log_text = koordlet.log_path.read_text()
+        assert f"metric cache {db} is damaged" in log_text and str(aside[0]) in log_text
+        want = {"resource-executor", "metric-cache", "states-informer", "nodemetric-reporter",
+                "metrics-advisor", "qos-manager", "runtime-hooks"}
+        wait_for(lambda: set(module_up(port)) >= want and set(module_up(port).values()) == {1.0},
+                 "every module up")
+        wait_for(lambda: ready(port), "/readyz 200")
+
+        def fresh():
+            status = yaml.safe_load(node_metric.read_text())["status"]
+            after = status["updateTime"] >= time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                          time.gmtime(restarted_at))
+            return after and accurate(status)
+        status = wait_for(fresh, "a NodeMetric report after the restart, from new samples")
+        print("after restart:", pod_usage(status, "burner"), pod_usage(status, "holder"))
+    finally:
+        rc = koordlet.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs()}")
+
+
+COLD_START_SECONDS = round(scaled(45))
+"""Long enough for koordlet to start and train once on a loaded machine (load 50 on 2 cores
+delayed its start by 37 s once), stretched in the emulated v2 lane."""
+
+
+def prod_metrics(status: dict) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(prodReclaimable, prodPeak) as {"cpu": cores, "memory": bytes}; None while unpredicted."""
+    try:
+        reclaimable = status["prodReclaimableMetric"]["resource"]["resources"]
+        peak = status["prodPeakMetric"]["resource"]["resources"]
+    except KeyError:
+        return None
+    return ({k: float(parse_quantity(v)) for k, v in reclaimable.items()},
+            {k: float(parse_quantity(v)) for k, v in peak.items()})
+
+
+def test_prod_reclaimable_and_peak_follow_the_cold_start_and_survive_kill_9(
+        containerd: Containerd, kube_dir: str, kubelet: KubeletClient, tmp_path: Path):
+    """A Prod pod requesting 4 cores and burning 1, a node of 8: during the cold start its
+    request is its peak (nothing reclaimable); once past it the trained prediction gives
+    ~1.1 x its usage as peak and the rest of its request back; a kill -9 restores the models
+    from their checkpoints, so the first report after the restart says the same."""
+    kubelet.kube_dir = kube_dir
+    prod = kubelet.run_pod("prod", labels={"koordinator.sh/qosClass": "LS"}, qos="burstable")
+    kubelet.run_container(prod, "burn", containerd.image, command=burn_command(1),
+                          resources={"cpu_shares": 4096, "cpu_period": 100000, "cpu_quota": 200000})
+    created = time.time()
+    node_file = tmp_path / "node.yaml"
+    node_file.write_text("apiVersion: v1\nkind: Node\nmetadata: {name: e2e-node}\n"
+                         "status: {allocatable: {cpu: '8', memory: 16Gi}, capacity: {cpu: '8', memory: 16Gi}}\n")
+    node_metric = tmp_path / "nodemetric.yaml"
+    node_metric.write_text(
+        "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeMetric\nmetadata: {name: e2e-node}\n"
+        f"spec:\n  metricCollectPolicy:\n    reportIntervalSeconds: {REPORT_SECONDS}\n"
+        f"    aggregateDurationSeconds: {AGGREGATE_SECONDS}\n")
+    workdir = tmp_path / "koordlet"
+    koordlet = KoordletProcess(workdir, [
+        "--containerd-endpoint", containerd.endpoint, "--node-metric-file", str(node_metric),
+        "--node-file", str(node_file), "--cgroup-kube-dir", kube_dir,
+        "--kubelet-sync-interval", "500ms", "--collect-res-used-interval", "1s",
+        "--runtime-hooks-reconcile-interval", "0",
+        "--prediction-training-interval", "2s", "--prediction-model-checkpoint-interval", "1s",
+        "--prediction-cold-start-duration", f"{COLD_START_SECONDS}s"]).start()
+
+    def report(after: float):
+        status = yaml.safe_load(node_metric.read_text()).get("status") or {}
+        if status.get("updateTime", "") < time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(after)):
+            return None
+        found = prod_metrics(status)
+        return found and (status["updateTime"], *found)
+
+    try:
+        # 1. cold start: the request (4 cores) is the peak, nothing is reclaimable
+        stamp, reclaimable, peak = wait_for(lambda: report(created), "a first prediction")
+        assert stamp < time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created + COLD_START_SECONDS - 2)), \
+            f"the first prediction came after the cold start ({stamp}); the machine is too slow for this test"
+        print(f"cold start: reclaimable {reclaimable}, peak {peak}")
+        assert reclaimable == {"cpu": 0.0, "memory": 0.0}
+        assert peak["cpu"] >= 4.0 and peak["memory"] > 0
+
+        # 2. trained: the peak is 1.1 x the pod's p95 (about 1 core) or the priority
+        # predictor's U = 1.1 x (system + Prod + unclassed), whichever is larger; whichever
+        # predictor wins, with the allocatable (8) not binding, reclaimable = 4 cores - peak.
+        def trained():
+            found = report(created + COLD_START_SECONDS + 2)
+            return found and found[1]["cpu"] > 0 and found
+        try:
+            stamp, reclaimable, peak = wait_for(trained, "a trained prediction", timeout=COLD_START_SECONDS + 60)
+        except AssertionError:
+            print("last NodeMetric:", node_metric.read_text())
+            raise
+        print(f"trained at {stamp}: reclaimable {reclaimable}, peak {peak}")
+        assert reclaimable["cpu"] + peak["cpu"] == pytest.approx(4.0, abs=0.0015), (reclaimable, peak)
+        assert peak["cpu"] >= 0.95, "at least 1.1 x the p95 of a pod burning one core"
+        assert reclaimable["memory"] == 0.0  # CRI reports no memory requests
+        assert peak["memory"] > 0
+        checkpoints = {p.name for p in (workdir / "prediction").iterdir()}
+        assert {"__node__", "__node-sys__", "__node-koord-prod__", "__node-__"} <= checkpoints
+        assert kubelet.sandbox_configs[prod].metadata.uid in checkpoints
+
+        # 3. kill -9 and restart: the models come back, no new cold start
+        koordlet.kill()
+        restarted = time.time()
+        koordlet.start()
+        # whole-second stamps: one from the second after the restart is the new process's
+        stamp2, reclaimable2, peak2 = wait_for(lambda: report(restarted + 1), "the first report after the restart",
+                                               timeout=REPORT_SECONDS * 3 + 10)
+        print(f"after kill -9, at {stamp2}: reclaimable {reclaimable2}, peak {peak2}")
+        assert abs(reclaimable2["cpu"] - reclaimable["cpu"]) <= 0.3, (reclaimable, reclaimable2)
+        assert abs(peak2["cpu"] - peak["cpu"]) <= 0.3, (peak, peak2)
+        assert "prediction: " in koordlet.log_path.read_text() and "models restored" in koordlet.logs()
+    finally:
+        rc = koordlet.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs(60)}")

@@ -23,10 +23,11 @@ from koord import rlimits
 from koord.health import HealthServer
 from koord.hookapi import Registration
 
-from . import features, metriccache, metricsadvisor, qosmanager, upstreamflags
+from . import features, metriccache, metricsadvisor, prediction, qosmanager, upstreamflags
 from .flags import parse_args
 from .metrics import KoordletMetrics
 from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
+from .modules import ModuleStarter
 from .pleg import Pleg
 from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import ResourceExecutor
@@ -99,6 +100,8 @@ class Koordlet:
         self.advisor: metricsadvisor.MetricsAdvisor | None = None
         self.qos_manager: qosmanager.QOSManager | None = None
         self.pleg: Pleg | None = None
+        self.predict_server: prediction.PeakPredictServer | None = None
+        self.modules = ModuleStarter(self.metrics.set_module)
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
@@ -117,29 +120,42 @@ class Koordlet:
         """Starts the modules in upstream's order: resource executor, metric cache, states
         informer (with the NodeMetric reporter), metrics advisor, QoS manager, runtime hooks.
 
-        A module that cannot start logs why, shows 0 in ``koordlet_module_up`` and the
-        others go on; nothing waits for a NodeSLO. Only the hook server failing to listen
-        ends the process (OSError), as before: the proxy could not reach koordlet at all.
+        A module that cannot start logs why, shows 0 in ``koordlet_module_up``, keeps
+        ``/readyz`` failing and is retried with back-off (``modules.py``) while the others
+        go on; nothing waits for a NodeSLO. Only the hook server failing to listen ends
+        the process (OSError), as before: the proxy could not reach koordlet at all.
         """
         self._serve_metrics()
         self.metrics.set_module("resource-executor", True)  # built in __post_init__
-        self.metric_cache = self._run_module("metric-cache", lambda: metriccache.from_args(self.args))
-        self._run_module("states-informer", self.informer.start)
+        self.modules.run("metric-cache", lambda: metriccache.from_args(self.args),
+                         lambda cache: setattr(self, "metric_cache", cache))
+        self.modules.run("states-informer", self.informer.start)
+        self.modules.run("prediction", self._start_prediction,
+                         lambda server: setattr(self, "predict_server", server))
         self._start_reporter()
         self._start_topology()
-        self._start_advisor()
-        self.qos_manager = self._run_module("qos-manager", self._start_qos_manager)
+        self.modules.run("metrics-advisor", self._start_advisor,
+                         lambda advisor: setattr(self, "advisor", advisor))
+        self.modules.run("qos-manager", self._start_qos_manager,
+                         lambda manager: setattr(self, "qos_manager", manager))
         self._start_runtime_hooks()
 
-    def _run_module(self, name: str, start):
-        try:
-            result = start()
-        except Exception as exc:
-            log.error("module %s cannot start: %s; the other modules go on", name, exc)
-            self.metrics.set_module(name, False)
-            return None
-        self.metrics.set_module(name, True)
-        return result
+    def _start_prediction(self) -> prediction.PeakPredictServer:
+        server = prediction.PeakPredictServer(prediction.PredictionConfig.from_args(self.args),
+                                              self.informer, self._cache())
+        server.start()
+        return server
+
+    def _prod_predictor(self, node: dict | None) -> prediction.ProdReclaimablePredictor | None:
+        """A report's predictor; None (no prediction fields) while the predict server is down."""
+        server = self.predict_server
+        return None if server is None else prediction.ProdReclaimablePredictor(server, node, server.config)
+
+    def _cache(self) -> metriccache.MetricCache:
+        """The metric cache for a module that needs it; raises until it runs."""
+        if self.metric_cache is None:
+            raise RuntimeError("no metric cache (module metric-cache is not running yet)")
+        return self.metric_cache
 
     def _serve_metrics(self) -> None:
         if not self.args.addr:
@@ -153,6 +169,9 @@ class Koordlet:
             self.health = None
 
     def _ready(self) -> tuple[bool, str]:
+        down = self.modules.down()
+        if down:
+            return False, "modules not running: " + ", ".join(down)
         if not self.informer.has_synced():
             return False, "states informer has not synced yet"
         return True, ""
@@ -161,12 +180,14 @@ class Koordlet:
         writer = self._status_writer()
         if writer is None:
             return
-        if self.metric_cache is None:
-            log.error("module nodemetric-reporter cannot start: no metric cache")
-            self.metrics.set_module("nodemetric-reporter", False)
-            return
-        self.reporter = NodeMetricReporter(self.informer, self.metric_cache, writer, self.metrics)
-        self._run_module("nodemetric-reporter", self.reporter.start)
+
+        def start() -> NodeMetricReporter:
+            reporter = NodeMetricReporter(self.informer, self._cache(), writer, self.metrics,
+                                          predictor=self._prod_predictor)
+            reporter.start()
+            return reporter
+        self.modules.run("nodemetric-reporter", start,
+                         lambda reporter: setattr(self, "reporter", reporter))
 
     def _status_writer(self) -> StatusWriter | None:
         a = self.args
@@ -174,12 +195,15 @@ class Koordlet:
             log.info("NodeMetric reporting disabled (--enable-node-metric-report=false)")
             return None
         if a.node_metric_file is not None:
-            objects = self.informer.objects
-            expect = ((lambda raw: objects.expect(NODE_METRIC, raw))
-                      if isinstance(objects, FileObjectsSource) else None)
-            return FileStatusWriter(a.node_metric_file, on_written=expect)
+            files = self.informer.objects
+            if isinstance(files, FileObjectsSource):
+                # koordlet's own write is not a change of the file to read back.
+                source: FileObjectsSource = files
+                return FileStatusWriter(a.node_metric_file, on_written=lambda raw: source.expect(NODE_METRIC, raw))
+            return FileStatusWriter(a.node_metric_file)
         if isinstance(self.informer.objects, KubeObjectsSource):
-            return KubeStatusWriter(self.informer.objects.api, self.informer.objects.node_name)
+            objects = self.informer.objects
+            return KubeStatusWriter(objects.api, objects.node_name, reachability=objects.reachability)
         log.info("no --node-metric-file and no API server: NodeMetric is not reported")
         return None
 
@@ -188,10 +212,6 @@ class Koordlet:
         if a.node_topology_sync_interval <= 0:
             log.info("NodeResourceTopology disabled (--node-topology-sync-interval=0)")
             return
-        if self.metric_cache is None:
-            log.error("module node-topology cannot start: no metric cache")
-            self.metrics.set_module("node-topology", False)
-            return
         writer: FileNRTWriter | KubeNRTWriter | None = None
         if not a.feature_gates.get(features.NODE_TOPOLOGY_REPORT):
             log.info("NodeResourceTopology kept locally only (feature gate NodeTopologyReport off)")
@@ -199,37 +219,32 @@ class Koordlet:
             writer = FileNRTWriter(a.node_topology_file)
         elif isinstance(self.informer.objects, KubeObjectsSource):
             writer = KubeNRTWriter(self.informer.objects.api, self.informer.objects.node_name)
-        self.topology = NodeTopologyReporter(
-            self.informer, self.metric_cache, interval=a.node_topology_sync_interval,
-            var_lib_kubelet=a.var_lib_kubelet_dir, proc_root=a.proc_root_dir, sys_root=a.sys_root_dir,
-            sys_fs_root=a.sys_fs_root_dir, writer=writer,
-            kubelet=None if a.disable_query_kubelet_config else kubelet_client(a, self.informer))
-        self._run_module("node-topology", self.topology.start)
+
+        def start() -> NodeTopologyReporter:
+            topology = NodeTopologyReporter(
+                self.informer, self._cache(), interval=a.node_topology_sync_interval,
+                var_lib_kubelet=a.var_lib_kubelet_dir, proc_root=a.proc_root_dir, sys_root=a.sys_root_dir,
+                sys_fs_root=a.sys_fs_root_dir, writer=writer,
+                kubelet=None if a.disable_query_kubelet_config else kubelet_client(a, self.informer))
+            topology.start()
+            return topology
+        self.modules.run("node-topology", start, lambda topology: setattr(self, "topology", topology))
 
     def _start_qos_manager(self) -> qosmanager.QOSManager:
-        if self.metric_cache is None:
-            raise RuntimeError("no metric cache")
         api = self.informer.objects.api if isinstance(self.informer.objects, KubeObjectsSource) else None
         manager = qosmanager.QOSManager(
             qosmanager.QOSConfig.from_args(self.args, node_name=node_name()), self.informer,
-            self.metric_cache, self.executor, registry=self.metrics.registry, api_client=api)
+            self._cache(), self.executor, registry=self.metrics.registry, api_client=api)
         manager.start()
         return manager
 
-    def _start_advisor(self) -> None:
-        if self.metric_cache is None:
-            log.error("module metrics-advisor cannot start: no metric cache")
-            self.metrics.set_module("metrics-advisor", False)
-            return
-        cache = self.metric_cache
-
-        def start() -> metricsadvisor.MetricsAdvisor:
-            advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args),
-                                                    self.informer, cache)
-            self.metrics.registry.register(ResctrlPrometheus(cache, node_name()))
-            advisor.start()
-            return advisor
-        self.advisor = self._run_module("metrics-advisor", start)
+    def _start_advisor(self) -> metricsadvisor.MetricsAdvisor:
+        cache = self._cache()
+        advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args), self.informer, cache)
+        advisor.start()
+        # After a successful start only: a retried start must not register the gauges twice.
+        self.metrics.registry.register(ResctrlPrometheus(cache, node_name()))
+        return advisor
 
     def _start_runtime_hooks(self) -> None:
         log.info("plugins: %s", ", ".join(p.name for p in self.plugins) or "none")
@@ -255,10 +270,12 @@ class Koordlet:
         def start() -> Pleg:
             pleg.start()
             return pleg
-        self.pleg = self._run_module("pleg", start)
+        self.modules.run("pleg", start, lambda started: setattr(self, "pleg", started))
 
     def stop(self) -> None:
-        """Reverse order. Unregisters first so the proxy stops calling, then stops serving."""
+        """Reverse order. Unregisters first so the proxy stops calling, then stops serving;
+        no module is retried once stopping began."""
+        self.modules.stop()
         if self.registration is not None:
             self.registration.remove(self.args.runtime_hooks_config_path)
             self.registration = None
@@ -274,6 +291,8 @@ class Koordlet:
             self.advisor.stop()
         if self.reporter is not None:
             self.reporter.stop()
+        if self.predict_server is not None:
+            self.predict_server.stop()
         if self.topology is not None:
             self.topology.stop()
         self.informer.stop()
@@ -350,6 +369,9 @@ def node_name() -> str:
 
 def kube_api_client(kubeconfig: Path | None):
     from kubernetes import client, config
+
+    # urllib3 warns at each of its retries; an outage is logged once by Reachability instead.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
     if kubeconfig is not None:
         return config.new_client_from_config(config_file=str(kubeconfig))

@@ -11,7 +11,7 @@ from pathlib import Path
 from koord.commonflags import log_level, version_text
 from koord.hookapi import FailurePolicy, HookPoint, unix_socket_path
 
-from . import goflags, metriccache, metricsadvisor, qosmanager, upstreamflags
+from . import goflags, metriccache, metricsadvisor, prediction, qosmanager, upstreamflags
 from .features import ALL_GATE_DEFAULTS, parse_feature_gates
 from .flagtypes import choice, flag_bool, go_duration, port_number
 from .runtimehooks.server import Network
@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     metriccache.add_flags(p)
     metricsadvisor.add_flags(p)
     qosmanager.add_flags(p)
+    prediction.add_flags(p)
     upstreamflags.add_flags(p)
     upstreamflags.apply_agent_mode(p)
     return p

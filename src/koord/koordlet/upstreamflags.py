@@ -2,7 +2,7 @@
 defaults of upstream's ``agent_mode``.
 
 Upstream's DaemonSet passes flags for features this koordlet does not build (NRI, audit,
-prediction, TSDB tuning, ...). Each is accepted with its Go type checked, so a manifest
+TSDB tuning, ...). Each is accepted with its Go type checked, so a manifest
 written for upstream starts, and one warning names the ones given. klog's flags map onto
 Python logging: ``-v`` >= 4 is DEBUG, ``-logtostderr=false`` writes to ``-log_file`` or
 ``-log_dir``, ``-stderrthreshold`` bounds what reaches stderr, ``-skip_headers`` drops the
@@ -69,15 +69,6 @@ NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "audit-max-disk-space-mb": (INT, "16"),
     "audit-max-concurrent-readers": (INT, "4"),
     "audit-max-events-limit": (INT, "2048"),
-    "prediction-checkpoint-filepath": (STRING, "/prediction-checkpoints"),
-    "prediction-cold-start-duration": (DURATION, "24h0m0s"),
-    "prediction-safety-margin-percent": (INT, "10"),
-    "prediction-memory-histogram-decay-halflife": (DURATION, "24h0m0s"),
-    "prediction-cpu-histogram-decay-halflife": (DURATION, "12h0m0s"),
-    "prediction-training-interval": (DURATION, "1m0s"),
-    "prediction-model-expiration-duration": (DURATION, "30m0s"),
-    "prediction-model-checkpoint-interval": (DURATION, "10m0s"),
-    "prediction-model-checkpoint-max-per-step": (INT, "12"),
     "resource-force-update-seconds": (INT, "60"),
     "enable-pprof": (BOOL, "false"),
     "pprof-addr": (STRING, ":9317"),

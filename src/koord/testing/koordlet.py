@@ -33,7 +33,7 @@ class KoordletProcess:
         self.log_path = workdir / "koordlet.log"
         own = ["--log-level", "DEBUG", "--runtime-hooks-addr", str(self.socket),
                "--runtime-hooks-config-path", str(self.config_dir), "--tsdb-path", str(workdir / "tsdb"),
-               "--addr", ""] if own_flags else []
+               "--prediction-checkpoint-filepath", str(workdir / "prediction"), "--addr", ""] if own_flags else []
         self.command = [sys.executable, "-m", "koord.koordlet", *own, *args]
         self.env = {**os.environ, **(env or {})}
         self._log: BinaryIO | None = None

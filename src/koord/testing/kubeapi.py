@@ -35,7 +35,8 @@ _CORE = "/api/v1/nodes"
 
 
 class FakeKubeAPI:
-    def __init__(self, crds: bool = True) -> None:
+    def __init__(self, crds: bool = True, port: int = 0) -> None:
+        """``port`` 0 picks a free one; a given port brings a stopped server "back"."""
         self.crds = crds
         self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
@@ -63,7 +64,7 @@ class FakeKubeAPI:
             def do_POST(self) -> None:
                 api._post(self)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -123,7 +123,7 @@ def test_node_slo_change_refreshes_existing_pods(short_socket_dir, tmp_path, fak
         "--runtime-hooks-config-path", str(short_socket_dir / "hookserver.d"),
         "--cgroup-root-dir", str(root), "--proc-root-dir", str(tmp_path / "proc"),
         "--containerd-endpoint", fake_cri.endpoint, "--node-slo-file", str(slo),
-        "--runtime-hooks-reconcile-interval", "1h"])
+        "--runtime-hooks-reconcile-interval", "1h", *PRIVATE_PATHS(tmp_path)[:4]])
     koordlet = cli.Koordlet(args)
     koordlet.start()
     try:
@@ -161,6 +161,7 @@ BE_SANDBOX = api_pb2.PodSandboxHookRequest(
 def PRIVATE_PATHS(tmp_path):
     """Keeps a koordlet process off the host's metric cache, CRI socket and port 9316."""
     return ["--tsdb-path", str(tmp_path / "tsdb"), "--addr", "",
+            "--prediction-checkpoint-filepath", str(tmp_path / "prediction"),
             "--containerd-endpoint", str(tmp_path / "no-cri.sock")]
 
 

@@ -6,6 +6,7 @@ import shutil
 import socket
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def koordlet(tmp_path, short_dir, *extra):
                        "--cgroup-root-dir", str(root), "--runtime-hooks-reconcile-interval", "0",
                        "--containerd-endpoint", str(short_dir / "no-cri.sock"),
                        "--kubelet-sync-interval", "100ms",
+                       "--prediction-checkpoint-filepath", str(tmp_path / "prediction"),
                        # Empty proc/sys: the metrics advisor finds nothing to add to the samples the tests write.
                        "--proc-root-dir", str(tmp_path / "proc"), "--sys-root-dir", str(tmp_path / "sys"), *extra])
     return Koordlet(args)
@@ -48,7 +50,21 @@ def scrape(port):
         return r.read().decode()
 
 
-def test_unusable_metric_cache_does_not_stall_informer_or_hooks(tmp_path, short_dir, caplog):
+def module_up(port):
+    return {line.split('module="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
+            for line in scrape(port).splitlines() if line.startswith("koordlet_module_up{")}
+
+
+def readyz(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_unusable_metric_cache_does_not_stall_informer_or_hooks_and_is_retried(
+        tmp_path, short_dir, caplog):
     blocker = tmp_path / "tsdb"
     blocker.write_text("a file where the cache dir should be")
     port = free_port()
@@ -58,19 +74,33 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks(tmp_path, short_
     try:
         assert (short_dir / "cfg" / "koordlet.json").exists()  # runtime hooks registered
         assert k.metric_cache is None and k.reporter is None
-        text = scrape(port)
-        assert 'koordlet_module_up{module="metric-cache",node=' in text
-        up = {line.split('module="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
-              for line in text.splitlines() if line.startswith("koordlet_module_up{")}
-        assert up == {"resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
-                      "nodemetric-reporter": "0.0", "node-topology": "0.0", "metrics-advisor": "0.0",
-                      "qos-manager": "0.0", "runtime-hooks": "1.0", "pleg": "1.0"}
+        assert module_up(port) == {
+            "resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
+            "prediction": "0.0", "nodemetric-reporter": "0.0", "node-topology": "0.0",
+            "metrics-advisor": "0.0", "qos-manager": "0.0", "runtime-hooks": "1.0", "pleg": "1.0"}
+        code, body = readyz(port)
+        assert code == 503 and ("metric-cache, prediction, nodemetric-reporter, node-topology, "
+                                "metrics-advisor, qos-manager") in body
+        time.sleep(2.5)  # a few retries fail: each cause is logged once, not per attempt
+        blocker.unlink()  # the fault goes away: the next retry round brings every module up
+        deadline = time.monotonic() + 15
+        while set(module_up(port).values()) != {"1.0"} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(module_up(port).values()) == {"1.0"}, module_up(port)
+        assert k.metric_cache is not None and k.reporter is not None
+        assert k.advisor is not None and k.qos_manager is not None and k.predict_server is not None
+        # Not ready still, for the one remaining reason: no CRI here, so no pod list.
+        assert readyz(port) == (503, "states informer has not synced yet\n")
     finally:
         k.stop()
-    messages = " ".join(r.getMessage() for r in caplog.records)
-    assert "module metric-cache cannot start" in messages and str(blocker) in messages
-    assert "nodemetric-reporter cannot start: no metric cache" in messages
-    assert "module qos-manager cannot start: no metric cache" in messages
+    messages = [r.getMessage() for r in caplog.records]
+    text = " ".join(messages)
+    assert sum("module metric-cache cannot start" in m for m in messages) == 1
+    assert str(blocker) in text
+    assert "nodemetric-reporter cannot start: no metric cache" in text
+    assert "module qos-manager cannot start: no metric cache" in text
+    assert "module metric-cache running after" in text
+    assert "module qos-manager running after" in text
 
 
 def test_busy_addr_is_logged_and_koordlet_runs(tmp_path, short_dir, caplog):

@@ -295,14 +295,88 @@ def test_two_caches_never_share_a_dir(tmp_path):
     b.close()
 
 
-def test_corrupt_database_is_moved_aside(tmp_path, caplog):
-    (tmp_path / mc.storage.DB_NAME).write_bytes(b"this is not sqlite" * 100)
-    c = MetricCache(tmp_path)
-    c.append([pod("a", 1, 1)])
-    assert c.query(mc.POD_CPU_USAGE, 0, 2) == [(1.0, 1.0)]
-    assert list(tmp_path.glob("metrics.db.corrupt-*"))
-    assert "unreadable" in caplog.text
+def _populated(path, series: int = 200) -> None:
+    """A metric cache file of a few hundred KiB: chunks of many series, a head, a KV."""
+    c = MetricCache(path)
+    now = time.time()
+    for i in range(30):
+        c.append([pod(f"pod-{j}", now - 60 + i, float(i * j)) for j in range(series)])
+    c.flush()
+    c.append([pod("pod-0", now, 1.0)])
+    c.set_kv("k", {"v": 1})
+    c._conn().execute("VACUUM")  # no free pages: every overwritten page holds data
     c.close()
+
+
+def _garbage(db, at: float, size: int) -> None:
+    """Overwrites ``size`` bytes at ``at`` (a fraction of the file) with a fixed pattern."""
+    data = bytearray(db.read_bytes())
+    start = int(len(data) * at) // 4096 * 4096
+    data[start:start + size] = (b"\xde\xad\xbe\xef" * (size // 4 + 1))[:size]
+    db.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("case, damage", [
+    ("not a database at all", lambda db: db.write_bytes(b"this is not sqlite" * 100)),
+    ("4 KiB overwritten in the middle", lambda db: _garbage(db, 0.5, 4096)),
+    ("4 KiB overwritten near the end", lambda db: _garbage(db, 0.9, 4096)),
+    ("the schema page overwritten", lambda db: _garbage(db, 0.0, 4096)),
+    ("truncated to half", lambda db: db.write_bytes(db.read_bytes()[: len(db.read_bytes()) // 2])),
+])
+def test_damaged_database_is_moved_aside_and_a_fresh_one_started(tmp_path, caplog, case, damage):
+    _populated(tmp_path)
+    db = tmp_path / mc.storage.DB_NAME
+    damage(db)
+    c = MetricCache(tmp_path)
+    try:
+        aside = list(tmp_path.glob("metrics.db.corrupt-*"))
+        assert len(aside) == 1, case
+        assert str(db) in caplog.text and str(aside[0]) in caplog.text, "both paths are logged"
+        assert c.query(mc.POD_CPU_USAGE, 0, time.time() + 10) == [], "the fresh cache is empty"
+        now = float(int(time.time()))
+        c.append([pod("a", now, 1)])
+        assert c.query(mc.POD_CPU_USAGE, 0, now + 1) == [(now, 1.0)]
+        assert c.get_kv("k") is None
+    finally:
+        c.close()
+    reopened = MetricCache(tmp_path)  # the fresh file is healthy: nothing more moved aside
+    assert reopened.query(mc.POD_CPU_USAGE, 0, now + 1) == [(now, 1.0)]
+    reopened.close()
+    assert len(list(tmp_path.glob("metrics.db.corrupt-*"))) == 1
+
+
+def test_healthy_database_is_kept(tmp_path):
+    _populated(tmp_path, series=5)
+    c = MetricCache(tmp_path)
+    assert c.get_kv("k") == {"v": 1}
+    assert not list(tmp_path.glob("metrics.db.corrupt-*"))
+    c.close()
+
+
+def test_disk_full_append_fails_cleanly_and_recovery_is_logged_once(tmp_path, caplog, monkeypatch):
+    c = MetricCache(tmp_path)
+    try:
+        c.append([pod("known", 1, 1)])
+        db = c._conn()
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count={pages}")  # SQLite's "database or disk is full"
+        reloads = []
+        monkeypatch.setattr(c, "_load_series", lambda: reloads.append(1))
+        big = [pod(f"new-{i}", 2, 2) for i in range(2000)]
+        for _ in range(3):
+            with pytest.raises(MetricCacheError) as err:
+                c.append(big)
+            assert str(err.value).startswith("append of 2000 samples failed: database or disk is full")
+        assert reloads == [], "a failed write does not reload the cache from disk"
+        assert c.query(mc.POD_CPU_USAGE, 0, 10) == [(1.0, 1.0)], "rolled-back series are forgotten"
+        assert "writes succeed again" not in caplog.text
+        db.execute("PRAGMA max_page_count=1073741823")
+        c.append(big)
+        c.append([pod("known", 3, 3)])
+        assert caplog.text.count("metric cache: writes succeed again after 3 failed appends") == 1
+        assert len(c.query(mc.POD_CPU_USAGE, 0, 10)) == 2002
+    finally:
+        c.close()
 
 
 def test_closed_cache_raises(tmp_path):

@@ -128,6 +128,55 @@ def test_token_bucket(tokens, elapsed, allowed):
     assert got == allowed
 
 
+def test_api_server_outage_is_logged_once_when_it_goes_and_once_when_it_is_back(
+        tmp_path, monkeypatch, caplog):
+    """Three list-watches retrying every 50 ms and a status writer, through an outage: one
+    line when the server goes, one when it is back, no urllib3 retry warnings."""
+    import logging
+
+    from koord.koordlet import cli
+    from koord.koordlet.statesinformer import objects
+
+    monkeypatch.setattr(objects, "RETRY_SECONDS", 0.05)
+    caplog.set_level(logging.INFO)
+    first = FakeKubeAPI().__enter__()
+    port = first.server.server_address[1]
+    node_metric = {"metadata": {"name": "node1"}}
+    first.put(NODEMETRICS, node_metric)
+    client = cli.kube_api_client(first.write_kubeconfig(tmp_path / "kubeconfig"))
+    source = KubeObjectsSource(client, "node1")
+    informer = StatesInformer(objects=source)
+    writer = KubeStatusWriter(client, "node1", TokenBucket(1000, 1000),
+                              reachability=source.reachability)
+    informer.start()
+    try:
+        wait_for(informer.has_synced, "the first list of each kind")
+        assert writer.write(node_metric, {"a": 1})
+        first.__exit__()
+        time.sleep(1.5)  # ~30 failed relists per kind
+        for _ in range(5):
+            assert not writer.write(node_metric, {"a": 2})
+        assert source.reachability.down
+        with FakeKubeAPI(port=port) as second:
+            second.put(NODES, {"metadata": {"name": "node1", "annotations": {"back": "yes"}}})
+            wait_for(lambda: (informer.get_node() or {}).get("metadata", {}).get("annotations")
+                     == {"back": "yes"}, "the informer after the outage")
+            second.put(NODEMETRICS, node_metric)
+            assert writer.write(second.objects[NODEMETRICS]["node1"], {"a": 3})
+            time.sleep(0.5)
+            informer.stop()  # before this server goes too: that would be a second outage
+    finally:
+        informer.stop()
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO
+                and "reachab" in r.getMessage()]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith(f"API server http://127.0.0.1:{port} unreachable (")
+    assert messages[1].startswith(f"API server http://127.0.0.1:{port} reachable again after ")
+    assert not [r for r in caplog.records if r.name.startswith("urllib3") and r.levelno >= logging.WARNING]
+    assert not [r for r in caplog.records if r.getMessage().startswith("states informer: list-watch")], \
+        "no per-retry lines"
+
+
 def test_kinds_the_api_server_does_not_serve_are_absent_and_logged_once(tmp_path, caplog, monkeypatch):
     """CRDs not installed: 404 for NodeSLO and NodeMetric. The informer syncs with them absent
     (defaults), says so once per kind, and asks again at the slow pace; once the CRDs exist

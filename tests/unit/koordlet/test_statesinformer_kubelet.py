@@ -36,6 +36,10 @@ def test_pod_conversion():
     assert (c.id, c.cgroup_dir, c.running) == ("abc", "kubepods/burstable/podu-1/abc", True)
     assert c.requests == {"cpu": 500, "memory": 128 * 2**20}
     assert c.limits == {"cpu": 2000, "kubernetes.io/batch-cpu": 1000}
+    assert meta.created is None  # no creationTimestamp: the predictor treats it as young
+    with_time = pod()
+    with_time["metadata"]["creationTimestamp"] = "2024-05-06T07:08:09Z"
+    assert pod_meta_of(with_time, "kubepods/", "cgroupfs").created == 1714979289.0
 
 
 @pytest.mark.parametrize("qos,containers,want", [
@@ -60,6 +64,8 @@ def test_kube_qos_from_status_or_resources(qos, containers, want):
     (lambda p: p["metadata"].update(labels={"a": 1}), "metadata.labels"),
     (lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu="lots"), "quantity"),
     (lambda p: p["metadata"].update(uid="../../etc"), "uid"),
+    (lambda p: p["metadata"].update(creationTimestamp="yesterday"), "metadata.creationTimestamp"),
+    (lambda p: p["metadata"].update(creationTimestamp=12), "metadata.creationTimestamp"),
 ])
 def test_malformed_pod_is_rejected_naming_the_field(mutate, field):
     p = pod()

@@ -183,17 +183,25 @@ class MetricCache:
         self._last_cut = clock()
         # The WAL may grow to this before it is truncated; it counts against the size bound.
         self._journal_limit = min(4 * 1024 * 1024, self.max_bytes // 8)
-        self._db: sqlite3.Connection | None = self._open()
-        self._page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
-        self._load_series()
-        with self._lock:
-            self._maintain(force=True)
+        self._failed_writes = 0  # appends failed in a row (disk full, I/O errors)
+        self._db: sqlite3.Connection | None = None
+        self._page_size = 4096
+        self._open()
 
     # ---- open / close -------------------------------------------------------------------
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self) -> None:
+        """Opens, checks and loads the database; a damaged file is moved aside, not fatal.
+
+        Damage (SQLite's "malformed" or "not a database", or a failed ``PRAGMA
+        quick_check``) can surface at the first page read, when the series and head are
+        loaded, or at the first maintenance, so all of these run here. Operational errors
+        (disk full, permissions, locks) are raised instead: the file may be fine, and the
+        caller retries later.
+        """
         if self.path is None:
-            return self._connect(":memory:")
+            self._use(self._connect(":memory:"))
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -201,17 +209,46 @@ class MetricCache:
         self._take_dir_lock()
         db_file = self.path / DB_NAME
         try:
-            return self._connect(str(db_file))
-        except sqlite3.DatabaseError as exc:
-            # Start-up must not die on a damaged file: keep it aside for a human, start empty.
-            aside = db_file.with_name(f"{DB_NAME}.corrupt-{int(time.time())}")
-            log.error("metric cache %s is unreadable (%s); moved to %s, starting empty",
-                      db_file, exc, aside)
-            for suffix in ("", "-wal", "-shm"):
-                src = Path(str(db_file) + suffix)
-                if src.exists():
-                    src.rename(Path(str(aside) + suffix))
-            return self._connect(str(db_file))
+            try:
+                self._use(self._connect(str(db_file)), check=True)
+            except sqlite3.DatabaseError as exc:
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise
+                self._close_db()
+                self._move_aside(db_file, exc)
+                self._use(self._connect(str(db_file)))
+        except sqlite3.Error as exc:
+            self._close_db()
+            self._release_dir_lock()
+            raise MetricCacheError(f"metric cache {db_file}: cannot open: {exc}") from None
+
+    def _use(self, db: sqlite3.Connection, check: bool = False) -> None:
+        """Makes ``db`` the connection and loads it; sqlite3 errors go to the caller."""
+        self._db = db
+        if check:
+            result = db.execute("PRAGMA quick_check(1)").fetchone()
+            if not result or result[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {result[0] if result else 'no answer'}")
+        self._page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
+        self._load_series()
+        with self._lock:
+            self._maintain(force=True)
+
+    def _close_db(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @staticmethod
+    def _move_aside(db_file: Path, exc: Exception) -> None:
+        """Keeps the damaged file (and its WAL) for a human under a name that says when."""
+        aside = db_file.with_name(f"{DB_NAME}.corrupt-{int(time.time())}")
+        log.error("metric cache %s is damaged (%s); moved to %s, starting empty",
+                  db_file, exc, aside)
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(db_file) + suffix)
+            if src.exists():
+                src.rename(Path(str(aside) + suffix))
 
     def _take_dir_lock(self) -> None:
         assert self.path is not None
@@ -227,6 +264,11 @@ class MetricCache:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
+
+    def _release_dir_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _connect(self, target: str) -> sqlite3.Connection:
         db = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
@@ -252,11 +294,8 @@ class MetricCache:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error as exc:
                 log.warning("metric cache: checkpoint at close failed: %s", exc)
-            self._db.close()
-            self._db = None
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._close_db()
+            self._release_dir_lock()
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -264,7 +303,7 @@ class MetricCache:
         return self._db
 
     def _load_series(self) -> None:
-        """Series and the head from disk (after open, and after a failed transaction)."""
+        """Series and the head from disk, once at open."""
         self._series.clear()
         self._by_id.clear()
         self._by_kind.clear()
@@ -309,19 +348,28 @@ class MetricCache:
             return
         with self._lock:
             db = self._conn()
+            created: list[_Key] = []
             try:
                 with _transaction(db):
-                    rows = [(self._series_id(db, key, s.labels), _ms(s.timestamp), float(s.value))
-                            for key, s in zip(keys, batch, strict=True)]
+                    rows = [(self._series_id(db, key, s.labels, created), _ms(s.timestamp),
+                             float(s.value)) for key, s in zip(keys, batch, strict=True)]
                     db.executemany("INSERT INTO head VALUES (?, ?, ?)", rows)
             except sqlite3.Error as exc:
-                self._load_series()  # forget series ids the rollback undid
-                raise MetricCacheError(f"metric cache: append of {len(batch)} samples failed: {exc}") from None
+                for key in created:  # the rollback undid their rows; nothing else changed
+                    self._forget_series(key)
+                self._failed_writes += 1
+                # No "metric cache:" prefix: callers name the cache in their own message.
+                raise MetricCacheError(f"append of {len(batch)} samples failed: {exc}") from None
+            if self._failed_writes:
+                log.info("metric cache: writes succeed again after %d failed appends",
+                         self._failed_writes)
+                self._failed_writes = 0
             for sid, ts, value in rows:
                 self._by_id[sid].add(ts, value)
             self._maintain()
 
-    def _series_id(self, db: sqlite3.Connection, key: _Key, labels: Mapping[str, str]) -> int:
+    def _series_id(self, db: sqlite3.Connection, key: _Key, labels: Mapping[str, str],
+                   created: list[_Key]) -> int:
         found = self._series.get(key)
         if found is not None:
             return found.id
@@ -329,7 +377,13 @@ class MetricCache:
         cur = db.execute("INSERT INTO series (kind, labels) VALUES (?, ?)", (kind, _labels_json(labels)))
         sid = int(cur.lastrowid or 0)
         self._add_series(kind, Series(sid, dict(labels)))
+        created.append(key)
         return sid
+
+    def _forget_series(self, key: _Key) -> None:
+        series = self._series.pop(key)
+        del self._by_id[series.id]
+        self._by_kind[key[0]].remove(series)
 
     def _cut_chunks(self, db: sqlite3.Connection) -> None:
         """Moves the whole head into one chunk per series and empties the head table."""
@@ -422,8 +476,7 @@ class MetricCache:
         alive = {sid for (sid,) in db.execute("SELECT id FROM series")}
         for key, series in list(self._series.items()):
             if series.id not in alive:
-                del self._series[key], self._by_id[series.id]
-                self._by_kind[key[0]].remove(series)
+                self._forget_series(key)
             else:
                 series.drop_before(cutoff_ms)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from koord.hookapi import json_document, parse_quantity
 
+from ..rfc3339 import parse_time
 from .meta import (
     CGROUPFS,
     ContainerMeta,
@@ -94,6 +95,8 @@ def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise ValueError(f"spec.priority: want an integer, got {priority!r:.40}")
     labels = _strings(meta.get("labels"), "metadata.labels")
+    stamp = meta.get("creationTimestamp")
+    created = None if stamp is None else parse_time(stamp, "metadata.creationTimestamp")
     status = _object(pod.get("status"), "status")
     kube_qos = _kube_qos(pod, containers)
     cgroup_dir = pod_cgroup_dir(kube_dir, kube_qos, uid, driver)
@@ -116,7 +119,7 @@ def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
                    annotations=_strings(meta.get("annotations"), "metadata.annotations"),
                    kube_qos=kube_qos, koord_qos=koord_qos_of(labels), priority=priority,
                    cgroup_dir=cgroup_dir, sandbox_id="", running=status.get("phase") == "Running",
-                   containers=metas)
+                   containers=metas, created=created)
 
 
 def pods_of_list(data: bytes, kube_dir: str, driver: str) -> list[PodMeta]:

@@ -43,6 +43,8 @@ class PodMeta:
     sandbox_id: str
     running: bool
     containers: list[ContainerMeta] = field(default_factory=list)
+    created: float | None = None
+    """Unix seconds the pod was created (its sandbox, or the API object); None when unknown."""
 
     @property
     def key(self) -> str:

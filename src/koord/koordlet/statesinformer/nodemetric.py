@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..metriccache import (
@@ -51,6 +50,7 @@ from ..metriccache import (
     SYS_NUMA_MEMORY_USAGE,
     Aggregation,
 )
+from ..rfc3339 import format_time
 from .meta import PodMeta
 from .specs import format_go_duration
 
@@ -78,6 +78,18 @@ class MetricQuerier(Protocol):
                    labels: dict[str, str] | None = None) -> float: ...
 
     def get_kv(self, key: str) -> Any | None: ...
+
+
+Resources = dict[str, int]
+"""{"cpu": milli-cores, "memory": bytes}."""
+
+
+class ProdPredictor(Protocol):
+    """The peak predictor of one report (``koord.koordlet.prediction``)."""
+
+    def add_pod(self, pod: PodMeta) -> None: ...
+
+    def report(self) -> tuple[Resources | None, Resources | None]: ...
 
 
 # ---- quantities ------------------------------------------------------------------------
@@ -108,8 +120,13 @@ def memory_quantity(n_bytes: int) -> str:
 
 def resource_map(cores: float, n_bytes: float) -> dict[str, Any]:
     """upstream's ResourceMap: cpu = int(cores * 1000) milli, memory = int(bytes)."""
-    return {"resources": {"cpu": cpu_quantity(int(cores * 1000)),
-                          "memory": memory_quantity(int(n_bytes))}}
+    return resource_map_of({"cpu": int(cores * 1000), "memory": int(n_bytes)})
+
+
+def resource_map_of(resources: Resources) -> dict[str, Any]:
+    """ResourceMap of exact integers: cpu milli-cores, memory bytes."""
+    return {"resources": {"cpu": cpu_quantity(resources["cpu"]),
+                          "memory": memory_quantity(resources["memory"])}}
 
 
 # ---- classes ---------------------------------------------------------------------------
@@ -180,6 +197,8 @@ class Report:
     host_apps: list[tuple[dict[str, Any], Usage]] = field(default_factory=list)
     numa: list[tuple[int, Usage, Usage | None]] = field(default_factory=list)
     """(NUMA node id, node usage, system usage)."""
+    prod: tuple[Resources | None, Resources | None] | None = None
+    """(Prod reclaimable, Prod peak) when a predictor ran; None inside when unpredicted."""
 
 
 def windows(cache: MetricQuerier, cpu_kind: str, memory_kind: str, end: float,
@@ -212,8 +231,10 @@ def averages_by(cache: MetricQuerier, cpu_kind: str, memory_kind: str, label: st
 
 
 def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any],
-            node_slo: dict | None = None, now: float | None = None) -> Report:
-    """Everything a report needs, for ``policy`` (a merged ``metricCollectPolicy``)."""
+            node_slo: dict | None = None, now: float | None = None,
+            predictor: ProdPredictor | None = None) -> Report:
+    """Everything a report needs, for ``policy`` (a merged ``metricCollectPolicy``); the
+    predictor sees the pods with samples in the window, as upstream's."""
     end = time.time() if now is None else now
     start = end - policy["aggregateDurationSeconds"]
     node_mem, pod_mem, container_mem, app_mem = memory_kinds(policy["nodeMemoryCollectPolicy"])
@@ -233,6 +254,11 @@ def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any
                       policy["aggregateDurationSeconds"])
             continue
         report.pods.append((pod, found))
+        if predictor is not None:
+            try:
+                predictor.add_pod(pod)
+            except Exception as exc:  # noqa: BLE001 - a pod without a model yet: logged, not fatal
+                log.debug("NodeMetric: predictor: pod %s: %s", pod.key, exc)
         for c in pod.containers:
             cu = containers_used.get(c.id)
             if cu is not None:
@@ -247,6 +273,8 @@ def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any
         if found is not None:
             report.host_apps.append((app, found))
     report.host_apps.sort(key=lambda a: a[0]["name"])
+    if predictor is not None:
+        report.prod = predictor.report()
     for numa_id in numa_node_ids(cache):
         labels = {NUMA_NODE_ID: str(numa_id)}
         node = usage(cache, NODE_NUMA_CPU_USAGE, NODE_NUMA_MEMORY_USAGE, start, end, Aggregation.AVG, labels)
@@ -277,7 +305,7 @@ def _windows_json(ws: list[tuple[float, dict[str, Usage | None]]]) -> list[dict[
 
 def update_time(now: float) -> str:
     """metav1.Time: RFC 3339 in UTC, whole seconds."""
-    return datetime.fromtimestamp(int(now), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(now)
 
 
 def status_of(report: Report) -> dict[str, Any]:
@@ -304,6 +332,13 @@ def status_of(report: Report) -> dict[str, Any]:
         status["nodeMetric"]["numaUsages"] = [
             {"numaNodeID": numa_id, "nodeUsage": resource_map(*node), "systemUsage": _map(system)}
             for numa_id, node, system in report.numa]
+    if report.prod is not None:
+        reclaimable, peak = report.prod
+        # upstream: an empty resource when unpredicted; the peak only when predicted
+        status["prodReclaimableMetric"] = {"resource": {} if reclaimable is None
+                                           else resource_map_of(reclaimable)}
+        if peak is not None:
+            status["prodPeakMetric"] = {"resource": resource_map_of(peak)}
     if report.host_apps:
         status["hostApplicationMetric"] = [
             {"name": app["name"], "usage": resource_map(*found),
@@ -313,5 +348,6 @@ def status_of(report: Report) -> dict[str, Any]:
 
 
 def build_status(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any],
-                 node_slo: dict | None = None, now: float | None = None) -> dict[str, Any]:
-    return status_of(collect(cache, pods, policy, node_slo, now))
+                 node_slo: dict | None = None, now: float | None = None,
+                 predictor: ProdPredictor | None = None) -> dict[str, Any]:
+    return status_of(collect(cache, pods, policy, node_slo, now, predictor))

@@ -24,6 +24,8 @@ from typing import Any
 from koord import documents
 from koord.filewatch import DirWatcher
 
+from .reachability import Reachability
+
 log = logging.getLogger(__name__)
 
 NODE, NODE_SLO, NODE_METRIC = "node", "node_slo", "node_metric"
@@ -188,6 +190,8 @@ class KubeObjectsSource:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sink: Sink | None = None
+        # Shared with the NodeMetric writer: one line when the server goes, one when back.
+        self.reachability = Reachability(api_client.configuration.host)
 
     def describe(self) -> str:
         return f"API server {self.api.configuration.host} (node {self.node_name})"
@@ -239,14 +243,19 @@ class KubeObjectsSource:
 
     def _run(self, kind: str) -> None:
         from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
 
         lister = self._lister(kind)
         selector = f"metadata.name={self.node_name}"
         name = KIND_NAMES[kind]
+        last_error = ""
         not_served = False
         while not self._stopping.is_set():
+            started = self.reachability.now()
             try:
                 listed = self._as_dict(lister(field_selector=selector, _request_timeout=30))
+                self.reachability.answered()
+                last_error = ""
                 if not_served:
                     log.info("states informer: the API server serves %s now", name)
                     not_served = False
@@ -267,6 +276,7 @@ class KubeObjectsSource:
                     self._emit(kind, None if etype == "DELETED" else obj)
             except Exception as exc:  # API errors, broken connections, bad objects
                 if api_status(exc) == 404:  # the kind is not served: its CRD is not installed
+                    self.reachability.answered()
                     if not not_served:
                         log.warning("states informer: the API server does not serve %s (CRD not "
                                     "installed?): treated as absent, defaults used; asking again "
@@ -275,9 +285,24 @@ class KubeObjectsSource:
                     self._emit(kind, None)
                     self._stopping.wait(NOT_SERVED_RETRY_SECONDS)
                     continue
-                log.warning("states informer: list-watch %s %s: %s; retrying in %.0fs",
-                            name, self.node_name, exc, RETRY_SECONDS)
+                if _unreachable(exc):
+                    self.reachability.failed(f"list-watch {name} {self.node_name}", exc, started)
+                else:
+                    if isinstance(exc, ApiException):
+                        self.reachability.answered()
+                    error = f"{type(exc).__name__}: {exc}"
+                    if error != last_error:  # the same answer every 5 s is logged once
+                        log.warning("states informer: list-watch %s %s: %s; retrying every %.0fs",
+                                    name, self.node_name, exc, RETRY_SECONDS)
+                        last_error = error
                 self._stopping.wait(RETRY_SECONDS)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A connection-level failure (refused, reset, timed out), not an HTTP answer."""
+    import urllib3
+
+    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError))
 
 
 def in_cluster() -> bool:

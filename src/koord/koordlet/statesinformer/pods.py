@@ -107,7 +107,8 @@ class CriPodsSource:
                 labels=dict(request.labels), annotations=dict(request.annotations),
                 kube_qos=kube_qos, koord_qos=koord_qos_of(dict(request.labels)), priority=None,
                 cgroup_dir=pod_cgroup_dir(self.kube_dir, kube_qos, uid, driver),
-                sandbox_id=sandbox.id, running=sandbox.state == cri.SANDBOX_READY)
+                sandbox_id=sandbox.id, running=sandbox.state == cri.SANDBOX_READY,
+                created=sandbox.created_at / 1e9 if sandbox.created_at > 0 else None)
         except grpc.RpcError as exc:  # vanished between list and status: next sync decides
             log.debug("states informer: %s: status: %s", who, exc.code().name)
             return None

@@ -26,7 +26,7 @@ from koord import documents
 
 from ..metrics import KoordletMetrics
 from .informer import StatesInformer
-from .nodemetric import MetricQuerier, collect, status_of
+from .nodemetric import MetricQuerier, ProdPredictor, collect, status_of
 from .objects import (
     NODE_METRIC,
     NODEMETRIC_PLURAL,
@@ -34,6 +34,7 @@ from .objects import (
     SLO_VERSION,
     parse_object,
 )
+from .reachability import Reachability
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +158,13 @@ class KubeStatusWriter:
     """
 
     def __init__(self, api_client: Any, node_name: str,
-                 limiter: TokenBucket | None = None) -> None:
+                 limiter: TokenBucket | None = None, reachability: Reachability | None = None) -> None:
         from kubernetes import client
 
         self.node_name = node_name
         self._custom = client.CustomObjectsApi(api_client)
         self._host = api_client.configuration.host
+        self.reachability = reachability or Reachability(self._host)
         self.limiter = limiter or TokenBucket(STATUS_UPDATE_QPS, STATUS_UPDATE_BURST)
 
     def describe(self) -> str:
@@ -180,12 +182,15 @@ class KubeStatusWriter:
             if pause:
                 time.sleep(pause)
             body = dict(obj, status=status)
+            started = self.reachability.now()
             try:
                 self._custom.replace_cluster_custom_object_status(
                     SLO_GROUP, SLO_VERSION, NODEMETRIC_PLURAL, self.node_name, body,
                     _request_timeout=30)
+                self.reachability.answered()
                 return True
             except ApiException as exc:
+                self.reachability.answered()
                 if exc.status == 404:
                     log.warning("NodeMetric %s not found, skip", self.node_name)
                     return False
@@ -201,8 +206,8 @@ class KubeStatusWriter:
                     log.warning("NodeMetric %s: re-read after a conflict failed: %s",
                                 self.node_name, get_exc.reason)
                     return False
-            except Exception as exc:  # connection errors
-                log.warning("NodeMetric %s: status update failed: %s", self.node_name, exc)
+            except Exception as exc:  # connection errors: logged once per outage
+                self.reachability.failed(f"NodeMetric {self.node_name} status update", exc, started)
                 return False
         return False
 
@@ -215,8 +220,11 @@ class NodeMetricReporter:
     """
 
     def __init__(self, informer: StatesInformer, cache: MetricQuerier, writer: StatusWriter,
-                 metrics: KoordletMetrics | None = None) -> None:
+                 metrics: KoordletMetrics | None = None,
+                 predictor: Callable[[dict | None], ProdPredictor | None] | None = None) -> None:
         self.informer = informer
+        self.predictor = predictor
+        """A fresh Prod peak predictor per report, given the Node (None: no prediction fields)."""
         self.cache = cache
         self.writer = writer
         self.metrics = metrics
@@ -239,7 +247,8 @@ class NodeMetricReporter:
         self._waiting_logged = False
         policy = self.informer.get_node_metric_spec()
         pods = self.informer.get_all_pods()
-        report = collect(self.cache, pods, policy, self.informer.get_node_slo(), now)
+        predictor = None if self.predictor is None else self.predictor(self.informer.get_node())
+        report = collect(self.cache, pods, policy, self.informer.get_node_slo(), now, predictor)
         status = status_of(report)
         ok = self.writer.write(node_metric, status)
         if self.metrics is not None:
