@@ -17,7 +17,7 @@ from koord.testing.workloads import hold_command
 
 from .qos_rig import QOSRig, qos_rig  # noqa: F401 (fixture)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
+pytestmark = pytest.mark.e2e
 
 ENABLED = {"koordinator.sh/eviction-enabled": "true"}
 

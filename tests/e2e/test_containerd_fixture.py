@@ -73,7 +73,6 @@ def test_image_archive_is_reproducible() -> None:
     assert image_archive_bytes(b"bin", "x/y:z") != image_archive_bytes(b"bin2", "x/y:z")
 
 
-@pytest.mark.cgroup
 def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path) -> None:
     """A second containerd torn down with a running pod leaves nothing behind."""
     with Containerd(tmp_path / "ctd") as instance:
@@ -90,7 +89,6 @@ def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path) -> None:
     assert not any(str(instance.workdir).encode() in cmdline for cmdline in _cmdlines())
 
 
-@pytest.mark.cgroup
 def test_stop_cleans_up_after_containerd_crash(tmp_path: Path) -> None:
     """Cleanup can't rely on CRI: containerd died with a pod running (a failed test)."""
     instance = Containerd(tmp_path / "ctd").start()

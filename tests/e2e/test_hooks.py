@@ -29,7 +29,6 @@ from .rig import LIFECYCLE_HOOKS, SKIP_LABEL, MiB, Rig, cgroup, eventually, free
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.cgroup
 def test_all_hooks_reach_all_plugins_in_file_order_and_land_in_the_container(rig: Rig) -> None:
     order: list[tuple[str, str]] = []
     # Created second-first: the call order must come from the file names, not creation time.
@@ -103,7 +102,6 @@ def test_all_hooks_reach_all_plugins_in_file_order_and_land_in_the_container(rig
     assert order == [(h, p) for h in LIFECYCLE_HOOKS for p in ("10-a.json", "20-b.json")]
 
 
-@pytest.mark.cgroup
 def test_start_and_update_hooks_carry_full_pod_and_container_info(rig: Rig) -> None:
     a = rig.plugin("10-a.json", hooks=["PreRunPodSandbox", "PreCreateContainer", "PreStartContainer"])
     b = rig.plugin("20-b.json", hooks=["PreStartContainer", "PreUpdateContainerResources"])

@@ -197,7 +197,6 @@ def test_node_slo_change_reapplies_group_identity_to_existing_pods(
     assert bvt(ls_pod) == "2"
 
 
-@cgroup
 def test_cpu_normalization_is_not_applied_twice_when_both_modes_run(
         containerd: Containerd, koordlet_factory, tmp_path: Path) -> None:
     """The proxy path scales the quota once; the reconciler replaying the stored (scaled)

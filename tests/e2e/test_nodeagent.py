@@ -26,7 +26,7 @@ from koord.testing.wait import scaled
 from koord.testing.wait import wait_for as wait
 from koord.testing.workloads import burn_command, hold_command
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
+pytestmark = pytest.mark.e2e
 T = TypeVar("T")
 
 MiB = 2**20
@@ -100,6 +100,7 @@ def pods(containerd: Containerd, kube_dir: str, kubelet: KubeletClient):
             "holder": kubelet.sandbox_configs[holder].metadata.uid}
 
 
+@pytest.mark.cgroup
 def test_node_metric_and_prometheus_report_real_usage_and_survive_kill_9(
         containerd: Containerd, kube_dir: str, pods: dict[str, str], tmp_path: Path):
     node_metric = tmp_path / "nodemetric.yaml"

@@ -35,7 +35,7 @@ from koord.testing.kubelet import KubeletClient
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command, hold_command
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
+pytestmark = pytest.mark.e2e
 
 QOS_LABEL = "koordinator.sh/qosClass"
 PERIOD = 100000
@@ -139,6 +139,7 @@ def be_usage(node: Node, seconds: float = 3.0) -> tuple[float, float]:
     return used, sum(quotas) / len(quotas)
 
 
+@pytest.mark.cgroup
 def test_cfs_quota_suppress_follows_the_formula_and_recovers(
         containerd: Containerd, kubelet: KubeletClient, node_factory: Callable[..., Node]) -> None:
     cpus = os.cpu_count() or 1
@@ -202,6 +203,7 @@ def test_cfs_quota_suppress_follows_the_formula_and_recovers(
         remove_kube_dir(node.kube)
 
 
+@pytest.mark.cgroup
 def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: KubeletClient,
                                              node_factory: Callable[..., Node], tmp_path: Path) -> None:
     proc = tmp_path / "proc"

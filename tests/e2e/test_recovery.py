@@ -110,7 +110,6 @@ def test_kill9_between_create_and_start_gives_prestart_the_same_info(rig: Rig) -
     assert Cgroup.of_container(restarted.pod_cgroup_parent, cid).cpu_weight() == shares_to_weight(300)
 
 
-@pytest.mark.cgroup
 def test_prestart_answer_raising_memory_after_a_restart_is_applied(rig: Rig) -> None:
     """The same PreStartContainer answer must work whether or not the proxy restarted in between."""
     plugin = rig.plugin("10-a.json", hooks=["PreStartContainer"])

@@ -29,7 +29,7 @@ from koord.testing.wait import wait_for
 
 from .qos_rig import QOSRig, qos_rig  # noqa: F401 (fixture)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
+pytestmark = pytest.mark.e2e
 
 
 def threads(cg: Cgroup) -> set[int]:

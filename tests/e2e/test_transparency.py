@@ -234,7 +234,6 @@ def kubelet_lifecycle(client: KubeletClient, image: str, uid: str) -> dict[str, 
     return out
 
 
-@pytest.mark.cgroup
 def test_lifecycle_through_proxy_matches_direct(
     containerd: Containerd, kubelet: KubeletClient, proxied_kubelet: KubeletClient
 ) -> None:
@@ -383,7 +382,6 @@ def test_v1alpha2_calls_pass(containerd: Containerd, kubelet: KubeletClient, pro
         proxied.close()
 
 
-@pytest.mark.cgroup
 def test_v1alpha2_lifecycle_through_proxy(containerd: Containerd, proxy: RuntimeProxy) -> None:
     client = KubeletClient(
         proxy.endpoint,
