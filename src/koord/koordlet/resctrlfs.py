@@ -260,20 +260,7 @@ class ResctrlFS:
         return {_int(t, path) for t in text.split()}
 
     def add_tasks(self, group: str, tids: Iterable[int]) -> int:
-        """One write per thread id, as the kernel takes one; threads gone meanwhile skipped."""
-        path = self.group_dir(group) / "tasks"
-        moved = 0
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            for tid in tids:
-                try:
-                    os.write(fd, f"{tid}\n".encode())
-                    moved += 1
-                except ProcessLookupError:
-                    continue
-        finally:
-            os.close(fd)
-        return moved
+        return write_tasks(self.group_dir(group) / "tasks", tids)
 
     # ---- monitoring ----------------------------------------------------------------------
 
@@ -305,3 +292,20 @@ def _same(resource: str, current: Mapping[int, str], wanted: Mapping[int, str]) 
         return all(i in current and int(current[i], base) == int(str(v), base) for i, v in wanted.items())
     except ValueError:
         return False
+
+
+def write_tasks(tasks_file: Path, tids: Iterable[int | str]) -> int:
+    """Moves threads into a resctrl group: one write per thread id, as the kernel takes one;
+    threads that exited meanwhile are skipped. Returns how many moved."""
+    moved = 0
+    fd = os.open(tasks_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for tid in tids:
+            try:
+                os.write(fd, f"{tid}\n".encode())
+                moved += 1
+            except ProcessLookupError:
+                continue
+    finally:
+        os.close(fd)
+    return moved

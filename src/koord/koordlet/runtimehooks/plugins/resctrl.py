@@ -205,26 +205,10 @@ class Resctrl(RuntimePlugin):
             group = self.ensure_group(req.pod_meta.uid, annotation, who)
             cgroup = executor.container_dir(req.pod_cgroup_parent, req.container_id)
             tids = executor.read(cgroup, "tasks").split()
-            moved = self._move_tasks(group / "tasks", tids)
+            moved = resctrlfs.write_tasks(group / "tasks", tids)
         except (CgroupError, OSError) as exc:
             raise HookError(f"resctrl tasks of container {req.container_id}: {exc}") from None
         log.info("plugin %s: %s: moved %d of %d tasks into %s", self.name, who, moved, len(tids), group.name)
-
-    @staticmethod
-    def _move_tasks(tasks_file: Path, tids: list[str]) -> int:
-        """One write per thread id, as the kernel takes one; threads that exited are skipped."""
-        moved = 0
-        fd = os.open(tasks_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            for tid in tids:
-                try:
-                    os.write(fd, f"{tid}\n".encode())
-                    moved += 1
-                except ProcessLookupError:
-                    continue
-        finally:
-            os.close(fd)
-        return moved
 
     def remove_group(self, ctx: PodContext) -> None:
         req = ctx.request
