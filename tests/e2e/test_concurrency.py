@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
+from koord.testing.cgroups import shares_to_weight
 from koord.testing.hookplugin import Behaviour
 
 from .rig import Rig, cgroup, only_keys, spec_env
@@ -59,7 +60,7 @@ def test_parallel_pods_get_their_own_values_and_store_entries(rig: Rig) -> None:
         assert req.pod_annotations["a/pod"] == name
         assert dict(req.container_envs) == {"OWN": name, "FROM_A": name, "FROM_B": f"{name}+{uid}"}
         assert req.container_resources.cpu_shares == shares_for(name)
-        assert cgroup(kubelet, sid, cid, "cpu", "cpu.shares") == str(shares_for(name))
+        assert cgroup(kubelet, sid, cid).cpu_weight() == shares_to_weight(shares_for(name))
         assert only_keys(spec_env(kubelet, cid), {"OWN", "FROM_A", "FROM_B"}) == \
             [f"OWN={name}", f"FROM_A={name}", f"FROM_B={name}+{uid}"]
 

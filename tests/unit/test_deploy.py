@@ -167,7 +167,8 @@ def test_systemd_unit_reads_the_example_input_files(node_parser):
 
 def test_example_input_files_are_what_koordlet_accepts():
     """Each example goes through the readers koordlet uses for it; a typo in a field is an error here."""
-    from koord.koordlet.qosmanager import nodeinfo, slo
+    from koord.koordlet import slo
+    from koord.koordlet.qosmanager import nodeinfo
     from koord.koordlet.runtimehooks.rule import parse_rules
     from koord.koordlet.statesinformer.objects import load_object_file
     from koord.koordlet.statesinformer.specs import merged_node_slo, node_metric_collect_policy
