@@ -28,7 +28,7 @@ from koord.testing.kubelet import KubeletClient
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
+pytestmark = pytest.mark.e2e
 
 QOS = "koordinator.sh/qosClass"
 EXTENDED_SPEC = "node.koordinator.sh/extended-resource-spec"

@@ -87,7 +87,6 @@ def run_be_pod(client: KubeletClient, image: str) -> tuple[str, str]:
     return sandbox, container
 
 
-@cgroup
 def test_proxy_mode_lsr_pod_gets_its_cpuset(containerd: Containerd, proxied) -> None:
     client, _ = proxied
     sandbox, container = run_lsr_pod(client, containerd.image)
@@ -96,7 +95,6 @@ def test_proxy_mode_lsr_pod_gets_its_cpuset(containerd: Containerd, proxied) -> 
     assert cg.cpu_quota() == -1
 
 
-@cgroup
 def test_proxy_mode_be_pod_gets_batch_resources(containerd: Containerd, proxied) -> None:
     client, _ = proxied
     sandbox, container = run_be_pod(client, containerd.image)

@@ -100,7 +100,6 @@ def pods(containerd: Containerd, kube_dir: str, kubelet: KubeletClient):
             "holder": kubelet.sandbox_configs[holder].metadata.uid}
 
 
-@pytest.mark.cgroup
 def test_node_metric_and_prometheus_report_real_usage_and_survive_kill_9(
         containerd: Containerd, kube_dir: str, pods: dict[str, str], tmp_path: Path):
     node_metric = tmp_path / "nodemetric.yaml"
