@@ -26,6 +26,7 @@ from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
 from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.wait import scaled
 from koord.testing.workloads import burn_command
 
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -47,7 +48,7 @@ def start_koordlet(work: Path, hook_dir: Path, cri_endpoint: str) -> subprocess.
          "--runtime-hooks-config-path", str(hook_dir), "--containerd-endpoint", cri_endpoint,
          "--runtime-hooks-reconcile-interval", "0", *node_agent_args(work)], stdout=log, stderr=log)
     registration = hook_dir / "koordlet.json"
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)  # the v2 lane runs the demo emulated
     while not registration.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
@@ -78,7 +79,7 @@ def show_node_metric(work: Path, client: KubeletClient, backend: Containerd) -> 
     sandbox = client.run_pod("demo-burner", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"}, qos="besteffort")
     client.run_container(sandbox, "burn", backend.image, command=burn_command(0.5))
     path = work / "nodemetric.yaml"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
         status = (yaml.safe_load(path.read_text()) or {}).get("status") or {}
