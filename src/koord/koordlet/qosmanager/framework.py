@@ -132,6 +132,14 @@ class Context:
                                                now, (Aggregation.LAST,))
         return {v: found[v][Aggregation.LAST] for v in values if Aggregation.LAST in found.get(v, {})}
 
+    def node_slo(self, strategy: str) -> dict | None:
+        """The merged NodeSLO, or None (logged once) before there is one: the strategy then
+        does nothing this tick."""
+        node_slo = self.informer.get_node_slo()
+        if node_slo is None:
+            self.log_once(strategy, "no NodeSLO yet: nothing to do", logging.WARNING)
+        return node_slo
+
     def thresholds(self, strategy: str) -> ThresholdConfig | None:
         """The NodeSLO thresholds, or None (logged once per distinct reason) when there is
         no NodeSLO or it is invalid: a strategy then does nothing this tick."""

@@ -171,9 +171,8 @@ class CgroupReconcile(Strategy):
 
     def run_once(self) -> None:
         ctx = self.ctx
-        node_slo = ctx.informer.get_node_slo()
+        node_slo = ctx.node_slo(self.name)
         if node_slo is None:
-            ctx.log_once(self.name, "no NodeSLO yet: nothing to do", logging.WARNING)
             return
         probe = self.supported()
         if probe is None:

@@ -98,9 +98,8 @@ class SystemConfig(Strategy):
 
     def run_once(self) -> None:
         ctx = self.ctx
-        node_slo = ctx.informer.get_node_slo()
+        node_slo = ctx.node_slo(self.name)
         if node_slo is None:
-            ctx.log_once(self.name, "no NodeSLO yet: nothing to do", logging.WARNING)
             return
         spec = node_slo.get("spec") if isinstance(node_slo, dict) else None
         strategy = spec.get("systemStrategy") if isinstance(spec, dict) else None
