@@ -32,12 +32,17 @@ WAIT = 60.0
 
 
 @pytest.fixture
-def advisor(containerd: Containerd, tmp_path: Path) -> Iterator[tuple[MetricsAdvisor, mc.MetricCache]]:
+def advisor(containerd: Containerd, tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[tuple[MetricsAdvisor, mc.MetricCache]]:
+    """The advisor on the pods CRI lists, collecting every second; a test adds AdvisorConfig
+    fields with ``@pytest.mark.advisor_config(...)``."""
+    marker = request.node.get_closest_marker("advisor_config")
     cache = mc.MetricCache(tmp_path / "tsdb")
     pods = CriPodsSource(containerd.endpoint, kube_dir="kubepods/", driver="cgroupfs")
     informer = StatesInformer(pods=pods, pods_interval=0.5)
     informer.start()
-    advisor = MetricsAdvisor(AdvisorConfig(collect_res_used_interval=1.0), informer, cache)
+    config = AdvisorConfig(collect_res_used_interval=1.0, **(marker.kwargs if marker else {}))
+    advisor = MetricsAdvisor(config, informer, cache)
     advisor.start()
     try:
         yield advisor, cache
@@ -128,39 +133,29 @@ def test_burner_and_holder_measured_from_real_cgroups(containerd: Containerd, ku
     assert last_values(cache, mc.POD_MEMORY_USAGE, {mc.POD_UID: hold_uid}, 1)
 
 
+@pytest.mark.advisor_config(psi_collector=True, psi_collector_interval=1.0)
 def test_pressure_stall_information_of_pods_and_containers(containerd: Containerd, kubelet: KubeletClient,
-                                                           tmp_path: Path) -> None:
+                                                           advisor) -> None:
     """PSICollector on: v2 has cpu/memory/io.pressure in every pod and container cgroup and
     they reach the cache; this v1 kernel has none, and the collector stays quiet."""
-    cache = mc.MetricCache(tmp_path / "tsdb")
-    informer = StatesInformer(pods=CriPodsSource(containerd.endpoint, kube_dir="kubepods/", driver="cgroupfs"),
-                              pods_interval=0.5)
-    informer.start()
-    advisor = MetricsAdvisor(AdvisorConfig(collect_res_used_interval=1.0, psi_collector=True,
-                                           psi_collector_interval=1.0), informer, cache)
-    advisor.start()
-    try:
-        uid = str(uuid.uuid4())
-        pod = kubelet.run_pod(f"psi-{uid[:6]}", uid=uid, qos="burstable")
-        container = kubelet.run_container(pod, "burn", containerd.image, command=burn_command(1))
-        cg = Cgroup.of_container(kubelet.pod_cgroup_parent(pod), container)
-        has_psi = cg.file("cpu", "cpu.pressure").exists()
-        wait_for(lambda: last_values(cache, mc.POD_CPU_USAGE, {mc.POD_UID: uid}, 2), "two CPU samples", WAIT)
-        if cg.version == 2:
-            assert has_psi, "a v2 kernel with PSI has cpu.pressure in every cgroup"
-        if has_psi:
-            for resource in ("cpu", "mem", "io"):
-                labels = {mc.POD_UID: uid, kinds.PSI_RESOURCE: resource, kinds.PSI_DEGREE: "some"}
-                samples = wait_for(lambda labels=labels: last_values(cache, mc.POD_PSI, labels, 1),
-                                   f"the pod's {resource} pressure", WAIT)
-                assert 0 <= samples[0] <= 100
-            assert wait_for(lambda: last_values(cache, mc.CONTAINER_PSI, {mc.CONTAINER_ID: container,
-                                                                          kinds.PSI_RESOURCE: "cpu"}, 1),
-                            "the container's cpu pressure", WAIT)
-        else:
-            time.sleep(2)
-            assert last_values(cache, mc.POD_PSI, {mc.POD_UID: uid}, 1) == []
-    finally:
-        advisor.stop()
-        informer.stop()
-        cache.close()
+    _, cache = advisor
+    uid = str(uuid.uuid4())
+    pod = kubelet.run_pod(f"psi-{uid[:6]}", uid=uid, qos="burstable")
+    container = kubelet.run_container(pod, "burn", containerd.image, command=burn_command(1))
+    cg = Cgroup.of_container(kubelet.pod_cgroup_parent(pod), container)
+    has_psi = cg.file("cpu", "cpu.pressure").exists()
+    wait_for(lambda: last_values(cache, mc.POD_CPU_USAGE, {mc.POD_UID: uid}, 2), "two CPU samples", WAIT)
+    if cg.version == 2:
+        assert has_psi, "a v2 kernel with PSI has cpu.pressure in every cgroup"
+    if has_psi:
+        for resource in ("cpu", "mem", "io"):
+            labels = {mc.POD_UID: uid, kinds.PSI_RESOURCE: resource, kinds.PSI_DEGREE: "some"}
+            samples = wait_for(lambda labels=labels: last_values(cache, mc.POD_PSI, labels, 1),
+                               f"the pod's {resource} pressure", WAIT)
+            assert 0 <= samples[0] <= 100
+        assert wait_for(lambda: last_values(cache, mc.CONTAINER_PSI, {mc.CONTAINER_ID: container,
+                                                                      kinds.PSI_RESOURCE: "cpu"}, 1),
+                        "the container's cpu pressure", WAIT)
+    else:
+        time.sleep(2)
+        assert last_values(cache, mc.POD_PSI, {mc.POD_UID: uid}, 1) == []
