@@ -158,7 +158,7 @@ async def _start_haproxy(binary: str, layout: dataplane.Layout, options: Options
                               options.runtime_endpoint, options.image_endpoint)
     dataplane.write_config(routes, layout)
     prepare_socket(Path(options.proxy_endpoint))
-    supervisor = dataplane.Supervisor(binary, layout, options.proxy_endpoint)
+    supervisor = dataplane.Supervisor(binary, layout, options.proxy_endpoint, options.data_plane_start_timeout)
     metrics.registry.register(dataplane.HAProxyCollector(layout, routes, lambda: supervisor.restarts))
     await supervisor.start()
     log.info("haproxy sends the %d hooked paths to %s, the rest to the backend", len(routes.hooked_paths),

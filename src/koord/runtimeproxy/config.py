@@ -22,6 +22,8 @@ DEFAULT_SKIP_KEY = "runtimeproxy.koordinator.sh/skip-hookserver"
 DEFAULT_SKIP_VAL = "true"
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9319"
 DEFAULT_HOOK_TIMEOUT = 5.0
+DEFAULT_DATA_PLANE_START_TIMEOUT = 30.0
+"""HAProxy serves its socket ~50 ms after it starts on a normal node, seconds on a starved or emulated one."""
 
 
 class BackendMode(enum.StrEnum):
@@ -55,6 +57,7 @@ class Options:
     hook_timeout: float
     log_level: str
     data_plane: DataPlane = DataPlane.AUTO
+    data_plane_start_timeout: float = DEFAULT_DATA_PLANE_START_TIMEOUT
 
 
 def unix_socket_path(value: str, flag: str) -> str:
@@ -122,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="haproxy: HAProxy serves the socket and sends only the hooked lifecycle calls "
                    "to Python; python: Python serves every call; auto: haproxy when the haproxy "
                    "binary is on PATH, else python (default: %(default)s)")
+    p.add_argument("--data-plane-start-timeout", default=f"{DEFAULT_DATA_PLANE_START_TIMEOUT:g}s",
+                   help="time HAProxy has to serve the socket after it starts before the proxy gives up "
+                   "and exits 1, e.g. 30s (default: %(default)s)")
     p.add_argument("--log-level", default="info", type=log_level, metavar="debug|info|warning|error",
                    help="log verbosity, any case (default: %(default)s)")
     p.add_argument("--version", action=PrintVersion,
@@ -163,4 +169,5 @@ def parse_options(argv: list[str] | None = None) -> Options:
         hook_timeout=parse_duration(ns.hook_timeout, "--hook-timeout"),
         log_level=ns.log_level,
         data_plane=DataPlane(ns.data_plane),
+        data_plane_start_timeout=parse_duration(ns.data_plane_start_timeout, "--data-plane-start-timeout"),
     )

@@ -32,7 +32,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .config import DataPlane
+from .config import DEFAULT_DATA_PLANE_START_TIMEOUT, DataPlane
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,6 @@ RESTART_BACKOFF = (0.1, 5.0)
 
 STABLE_SECONDS = 30.0
 """A HAProxy that ran this long is healthy again: the next restart waits the shortest time."""
-
-READY_TIMEOUT = 10.0
 
 # gRPC status codes the errorfiles answer with.
 _UNAVAILABLE = 14
@@ -265,10 +263,12 @@ class Supervisor:
     the child is started with vfork and runs no Python at all.
     """
 
-    def __init__(self, binary: str, layout: Layout, public_socket: str) -> None:
+    def __init__(self, binary: str, layout: Layout, public_socket: str,
+                 ready_timeout: float = DEFAULT_DATA_PLANE_START_TIMEOUT) -> None:
         self.binary = binary
         self.layout = layout
         self.public_socket = public_socket
+        self.ready_timeout = ready_timeout
         self.restarts = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -293,7 +293,7 @@ class Supervisor:
     async def _spawn(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             *self.command(), stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT
+        deadline = time.monotonic() + self.ready_timeout
         while not _accepts(self.public_socket):
             if self._proc.returncode is not None:
                 raise DataPlaneError(f"haproxy exited with code {self._proc.returncode} before serving "
@@ -302,7 +302,8 @@ class Supervisor:
             if time.monotonic() > deadline:
                 self._proc.kill()
                 await self._proc.wait()
-                raise DataPlaneError(f"haproxy did not serve {self.public_socket} within {READY_TIMEOUT:.0f}s")
+                raise DataPlaneError(f"haproxy did not serve {self.public_socket} within {self.ready_timeout:g}s "
+                                     "(--data-plane-start-timeout)")
             await asyncio.sleep(0.01)
         log.info("haproxy (pid %d) serves %s", self._proc.pid, self.public_socket)
 

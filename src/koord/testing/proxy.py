@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from koord.runtimeproxy.config import DEFAULT_DATA_PLANE_START_TIMEOUT, DEFAULT_HOOK_TIMEOUT
 from koord.testing.containerd import wait_cri_ready
 from koord.testing.docker import wait_docker_ready
 from koord.testing.processes import stop_process
@@ -69,16 +70,17 @@ class RuntimeProxy:
             *(["--backend-runtime-mode", "Docker"] if self.docker else []),
             "--data-plane",
             self.data_plane,
-            *self._hook_timeout_args(),
+            *self._stretched_default("--hook-timeout", DEFAULT_HOOK_TIMEOUT),
+            *self._stretched_default("--data-plane-start-timeout", DEFAULT_DATA_PLANE_START_TIMEOUT),
             *self.extra_args,
         ]
 
-    def _hook_timeout_args(self) -> list[str]:
-        """The proxy's default time per plugin call (5 s) stretched like every other deadline in a
-        slowed-down lane, unless the test sets its own: an emulated plugin is slow, not broken."""
-        if any(arg.startswith("--hook-timeout") for arg in self.extra_args):
+    def _stretched_default(self, flag: str, default: float) -> list[str]:
+        """A proxy deadline (a plugin call's, HAProxy's start) stretched like every other deadline
+        in a slowed-down lane, unless the test sets its own: emulated is slow, not broken."""
+        if any(arg.startswith(flag) for arg in self.extra_args):
             return []
-        return ["--hook-timeout", f"{scaled(5.0):g}s"]
+        return [flag, f"{scaled(default):g}s"]
 
     def start(self, timeout: float = START_TIMEOUT) -> RuntimeProxy:
         """Starts the proxy and returns once its socket answers CRI Version (Docker mode: ``/_ping``)."""

@@ -33,6 +33,11 @@ def test_hook_timeout_durations(value: str, seconds: float) -> None:
     assert parse_options(["--hook-timeout", value]).hook_timeout == seconds
 
 
+def test_data_plane_start_timeout() -> None:
+    assert parse_options([]).data_plane_start_timeout == 30.0
+    assert parse_options(["--data-plane-start-timeout", "2m"]).data_plane_start_timeout == 120.0
+
+
 BAD = [
     (["--remote-runtime-service-endpoint", "tcp://1.2.3.4:5"], "--remote-runtime-service-endpoint"),
     (["--remote-image-service-endpoint", "relative.sock"], "--remote-image-service-endpoint"),
@@ -43,6 +48,8 @@ BAD = [
     (["--metrics-bind-address", "127.0.0.1:99999"], "--metrics-bind-address"),
     (["--hook-timeout", "0"], "--hook-timeout"),
     (["--hook-timeout", "soon"], "--hook-timeout"),
+    (["--data-plane-start-timeout=-1s"], "--data-plane-start-timeout"),
+    (["--data-plane-start-timeout", "later"], "--data-plane-start-timeout"),
     (["--runtime-hook-server-key", ""], "--runtime-hook-server-key"),
 ]
 

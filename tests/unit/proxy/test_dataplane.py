@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,18 @@ def test_layout_is_private_and_replaces_what_a_killed_run_left(tmp_path: Path) -
     layout.directory.write_text("not a directory")
     with pytest.raises(dataplane.DataPlaneError, match="not a directory owned by us"):
         layout.prepare()
+
+
+def test_haproxy_that_never_serves_is_killed_after_the_start_timeout(tmp_path: Path) -> None:
+    silent = tmp_path / "haproxy"
+    silent.write_text("#!/bin/sh\nexec sleep 60\n")
+    silent.chmod(0o755)
+    layout = dataplane.Layout.for_public_socket(str(tmp_path / "p.sock"), root=tmp_path)
+    layout.prepare()
+    supervisor = dataplane.Supervisor(str(silent), layout, str(tmp_path / "p.sock"), ready_timeout=0.3)
+    with pytest.raises(dataplane.DataPlaneError, match=r"within 0.3s \(--data-plane-start-timeout\)"):
+        asyncio.run(supervisor._spawn())
+    assert not supervisor.alive
 
 
 def test_stats_parser_tolerates_junk() -> None:
