@@ -12,7 +12,8 @@ The set-up a node with ``--pods`` pods of ``--containers`` containers each gives
   --kubelet-insecure-tls``): a quarter of the pods Koordinator BE with batch resources;
 - a CRI endpoint (an in-memory fake) knowing the same pods, for the Standalone reconciler
   (``--no-cri``: none, the reconciler only finds the socket missing);
-- Node, NodeSLO (BE CPU suppress on) and NodeMetric files, the status reported every 60 s;
+- Node, NodeSLO (BE CPU suppress on) and NodeMetric files, the status reported every 60 s
+  with the peak predictor's fields (the predictor trains every minute at its defaults);
 - the real /proc and /sys for the node collectors; every default collector at 1 s.
 
 koordlet runs as its own process (``python -m koord.koordlet``) at its default flags. After
@@ -210,7 +211,11 @@ def main() -> None:
                    "--node-metric-file", str(files["node-metric"]),
                    "--runtime-hooks-addr", str(work / "koordlet.sock"),
                    "--runtime-hooks-config-path", str(work / "hookserver.d"),
-                   "--tsdb-path", str(work / "tsdb"), "--addr", "", "--log-level", "INFO"]
+                   "--tsdb-path", str(work / "tsdb"), "--addr", "", "--log-level", "INFO",
+                   # The predictor runs at its defaults (training every minute, so once in
+                   # the window); its checkpoints stay in the work dir, not in a directory
+                   # other runs share, so every run starts from no models.
+                   "--prediction-checkpoint-filepath", str(work / "prediction-checkpoints")]
         log = open(work / "koordlet.log", "wb")
         proc = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         stop = threading.Event()

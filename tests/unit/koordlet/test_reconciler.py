@@ -202,3 +202,46 @@ def test_a_round_that_raises_does_not_end_the_loop(fake_cri, tmp_path, caplog):
         reconciler.stop()
     assert any("reconcile round failed" in r.getMessage() and "plugin bug" in r.getMessage()
                for r in caplog.records)
+
+
+def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_path):
+    """Each running container's verbose status: when first seen, then once every
+    STATUS_REFRESH_ROUNDS rounds (spread over the rounds by id), and again at once for a
+    container that stopped running and came back; a resize reaches the hooks at its refresh."""
+    from koord.koordlet.runtimehooks.reconciler import STATUS_REFRESH_ROUNDS
+
+    ids = [f"c{i}" for i in range(12)]
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    for cid in ids:
+        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
+        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+    reconciler, plugin = make(fake_cri, tmp_path)
+
+    def status_calls() -> int:
+        return len(fake_cri.requests("ContainerStatus"))
+
+    reconciler.reconcile_once()
+    assert status_calls() == len(ids)  # round 1: all new
+    fake_cri.containers["c0"].resources.cpu_shares = 4  # kubelet resized c0
+    per_round = []
+    for _ in range(STATUS_REFRESH_ROUNDS):
+        before = status_calls()
+        plugin.seen.clear()
+        reconciler.reconcile_once()
+        per_round.append(status_calls() - before)
+        assert len(plugin.seen) == 1 + len(ids)  # the hooks still run for every container
+    assert sum(per_round) == len(ids)  # each refreshed exactly once over the cycle
+    assert max(per_round) < len(ids)  # ... not all in one round
+    plugin.seen.clear()
+    reconciler.reconcile_once()
+    c0 = next(ctx for ctx in plugin.seen if getattr(ctx.request, "container_id", "") == "c0")
+    assert c0.request.resources.cpu_shares == 4
+    # c1 stops: dropped from the cache; running again, it is asked at once.
+    fake_cri.containers["c1"].state = cri.CONTAINER_EXITED
+    reconciler.reconcile_once()
+    fake_cri.containers["c1"].state = cri.CONTAINER_RUNNING
+    before = [raw for raw in fake_cri.requests("ContainerStatus")]
+    reconciler.reconcile_once()
+    asked = [cri.ContainerStatusRequest.FromString(raw).container_id
+             for raw in fake_cri.requests("ContainerStatus")[len(before):]]
+    assert "c1" in asked

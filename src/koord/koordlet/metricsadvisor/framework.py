@@ -144,9 +144,6 @@ class SharedState:
             return self.node, dict(self.pods), self.host_apps
 
 
-_MAX_CACHED_PATHS = 100_000
-
-
 class Env:
     """Everything a collector needs, built once by the advisor."""
 
@@ -158,7 +155,6 @@ class Env:
         self.clock = clock
         self.cgroups = CgroupExecutor(config.cgroup_root, driver=config.cgroup_driver)
         self.shared = SharedState()
-        self._paths: dict[tuple[str, str], Path] = {}
         self.files = OpenFiles()
         self._pods_lock = threading.Lock()
         self._pods_cache: tuple[float, list[PodMeta]] | None = None
@@ -172,17 +168,10 @@ class Env:
         return self.config.sys_root
 
     def cgroup_file(self, cgroup_dir: str, resource: str) -> Path:
-        key = (cgroup_dir, resource)
-        path = self._paths.get(key)
-        if path is None:
-            try:
-                path = self.cgroups.path(cgroup_dir, resource)
-            except CgroupError as exc:
-                raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
-            if len(self._paths) > _MAX_CACHED_PATHS:  # pods come and go: start over now and then
-                self._paths.clear()
-            self._paths[key] = path
-        return path
+        try:
+            return self.cgroups.path(cgroup_dir, resource)  # resolved once, cached there
+        except CgroupError as exc:
+            raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
 
     def all_pods(self) -> list[PodMeta]:
         """The informer's pods, one copy shared by the collectors that tick together (they

@@ -152,6 +152,7 @@ class CPUBurst(Strategy):
         who = f"pod {pod.key} container {c.name}"
         limit = c.limits.get("cpu")
         current = quota_value(ex.read(c.cgroup_dir, "cpu_quota"))
+        read = current
         base = base_quota(limit)
         if c.running and base > 0 and current > 0:
             op = operation_by_node(state, container_operation(
@@ -170,21 +171,24 @@ class CPUBurst(Strategy):
             log.warning("%s: %s: cpu burst %d us is above the container's quota %d: clamped to it "
                         "(the kernel refuses a burst larger than the quota)", self.name, who, wanted, current)
             self.clamped[c.id] = wanted
-        if self.write_burst(c.cgroup_dir, burst, who):
+        # The quota just read is still the file's unless it was scaled (then read it back).
+        if self.write_burst(c.cgroup_dir, burst, who, quota=read if current == read else None):
             m = self.ctx.metrics
             m.container_scaled_cfs_burst.labels(m.node, pod.namespace, pod.name, c.id, c.name).set(burst)
             return burst
         return 0
 
-    def write_burst(self, cgroup_dir: str, burst: int, who: str) -> bool:
-        """False when this kernel has no burst file (said once)."""
+    def write_burst(self, cgroup_dir: str, burst: int, who: str, quota: int | None = None) -> bool:
+        """False when this kernel has no burst file (said once). ``quota``: the cgroup's
+        quota when the caller has just read or written it (read here otherwise)."""
         ex = self.ctx.executor
         if not ex.supports(cgroup_dir, "cpu_burst"):
             name = ex.path(cgroup_dir, "cpu_burst").name
             self.ctx.log_once(f"{self.name}/no-burst-file", f"this kernel has no {name}: cpu burst is "
                               "not set, cfs quota burst still works")
             return False
-        quota = quota_value(ex.read(cgroup_dir, "cpu_quota"))
+        if quota is None:
+            quota = quota_value(ex.read(cgroup_dir, "cpu_quota"))
         ex.update(Update(cgroup_dir, "cpu_burst", clamp_burst(burst, [quota]), owner=f"{self.name} {who}"))
         return True
 

@@ -26,6 +26,9 @@ SYSTEMD = "systemd"
 KUBE_DIR = "kubepods"
 """kubelet's top cgroup of pods (``--cgroup-kube-dir``); ``kubepods.slice`` under systemd."""
 
+MAX_CACHED_PATHS = 100_000
+"""Resolved (dir, resource) paths kept; pods come and go, so the cache starts over past this."""
+
 # cgroup v1 memory.limit_in_bytes reads back LONG_MAX rounded down to a page when unlimited.
 _V1_MEMORY_UNLIMITED = 9223372036854771712
 
@@ -145,6 +148,9 @@ class CgroupExecutor:
         self.driver = driver
         self.version: int = version or (2 if (self.root / "cgroup.controllers").exists() else 1)
         self.kube_dir = self._checked_dir(kube_dir)
+        # The QoS strategies and the collectors resolve the same few thousand paths every
+        # second; building each anew (dir check, three joins) cost more than reading the file.
+        self._paths: dict[tuple[str, str], Path] = {}
 
     # ---- layout -------------------------------------------------------------------------
 
@@ -189,13 +195,22 @@ class CgroupExecutor:
         return f"{pod}/{container_id}"
 
     def path(self, cgroup_dir: str, resource: str) -> Path:
+        key = (cgroup_dir, resource)
+        found = self._paths.get(key)
+        if found is not None:
+            return found
         spec = _FILES.get(resource)
         if spec is None:
             raise CgroupError(f"unknown cgroup resource {resource!r}; known: {', '.join(_FILES)}")
         rel = self._checked_dir(cgroup_dir)
         if self.version == 1:
-            return self.root / spec.subsystem / rel / spec.v1
-        return self.root / rel / spec.v2
+            path = self.root / spec.subsystem / rel / spec.v1
+        else:
+            path = self.root / rel / spec.v2
+        if len(self._paths) >= MAX_CACHED_PATHS:
+            self._paths.clear()  # a plain dict: threads racing here at worst resolve one again
+        self._paths[key] = path
+        return path
 
     @staticmethod
     def _checked_dir(cgroup_dir: str) -> str:
@@ -216,7 +231,13 @@ class CgroupExecutor:
     def read(self, cgroup_dir: str, resource: str) -> str:
         path = self.path(cgroup_dir, resource)
         try:
-            return path.read_text().strip()
+            # os-level calls: no buffered text stream built for a file of a few bytes.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = b"".join(iter(lambda: os.read(fd, 65536), b""))
+            finally:
+                os.close(fd)
+            return data.decode().strip()
         except FileNotFoundError:
             raise CgroupError(f"{path}: missing (cgroup or file does not exist)") from None
         except OSError as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -31,7 +32,7 @@ import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 
-from koord.hookapi import HookPoint, PodHookRequest, crilist, fromcri
+from koord.hookapi import ContainerHookRequest, HookPoint, PodHookRequest, crilist, fromcri
 
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_exists
 from ..resources import KubeQoS, Resources
@@ -41,6 +42,12 @@ from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
 log = logging.getLogger(__name__)
 
 CRI_TIMEOUT = 10.0
+STATUS_REFRESH_ROUNDS = 6
+"""A running container's verbose status is asked when it is first seen and then every this
+many rounds (each round refreshes the containers whose id hashes to it, so the calls spread
+evenly), not every round: a node of a hundred pods made it three hundred calls every 10 s.
+What the hooks read from it (the spec's resources, annotations) changes only when kubelet
+resizes a container, which the next refresh picks up."""
 _Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
 
 
@@ -66,6 +73,10 @@ class Reconciler:
         self._channel = grpc.insecure_channel("unix:" + self.cri_endpoint)
         self._cri = cri_grpc.RuntimeServiceStub(self._channel)
         self._known_pods: dict[str, PodHookRequest] = {}
+        self._containers: dict[str, ContainerHookRequest] = {}
+        """Running containers' records from their verbose status, by id (see
+        STATUS_REFRESH_ROUNDS); a container no longer listed running is dropped."""
+        self._round = 0
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -118,6 +129,7 @@ class Reconciler:
             if self._cri_error is not None:
                 log.info("reconciler: CRI %s reachable again", self.cri_endpoint)
                 self._cri_error = None
+            self._round += 1
             pods = self._reconcile_pods(sandboxes, report)
             self._reconcile_containers(containers, pods, report)
             self._forget_stopped_pods(pods, report)
@@ -185,17 +197,30 @@ class Reconciler:
                 self._error(report, who, exc)
         return pods
 
+    def _container_record(self, container_id: str) -> ContainerHookRequest:
+        """The container's record: cached, or from its verbose status when first seen or
+        due for a refresh this round."""
+        record = self._containers.get(container_id)
+        due = zlib.crc32(container_id.encode()) % STATUS_REFRESH_ROUNDS == self._round % STATUS_REFRESH_ROUNDS
+        if record is None or due:
+            status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
+                container_id=container_id, verbose=True), timeout=CRI_TIMEOUT)
+            _, record = fromcri.container_record_from_status(status, container_id)
+            self._containers[container_id] = record
+        return record
+
     def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest],
                               report: ReconcileReport) -> None:
+        running = {container.id for container in containers}
+        for gone in self._containers.keys() - running:
+            del self._containers[gone]
         for container in containers:
             pod = pods.get(container.pod_sandbox_id)
             if pod is None:
                 continue
             who = f"pod {pod.pod_meta.namespace}/{pod.pod_meta.name} container {container.metadata.name}"
             try:
-                status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
-                    container_id=container.id, verbose=True), timeout=CRI_TIMEOUT)
-                _, record = fromcri.container_record_from_status(status, container.id)
+                record = self._container_record(container.id)
                 ctx = ContainerContext.from_proto(fromcri.container_hook_request(pod, record))
                 if self._run_hooks(HookPoint.PRE_CREATE_CONTAINER, ctx, report):
                     report.containers += 1
