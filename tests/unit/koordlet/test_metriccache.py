@@ -432,3 +432,28 @@ def test_aggregate_by_and_aggregates_equal_one_query_each(points, lo, span):
 def test_aggregate_by_rejects_a_label_the_kind_has_not(cache):
     with pytest.raises(MetricCacheError, match="unknown labels"):
         cache.aggregate_by(mc.NODE_CPU_USAGE, mc.POD_UID, 0, 1, [Aggregation.AVG])
+
+
+@pytest.mark.parametrize("window, want_chunk_reads", [
+    ((995.0, 1012.0), 1),  # 1: a window reaching into the chunks reads them
+    ((1000.0, 1012.0), 1),  # 2: ... also by its first instant only
+    ((1011.0, 1012.0), 0),  # 3: one that starts after the newest chunk ends needs no lookup
+    ((2000.0, 3000.0), 0),  # 4: ... nor one that holds nothing at all
+])
+def test_recent_windows_skip_the_chunks(tmp_path, window, want_chunk_reads):
+    """What the QoS strategies ask every second (the last few seconds) is answered from the
+    head alone, with the same answer; also after a reopen, which learns the newest chunk."""
+    points = [(990.0 + i, float(i)) for i in range(11)] + [(1011.0, 11.0), (1012.0, 12.0)]
+    c = MetricCache(tmp_path, clock=lambda: 1000.0)
+    c.append([pod("a", t, v) for t, v in points[:11]])  # 990..1000
+    c.flush()
+    c.append([pod("a", t, v) for t, v in points[11:]])
+    c.close()
+    c = MetricCache(tmp_path, clock=lambda: 1000.0)
+    try:
+        statements: list[str] = []
+        c._conn().set_trace_callback(statements.append)
+        assert c.query(mc.POD_CPU_USAGE, *window) == [p for p in points if window[0] <= p[0] <= window[1]]
+        assert sum("FROM chunks" in s for s in statements) == want_chunk_reads
+    finally:
+        c.close()

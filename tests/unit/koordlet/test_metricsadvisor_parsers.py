@@ -194,3 +194,43 @@ def test_open_files_report_missing_too_large_and_unreadable(tmp_path):
     with pytest.raises(FileProblem, match="read failed"):
         files.read(tmp_path / "dir", 64)
     assert len(files) == 1  # only the readable (too large) file stays open
+
+
+KEYED_TEXT = st.lists(st.tuples(
+    st.sampled_from(["total_active_anon", "active_anon", "nr_periods", "nr_throttled", "x", ""]),
+    st.sampled_from([" ", "  ", "\t", " \t", ""]),
+    st.sampled_from(["1", "0", "42 ", "9223372036854775807", "9223372036854775808", "99999999999999999999",
+                     "-1", "1e3", "\u0661", "7\r", "1 2", "", "x"]),
+    st.sampled_from(["\n", "\r\n", "\n\n", "\x0b"])), max_size=8).map(
+        lambda lines: "".join(k + sep + v + end for k, sep, v, end in lines))
+
+
+@given(text=KEYED_TEXT | ANY_TEXT,
+       keys=st.sampled_from([("total_active_anon", "active_anon"), ("active_anon",), ("nr_periods", "nr_throttled")]))
+def test_keyed_fast_path_agrees_with_the_regex_scan(text, keys):
+    """find_keyed answers only what scan_keyed would answer; otherwise it defers (None)."""
+    fast = p.find_keyed(text, keys)
+    try:
+        slow: dict | None = p.scan_keyed(text, keys)
+    except ValueError:
+        slow = None
+    if fast is not None:
+        assert fast == slow
+    try:
+        assert p.parse_flat_keyed(text, keys) == slow
+    except ValueError:
+        assert slow is None
+
+
+@pytest.mark.parametrize("text, want", [
+    # 1: memory.stat-like, the last of a duplicated key counts
+    ("active_anon 5\ntotal_active_anon 7\nactive_anon 6\n", {"total_active_anon": 7, "active_anon": 6}),
+    # 2: the first line, no newline at the end
+    ("active_anon 5\ntotal_active_anon 7", {"total_active_anon": 7, "active_anon": 5}),
+    # 3: a prefix of another key is not it
+    ("total_active_anon 7\nactive_anon_x 1\nactive_anon 2\n", {"total_active_anon": 7, "active_anon": 2}),
+    # 4: a tab separator is left to the regex scan, which takes it
+    ("total_active_anon\t7\nactive_anon 2\n", {"total_active_anon": 7, "active_anon": 2}),
+])
+def test_keyed_cases(text, want):
+    assert p.parse_flat_keyed(text, ("total_active_anon", "active_anon")) == want

@@ -95,7 +95,9 @@ _Key = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def _key(kind: str, labels: Mapping[str, str]) -> _Key:
-    return kind, tuple(sorted(labels.items()))
+    items = tuple(labels.items())
+    # Most series have one label (a pod uid, a container id): nothing to sort.
+    return kind, items if len(items) < 2 else tuple(sorted(items))
 
 
 @contextlib.contextmanager
@@ -120,6 +122,9 @@ def _ms(ts: float) -> int:
 
 
 def _check_number(sample: Sample) -> None:
+    ts, value = sample.timestamp, sample.value
+    if type(ts) is float and type(value) is float and 0 <= ts < math.inf and -math.inf < value < math.inf:
+        return  # what every collector sends, checked without the loop below (NaN fails here)
     for what, number in (("timestamp", sample.timestamp), ("value", sample.value)):
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
             raise MetricCacheError(f"sample {sample!r}: {what} must be a finite number")
@@ -180,6 +185,9 @@ class MetricCache:
         self._by_id: dict[int, Series] = {}
         self._by_kind: dict[str, list[Series]] = {}
         self._last_gc = -math.inf
+        self._chunks_newest: float = math.inf
+        """The largest ``max_ts`` of any chunk written (ms; -1 with none): a query window
+        starting after it, as every "last few seconds" query does, needs no chunk lookup."""
         self._last_cut = clock()
         # The WAL may grow to this before it is truncated; it counts against the size bound.
         self._journal_limit = min(4 * 1024 * 1024, self.max_bytes // 8)
@@ -316,6 +324,8 @@ class MetricCache:
                           sid, kind, labels[:100])
                 continue
             self._add_series(kind, Series(sid, parsed))
+        newest = db.execute("SELECT max(max_ts) FROM chunks").fetchone()[0]
+        self._chunks_newest = -1 if newest is None else int(newest)
         for sid, ts, value in db.execute("SELECT series_id, ts, value FROM head ORDER BY rowid"):
             series = self._by_id.get(sid)
             if series is not None:
@@ -400,6 +410,8 @@ class MetricCache:
         except sqlite3.Error as exc:
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
             return
+        if rows:
+            self._chunks_newest = max(self._chunks_newest, max(row[1] for row in rows))
         for series in self._by_id.values():
             series.clear()
 
@@ -541,7 +553,7 @@ class MetricCache:
                         if all(s.labels.get(k) == v for k, v in want.items())]
             ids = [s.id for s in matching]
             blobs: list[tuple[int, bytes]] = []
-            for i in range(0, len(ids), _IDS_PER_QUERY):
+            for i in range(0, len(ids) if lo <= self._chunks_newest else 0, _IDS_PER_QUERY):
                 chunk = ids[i:i + _IDS_PER_QUERY]
                 marks = ",".join("?" * len(chunk))
                 blobs += db.execute(
