@@ -111,12 +111,14 @@ class CPUBurst(Strategy):
         except NodeInfoError:
             total = None
         excluded_requests, excluded_used = 0, 0.0
+        # Every pod's average from one pass over the pod series (one query per excluded pod
+        # scanned all of them each time).
+        averages = ctx.metric_cache.aggregate_by(POD_CPU_USAGE, POD_UID, start, now, (Aggregation.AVG,))
         for pod in pods:
             if pod.koord_qos in ("LSR", "LSE"):
                 excluded_requests += sum(c.requests.get("cpu", 0) for c in pod.containers)
             if pod.koord_qos in SHARE_POOL_EXCLUDED:
-                used = ctx.metric_cache.aggregate(POD_CPU_USAGE, start, now, Aggregation.AVG, {POD_UID: pod.uid})
-                excluded_used += used or 0.0
+                excluded_used += averages.get(pod.uid, {}).get(Aggregation.AVG, 0.0)
         state, ratio = share_pool_state(node_used, total, excluded_requests, excluded_used, threshold_percent)
         if ratio is not None:
             ctx.metrics.cpu_burst_share_pool.labels(ctx.metrics.node).set(ratio)

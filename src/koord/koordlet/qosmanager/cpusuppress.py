@@ -141,7 +141,8 @@ class CPUSuppress(Strategy):
         m = ctx.metrics
         m.be_suppress_ls_used.labels(m.node).set(suppress.non_be_pods)
         m.be_suppress_target.labels(m.node).set(suppress.milli / 1000)
-        log.debug("%s: %s", self.name, suppress.explain())
+        if log.isEnabledFor(logging.DEBUG):  # explain() formats every term: not every second for nothing
+            log.debug("%s: %s", self.name, suppress.explain())
         self.last_suppress = suppress
         return suppress
 
