@@ -83,12 +83,17 @@ class MetricCacheError(Exception):
     """The metric cache cannot open, or a sample or query is invalid; the message says which."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Sample:
     kind: str
     labels: Mapping[str, str]
     timestamp: float  # unix seconds
     value: float
+
+    def __init__(self, kind: str, labels: Mapping[str, str], timestamp: float, value: float) -> None:
+        # The generated frozen __init__ makes four object.__setattr__ calls; a collector
+        # tick builds over a thousand samples, so they are set at once (still frozen after).
+        self.__dict__.update(kind=kind, labels=labels, timestamp=timestamp, value=value)
 
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]
