@@ -7,6 +7,7 @@ naming the input, not a number with a billion digits.
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -35,22 +36,33 @@ def parse_quantity(value: object) -> Fraction:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(f"quantity {value!r} is neither a string nor an integer")
     if isinstance(value, int):
-        number = Fraction(value)
-    else:
-        text = value.strip()
-        if len(text) > MAX_TEXT:
-            raise ValueError(f"bad quantity {text[:MAX_TEXT]!r}...: longer than {MAX_TEXT} characters")
-        match = _QUANTITY.fullmatch(text)
-        if not match:
-            raise ValueError(f"bad quantity {value!r}: want a number with an optional suffix, like 500m or 2Gi")
-        number = Fraction(match["num"])
-        if match["exp"]:
-            exponent = int(match["exp"][1:])
-            if abs(exponent) > MAX_EXPONENT:
-                raise ValueError(f"bad quantity {value!r}: exponent {exponent} is beyond ±{MAX_EXPONENT}")
-            number *= Fraction(10) ** exponent
-        elif match["suffix"]:
-            number *= _SUFFIXES[match["suffix"]]
+        return _bounded(Fraction(value), value)
+    text = value.strip()
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"bad quantity {text[:MAX_TEXT]!r}...: longer than {MAX_TEXT} characters")
+    return _parse_text(text, value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_text(text: str, value: str) -> Fraction:
+    """Cached (``text`` is at most MAX_TEXT characters; ``value``, the input as given, names
+    it in errors): every pod list repeats the same few quantities ("100m", "128Mi") for every
+    pod, and Fraction arithmetic is most of the cost of reading one. Errors are not cached."""
+    match = _QUANTITY.fullmatch(text)
+    if not match:
+        raise ValueError(f"bad quantity {value!r}: want a number with an optional suffix, like 500m or 2Gi")
+    number = Fraction(match["num"])
+    if match["exp"]:
+        exponent = int(match["exp"][1:])
+        if abs(exponent) > MAX_EXPONENT:
+            raise ValueError(f"bad quantity {value!r}: exponent {exponent} is beyond ±{MAX_EXPONENT}")
+        number *= Fraction(10) ** exponent
+    elif match["suffix"]:
+        number *= _SUFFIXES[match["suffix"]]
+    return _bounded(number, value)
+
+
+def _bounded(number: Fraction, value: object) -> Fraction:
     if abs(number) > MAX_VALUE:
         raise ValueError(f"quantity {value!r} is larger than {MAX_VALUE}")
     return number
