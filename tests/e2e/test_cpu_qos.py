@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +23,7 @@ from koord.testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.procstat import PodsOnlyProcStat
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command
 
@@ -203,50 +202,6 @@ def test_cpu_burst_sets_the_burst_file_clamped_to_the_quota(qos_node: QoSNode) -
     logs = node.logs()
     assert logs.count("clamped to it") == 1, "the clamp is said once"
     assert "EINVAL" not in logs and "Invalid argument" not in logs
-
-
-class PodsOnlyProcStat:
-    """A ``--proc-root-dir`` whose ``stat`` counts only the CPU time of the test's kube dir.
-
-    This machine is shared: other test runs keep its cpus busy, so the real node is never
-    idle and CPUBurst (rightly) would never raise a quota. The node koordlet sees here is the
-    test's pods alone: their real cgroup CPU time, rewritten every 0.2 s as /proc/stat
-    ticks; cpuinfo and meminfo are the host's.
-    """
-
-    def __init__(self, root: Path, kube: str) -> None:
-        self.root, self.kube = root, Cgroup(kube)
-        root.mkdir(parents=True, exist_ok=True)
-        for name in ("cpuinfo", "meminfo"):
-            shutil.copyfile(f"/proc/{name}", root / name)
-        self.cpus = os.cpu_count() or 1
-        self.tck = os.sysconf("SC_CLK_TCK")
-        self.start = time.monotonic()
-        self._stop = threading.Event()
-        self._write()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _write(self) -> None:
-        try:
-            busy = self.kube.cpu_usage_ns() * self.tck // 10**9
-        except (OSError, ValueError):
-            busy = 0
-        total = int((time.monotonic() - self.start + 1000) * self.cpus * self.tck)
-        lines = [f"cpu  {busy} 0 0 {max(total - busy, 0)} 0 0 0 0 0 0"]
-        lines += [f"cpu{i} {busy // self.cpus} 0 0 {max(total - busy, 0) // self.cpus} 0 0 0 0 0 0"
-                  for i in range(self.cpus)]
-        tmp = self.root / "stat.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(self.root / "stat")
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self._write()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def test_cfs_quota_burst_rises_while_idle_and_falls_when_the_node_fills(qos_node: QoSNode) -> None:

@@ -2,7 +2,7 @@
 
 Without the proxy nobody calls the hooks, and with it a rule change still has to reach
 pods created earlier. Every interval, and on demand after a rule change, the reconciler
-lists ready pods and running containers from the CRI endpoint and replays the hooks:
+lists ready pods and created or running containers from the CRI endpoint and replays the hooks:
 
 =====================  =======================  ===========================================
 level                  stage replayed           written to
@@ -10,7 +10,8 @@ level                  stage replayed           written to
 kube-QoS               (none)                   ``kube_qos_dir(qos)``: merged
                                                 ``plugin.kube_qos_resources(qos)``
 pod sandbox (READY)    PreRunPodSandbox         ``pod_dir(cgroup_parent)``
-container (RUNNING)    PreCreateContainer       ``container_dir(cgroup_parent, id)``
+container (CREATED,    PreCreateContainer       ``container_dir(cgroup_parent, id)``
+RUNNING)
 pod gone since last    PostStopPodSandbox       nothing (plugins clean up, e.g. resctrl)
 =====================  =======================  ===========================================
 
@@ -106,8 +107,11 @@ class Reconciler:
             try:
                 sandboxes = self._list("ListPodSandbox", cri.ListPodSandboxRequest(filter=cri.PodSandboxFilter(
                     state=cri.PodSandboxStateValue(state=cri.SANDBOX_READY))), cri.PodSandbox, report)
-                containers = self._list("ListContainers", cri.ListContainersRequest(filter=cri.ContainerFilter(
-                    state=cri.ContainerStateValue(state=cri.CONTAINER_RUNNING))), cri.Container, report)
+                # Created ones too, as upstream (kubelet lists a container once it has an id): its
+                # cgroup exists from `runc create`, when PLEG sees it, and it may not run for a while.
+                containers = [c for c in self._list("ListContainers", cri.ListContainersRequest(),
+                                                    cri.Container, report)
+                              if c.state in (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING)]
             except grpc.RpcError as exc:
                 self._cri_unavailable(report, exc)
                 return report
