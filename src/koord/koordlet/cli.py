@@ -72,10 +72,11 @@ class Koordlet:
         a = self.args
         driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
         self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir)
-        env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
-                        proc_root=a.proc_root_dir)
-        self.plugins: list[RuntimePlugin] = build_plugins(env, a.feature_gates)
         self.metrics = KoordletMetrics(node_name())
+        env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
+                        proc_root=a.proc_root_dir, current_pods=lambda: self.informer.get_all_pods(),
+                        registry=self.metrics.registry, node=self.metrics.node)
+        self.plugins: list[RuntimePlugin] = build_plugins(env, a.feature_gates)
         self.hooks = Hooks(a.runtime_hooks_plugin_failure_policy, observe=self.metrics.record_plugin_call)
         for plugin in self.plugins:
             plugin.register(self.hooks)
