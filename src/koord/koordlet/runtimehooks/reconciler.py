@@ -21,8 +21,8 @@ cannot carry (envs, annotations) are ignored here.
 A sandbox's labels and annotations in CRI are the pod's at creation and never change, while
 a pod's annotations (oom-score-adj, the cpuset status, ...) and labels (core-sched group) may
 be edited while it runs. The pods source (``current_pods``: the states informer's list, from
-kubelet's ``/pods`` or the API server) carries the current ones: for a pod it knows (matched
-by UID) the requests get its labels and annotations; for a pod it does not know yet, CRI's.
+kubelet's ``/pods`` in a cluster) carries the current ones: for a pod it knows (matched by
+UID) the requests get its labels and annotations; for a pod it does not know yet, CRI's.
 """
 
 from __future__ import annotations
