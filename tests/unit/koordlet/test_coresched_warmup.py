@@ -241,3 +241,15 @@ def test_current_cookie_is_the_first_cookie_and_its_holders(procs: list[tuple[in
     readable = [p for p in pids if p not in failing and cookies[p]]
     assert cookie == (cookies[readable[0]] if readable else 0)
     assert holders == [p for p in readable if cookies[p] == cookie]
+
+
+def test_a_restarted_container_replaces_its_series(tmp_path: Path) -> None:
+    write_procs(tmp_path, {"kubepods/besteffort/podu1/c1": [101], "kubepods/besteffort/podu1/c2": [102]})
+    ops = fake_kernel({101: 0, 102: 0})
+    meta = pod("u1", "BE", "g", "kubepods/besteffort/podu1", "", {"main": "c1"})
+    registry = CollectorRegistry()
+    plugin, hooks = started(tmp_path, ops, [meta], registry)
+    run_container(plugin, hooks, meta, "main")
+    meta.containers[0].id = "c2"  # kubelet restarted the container
+    run_container(plugin, hooks, meta, "main")
+    assert [dict(k)["container_id"] for k in sample(registry, "koordlet_container_core_sched_cookie")] == ["c2"]

@@ -27,7 +27,7 @@ import logging
 from koord.hookapi import HookPoint
 
 from ...resourceexecutor.executor import CgroupError
-from ...statesinformer.meta import CGROUPFS, PodMeta, container_cgroup_dir, driver_of_cgroup_parent
+from ...statesinformer.meta import PodMeta, container_cgroup_dir, driver_of_cgroup_parent
 from ..hooks import HookError, Hooks, PluginEnv, RuntimePlugin
 from ..protocol import ContainerContext, KoordQoS, KubeQoS, PodContext, Resources
 from ..rule import CoreSchedRule, Rules
@@ -83,7 +83,11 @@ class CoreSched(RuntimePlugin):
                       "no cookie before the cookies held already are", self.name, req.pod_meta, req.container_name)
             return
         enabled, group = pod_group(rule, req.pod_labels, req.kube_qos, req.pod_meta.uid)
-        pids = self._procs(self.env.executor.container_dir(req.pod_cgroup_parent, req.container_id))
+        try:
+            cgroup_dir = self.env.executor.container_dir(req.pod_cgroup_parent, req.container_id)
+        except CgroupError:
+            return  # an id that names no cgroup: no processes to give a cookie to
+        pids = self._procs(cgroup_dir)
         if pids is None:
             return  # not started yet, or gone
         holder = CookieHolder(req.pod_meta.namespace, req.pod_meta.name, req.pod_meta.uid, req.container_name,
@@ -135,8 +139,8 @@ class CoreSched(RuntimePlugin):
         """The pod's sandbox and running containers with their processes, as warm-up reads them."""
         _, group = pod_group(rule, pod.labels, KubeQoS.of_cgroup_parent(pod.cgroup_dir), pod.uid)
         dirs: list[tuple[str, str, str]] = []
-        if pod.sandbox_id:
-            driver = driver_of_cgroup_parent(pod.cgroup_dir) if pod.cgroup_dir else CGROUPFS
+        if pod.sandbox_id and pod.cgroup_dir:
+            driver = driver_of_cgroup_parent(pod.cgroup_dir)
             try:
                 dirs.append(("", pod.sandbox_id, container_cgroup_dir(pod.cgroup_dir, pod.sandbox_id, driver)))
             except ValueError as exc:
