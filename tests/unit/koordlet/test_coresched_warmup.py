@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet import cli, flags
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.cookies import LABEL_GROUP_ID, CookieError, CookieManager
@@ -253,3 +254,12 @@ def test_a_restarted_container_replaces_its_series(tmp_path: Path) -> None:
     meta.containers[0].id = "c2"  # kubelet restarted the container
     run_container(plugin, hooks, meta, "main")
     assert [dict(k)["container_id"] for k in sample(registry, "koordlet_container_core_sched_cookie")] == ["c2"]
+
+
+def test_koordlet_serves_the_metrics_and_warms_up_from_its_informer() -> None:
+    koordlet = cli.Koordlet(flags.parse_args(["--feature-gates", "CoreSched=true",
+                                              "--runtime-hooks-reconcile-interval", "0"]))
+    (plugin,) = [p for p in koordlet.plugins if isinstance(p, CoreSched)]
+    assert plugin.metrics.registry is koordlet.metrics.registry
+    assert plugin.metrics.node == koordlet.metrics.node
+    assert plugin.env.current_pods is not None and plugin.env.current_pods() == koordlet.informer.get_all_pods()
