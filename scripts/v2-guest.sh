@@ -23,7 +23,7 @@ rc=0
 if [ $# -gt 0 ]; then
   .venv/bin/python -m pytest -p no:cacheprovider --timeout=1500 -ra "$@" || rc=$?
 else
-  .venv/bin/python -m pytest -p no:cacheprovider --timeout=1500 -ra -m cgroup tests/e2e || rc=$?
+  .venv/bin/python -m pytest -p no:cacheprovider --timeout=1500 -ra --durations=0 -m cgroup tests/e2e || rc=$?
   echo "v2-guest.sh: the demo on cgroup v2"
   .venv/bin/python -m koord.demo || { echo "v2-guest.sh: the demo FAILED on cgroup v2" >&2; rc=1; }
 fi

@@ -8,10 +8,9 @@ Pods live under the test's own kube dir (``koordtest-<id>/kubepods``, koordlet's
 
 from __future__ import annotations
 
+import copy
 import json
 import os
-import shutil
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,10 +24,12 @@ from koord.testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.kubeletpods import KubeletPodsServer, pod_json
+from koord.testing.procstat import PodsOnlyProcStat
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
 
 QOS = "koordinator.sh/qosClass"
 EXTENDED_SPEC = "node.koordinator.sh/extended-resource-spec"
@@ -205,50 +206,6 @@ def test_cpu_burst_sets_the_burst_file_clamped_to_the_quota(qos_node: QoSNode) -
     assert "EINVAL" not in logs and "Invalid argument" not in logs
 
 
-class PodsOnlyProcStat:
-    """A ``--proc-root-dir`` whose ``stat`` counts only the CPU time of the test's kube dir.
-
-    This machine is shared: other test runs keep its cpus busy, so the real node is never
-    idle and CPUBurst (rightly) would never raise a quota. The node koordlet sees here is the
-    test's pods alone: their real cgroup CPU time, rewritten every 0.2 s as /proc/stat
-    ticks; cpuinfo and meminfo are the host's.
-    """
-
-    def __init__(self, root: Path, kube: str) -> None:
-        self.root, self.kube = root, Cgroup(kube)
-        root.mkdir(parents=True, exist_ok=True)
-        for name in ("cpuinfo", "meminfo"):
-            shutil.copyfile(f"/proc/{name}", root / name)
-        self.cpus = os.cpu_count() or 1
-        self.tck = os.sysconf("SC_CLK_TCK")
-        self.start = time.monotonic()
-        self._stop = threading.Event()
-        self._write()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _write(self) -> None:
-        try:
-            busy = self.kube.cpu_usage_ns() * self.tck // 10**9
-        except (OSError, ValueError):
-            busy = 0
-        total = int((time.monotonic() - self.start + 1000) * self.cpus * self.tck)
-        lines = [f"cpu  {busy} 0 0 {max(total - busy, 0)} 0 0 0 0 0 0"]
-        lines += [f"cpu{i} {busy // self.cpus} 0 0 {max(total - busy, 0) // self.cpus} 0 0 0 0 0 0"
-                  for i in range(self.cpus)]
-        tmp = self.root / "stat.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(self.root / "stat")
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self._write()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def test_cfs_quota_burst_rises_while_idle_and_falls_when_the_node_fills(qos_node: QoSNode) -> None:
     """cfsQuotaBurstOnly: a throttled LS container's quota rises 1.2x a tick (pod too) while the
     share pool is below its threshold, and falls back to its limit once a burner fills the node."""
@@ -285,14 +242,29 @@ def run_cfs_quota_burst(node: QoSNode, proc: PodsOnlyProcStat) -> None:
 
 # ---- OOMScoreAdj ---------------------------------------------------------------------------
 
+OOM_SCORE_ADJ = "koordinator.sh/oom-score-adj"
+
+
 def oom_score_adj(pid: int) -> int:
     return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
 
 
+CAP_SYS_RESOURCE = 24
+
+
+def may_lower_oom_score_adj() -> bool:
+    """Whether this process (and so koordlet, started by it) holds CAP_SYS_RESOURCE, without
+    which the kernel refuses to lower an oom_score_adj."""
+    status = Path("/proc/self/status").read_text()
+    cap_eff = next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:"))
+    return bool(int(cap_eff, 16) >> CAP_SYS_RESOURCE & 1)
+
+
 def test_oom_score_adj_reaches_every_process_of_the_container(qos_node: QoSNode) -> None:
     """The spec's value for the container (over the pod's default) on every pid of its
-    cgroup.procs, the sandbox's pause left alone; a negative value, which this machine's root
-    may not set without CAP_SYS_RESOURCE, is reported once and nothing else breaks."""
+    cgroup.procs, the sandbox's pause left alone; a negative value, which root may not set
+    without CAP_SYS_RESOURCE (this project's machines), is reported once and nothing else
+    breaks, or, where root has it (the v2 lane's guest), is set."""
     node = qos_node
     node.start_koordlet("--feature-gates", "OOMScoreAdj=true")
     annotations = {"koordinator.sh/oom-score-adj": "100", "koordinator.sh/oom-score-adj-spec": '{"main": 300}'}
@@ -307,12 +279,55 @@ def test_oom_score_adj_reaches_every_process_of_the_container(qos_node: QoSNode)
 
     _, negative = node.run_pod("oom-neg", "burstable", "LS", burn_command(0.05),
                                annotations={"koordinator.sh/oom-score-adj": "-100"})
-    wait_for(lambda: "refused oom_score_adj -100" in node.logs(), "the refusal of -100 reported", 30)
-    time.sleep(2)
-    logs = node.logs()
-    assert logs.count("refused oom_score_adj -100") == 1, "said once"
-    assert all(oom_score_adj(p) >= 0 for p in negative.procs())
+    if may_lower_oom_score_adj():
+        wait_for(settled(lambda: negative.procs() and all(oom_score_adj(p) == -100 for p in negative.procs())),
+                 "oom_score_adj -100 on every process (root has CAP_SYS_RESOURCE here)", 30)
+        assert "refused oom_score_adj" not in node.logs()
+    else:
+        wait_for(lambda: "refused oom_score_adj -100" in node.logs(), "the refusal of -100 reported", 30)
+        time.sleep(2)
+        logs = node.logs()
+        assert logs.count("refused oom_score_adj -100") == 1, "said once"
+        assert all(oom_score_adj(p) >= 0 for p in negative.procs())
     assert all(oom_score_adj(p) == 300 for p in container.procs())
+
+
+def test_oom_score_adj_follows_an_annotation_edited_while_the_pod_runs(qos_node: QoSNode) -> None:
+    """Pods from kubelet's /pods (the stand-in serves what the test says): the pod starts with
+    oom-score-adj 100; edited to 300 in kubelet's list (CRI's sandbox still says 100), every
+    process of the container follows within a few rounds and the sandbox stays as it was."""
+    node = qos_node
+    node_obj = json.loads(node.node_file.read_text())
+    node_obj["status"]["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"}]
+    write_json(node.node_file, node_obj)
+    server = KubeletPodsServer()
+    try:
+        sandbox = node.kubelet.run_pod(f"oom-edit-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"},
+                                       annotations={OOM_SCORE_ADJ: "100"}, qos="burstable", kube_dir=node.kube)
+        cid = node.kubelet.run_container(sandbox, "main", node.containerd.image, command=burn_command(0.05))
+        listed = pod_json(node.kubelet, sandbox, {"main": cid}, qos="burstable")
+        server.pods = [listed]
+        node.start_koordlet("--feature-gates", "OOMScoreAdj=true", "--pods-source", "kubelet",
+                            "--kubelet-insecure-tls", "--kubelet-read-only-port", str(server.port),
+                            "--kubelet-sync-interval", "500ms")
+        parent = node.kubelet.pod_cgroup_parent(sandbox)
+        pod, container = Cgroup.of_pod(parent), Cgroup.of_container(parent, cid)
+        pause = [p for d in pod.dir("cpu").iterdir() if d.is_dir() and d.name != cid
+                 for p in Cgroup(f"{pod.rel}/{d.name}").procs()]
+        pause_before = {p: oom_score_adj(p) for p in pause}
+        wait_for(settled(lambda: container.procs() and all(oom_score_adj(p) == 100 for p in container.procs())),
+                 "oom_score_adj 100 (the pod's annotation at start) on the container's processes", 30)
+
+        edited = copy.deepcopy(listed)
+        edited["metadata"]["annotations"][OOM_SCORE_ADJ] = "300"
+        server.pods = [edited]
+        wait_for(settled(lambda: container.procs() and all(oom_score_adj(p) == 300 for p in container.procs())),
+                 "oom_score_adj 300 (the edited annotation) on the container's processes", 30)
+        print(f"container pids {container.procs()} at 300; sandbox pids {pause_before}")
+        assert pause_before and {p: oom_score_adj(p) for p in pause} == pause_before, "the sandbox is left alone"
+        assert node.kubelet.sandbox_configs[sandbox].annotations[OOM_SCORE_ADJ] == "100", "CRI's is unchanged"
+    finally:
+        server.close()
 
 
 # ---- CoreSched: cpu.idle at the kube-QoS level ----------------------------------------------

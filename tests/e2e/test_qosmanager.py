@@ -32,6 +32,7 @@ from koord.testing.cgroups import CGROUP_ROOT, Cgroup, remove_tree
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.procstat import PodsOnlyProcStat
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command, hold_command
 
@@ -80,9 +81,14 @@ class Node:
 @pytest.fixture
 def node_factory(containerd: Containerd, tmp_path: Path) -> Iterator[Callable[..., Node]]:
     made: list[Node] = []
+    stats: list[PodsOnlyProcStat] = []
 
-    def make(*, memory: str, config: QOSConfig, proc_root: Path = Path("/proc")) -> Node:
+    def make(*, memory: str, config: QOSConfig, proc_root: Path | None = None) -> Node:
+        """``proc_root`` None: a /proc whose node CPU usage is the node's pods alone."""
         kube = f"koordtest-{uuid.uuid4().hex[:8]}/kubepods"
+        if proc_root is None:
+            stats.append(PodsOnlyProcStat(tmp_path / "proc", kube))
+            proc_root = stats[-1].root
         node_file, slo_file = tmp_path / "node.json", tmp_path / "nodeslo.json"
         cpus = os.cpu_count() or 1
         write_json(node_file, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node"},
@@ -111,6 +117,8 @@ def node_factory(containerd: Containerd, tmp_path: Path) -> Iterator[Callable[..
         node.advisor.stop()
         node.informer.stop()
         node.cache.close()
+    for stat in stats:
+        stat.stop()
 
 
 def run_pod(kubelet: KubeletClient, image: str, kube: str, name: str, qos: str, koord_qos: str,
@@ -148,7 +156,10 @@ def test_cfs_quota_suppress_follows_the_formula_and_recovers(
     node = node_factory(memory="8Gi", config=QOSConfig(cpu_suppress_interval=1.0,
                                                         cri_endpoint=containerd.endpoint))
     try:
-        node.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=65)
+        # 25 %: with the LS burner measured the formula leaves the BE pods at most a quarter of
+        # a core less the LS use, less than the BE burner gets even on a loaded machine (where
+        # its besteffort shares lose every contended cpu), so the kernel must throttle it.
+        node.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=25)
         _, ls_cid = run_pod(kubelet, containerd.image, node.kube, "ls-burner", "burstable", "LS",
                             burn_command(1))
         run_pod(kubelet, containerd.image, node.kube, "be-burner", "besteffort", "BE", burn_command(cpus))
@@ -156,7 +167,7 @@ def test_cfs_quota_suppress_follows_the_formula_and_recovers(
 
         def at_formula() -> tuple[int, int] | None:
             s = suppress.last_suppress
-            if s is None or s.non_be_pods < 0.5:  # the LS burner measured
+            if s is None or s.non_be_pods < 0.25:  # the LS burner measured
                 return None
             target = max(s.milli * PERIOD // 1000, 2000)
             quota = node.quota()
@@ -195,7 +206,7 @@ def test_cfs_quota_suppress_follows_the_formula_and_recovers(
         print(f"BE pods used {be_after:.3f} cores while the quota allowed {allowed:.3f} on average")
         assert be_after <= allowed + 0.1, "BE usage does not follow the quota"
 
-        node.slo(enable=False, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=65)
+        node.slo(enable=False, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=25)
         wait_for(lambda: node.quota() == -1, "quota -1 after NodeSLO disabled suppress", 10)
     finally:
         node.qos.stop()

@@ -41,6 +41,7 @@ from .statesinformer import (
     NODE_METRIC,
     NODE_SLO,
     NODE_TOPOLOGY,
+    PODS,
     CriPodsSource,
     FileObjectsSource,
     KubeObjectsSource,
@@ -71,10 +72,11 @@ class Koordlet:
         a = self.args
         driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
         self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir)
-        env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
-                        proc_root=a.proc_root_dir)
-        self.plugins: list[RuntimePlugin] = build_plugins(env, a.feature_gates)
         self.metrics = KoordletMetrics(node_name())
+        env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
+                        proc_root=a.proc_root_dir, current_pods=lambda: self.informer.get_all_pods(),
+                        registry=self.metrics.registry, node=self.metrics.node)
+        self.plugins: list[RuntimePlugin] = build_plugins(env, a.feature_gates)
         self.hooks = Hooks(a.runtime_hooks_plugin_failure_policy, observe=self.metrics.record_plugin_call)
         for plugin in self.plugins:
             plugin.register(self.hooks)
@@ -83,7 +85,8 @@ class Koordlet:
             executor=self.executor, disabled_stages=a.runtime_hooks_disable_stages,
             observe=self.metrics.record_hook_request)
         self.reconciler = (Reconciler(self.hooks, self.executor, self.plugins,
-                                      a.containerd_endpoint, a.runtime_hooks_reconcile_interval)
+                                      a.containerd_endpoint, a.runtime_hooks_reconcile_interval,
+                                      current_pods=lambda: self.informer.get_all_pods())
                            if a.runtime_hooks_reconcile_interval > 0 else None)
         defaults = parse_rules(None, None)
         for plugin in self.plugins:
@@ -92,6 +95,8 @@ class Koordlet:
         self.informer.register_callback(NODE, self.apply_rules)
         self.informer.register_callback(NODE_SLO, self.apply_rules)
         self.informer.register_callback(NODE_TOPOLOGY, self.apply_rules)
+        if self.reconciler is not None:  # an edited pod (annotations, labels) is followed at once
+            self.informer.register_callback(PODS, self.reconciler.reconcile_now)
         self.registration: Registration | None = None
         self.health: HealthServer | None = None
         self.metric_cache: metriccache.MetricCache | None = None

@@ -31,7 +31,7 @@ from koord.hookapi.fromcri import StatusError
 
 from . import convert
 from . import store as store_mod
-from .dispatcher import HookFailed, RuntimeDispatcher, Target
+from .dispatcher import FAST_RECONNECT, HookFailed, RuntimeDispatcher, Target
 from .memtrim import MemoryTrimmer
 from .metrics import ProxyMetrics
 from .store import ContainerRecord, Store
@@ -44,10 +44,7 @@ MAX_MESSAGE_BYTES = 64 << 20
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # A restarted containerd must be served again within a second, not after grpc's 2 min backoff.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    *FAST_RECONNECT,
 )
 SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

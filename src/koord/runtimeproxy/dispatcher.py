@@ -27,11 +27,16 @@ from .pluginsmanager import PluginRegistration, PluginsManager
 
 log = logging.getLogger(__name__)
 
-_CHANNEL_OPTIONS = (
-    # A restarted plugin must be reachable again at once, not after grpc's 2-minute backoff.
+FAST_RECONNECT = (
+    # A restarted plugin or runtime must be reachable again within a second, not after grpc's
+    # 2-minute backoff. Not grpc.min_reconnect_backoff_ms: grpc takes it as the time one connection
+    # attempt may take, and at 100 ms a busy server's first answer came too late, so calls failed
+    # UNAVAILABLE ("timed out before receiving SETTINGS frame") with the server up.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+)
+_CHANNEL_OPTIONS = (
+    *FAST_RECONNECT,
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
 )

@@ -105,11 +105,12 @@ def test_kernel_without_cpu_idle_or_node_slo_writes_nothing(tmp_path: Path, capl
 
 class FakeCookies:
     """The kernel's cookies as a dict pid -> cookie; ``supported=False`` answers EINVAL, a pid
-    not in ``alive`` ESRCH."""
+    not in ``alive`` ESRCH; ``log`` names every call that changes a cookie."""
 
     def __init__(self, alive: set[int], supported: bool = True) -> None:
         self.cookies: dict[int, int] = {}
         self.alive, self.supported, self.next, self.calls = alive, supported, 0x100, 0
+        self.log: list[str] = []
 
     def _check(self, pid: int) -> None:
         self.calls += 1
@@ -123,17 +124,20 @@ class FakeCookies:
         return self.cookies.get(pid, 0)
 
     def create(self, pid: int) -> int:
+        self.log.append("create")
         self._check(pid)
         self.next += 1
         self.cookies[pid] = self.next
         return self.next
 
     def share(self, from_pid: int, to_pid: int) -> None:
+        self.log.append("share")
         self._check(from_pid)
         self._check(to_pid)
         self.cookies[to_pid] = self.cookies.get(from_pid, 0)
 
     def clear(self, pid: int) -> None:
+        self.log.append("clear")
         self._check(pid)
         self.cookies.pop(pid, None)
 

@@ -10,6 +10,7 @@ from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
+from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 
@@ -97,16 +98,22 @@ def test_second_round_writes_nothing(fake_cri, tmp_path):
     assert len(fake_cri.requests("PodSandboxStatus")) == 1  # a sandbox's config is asked once
 
 
-def test_only_ready_pods_and_running_containers(fake_cri, tmp_path):
-    make_fake_v1_cgroup(tmp_path, BE + "/c1")
+def test_only_ready_pods_and_created_or_running_containers(fake_cri, tmp_path):
+    for cid in ("c1", "c2", "c3", "c4"):
+        make_fake_v1_cgroup(tmp_path, BE + "/" + cid)
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
     fake_cri.add_pod("p2", "gone", {QOS: "BE"}, "/kubepods/besteffort/podp2",
                      state=cri.SANDBOX_NOTREADY)
-    fake_cri.add_container("c1", "p1", "main", state=cri.CONTAINER_EXITED)
+    fake_cri.add_container("c1", "p1", "exited", state=cri.CONTAINER_EXITED)
+    fake_cri.add_container("c2", "p1", "created", state=cri.CONTAINER_CREATED)
+    fake_cri.add_container("c3", "p1", "running", state=cri.CONTAINER_RUNNING)
+    fake_cri.add_container("c4", "p1", "unknown", state=cri.CONTAINER_UNKNOWN)
     reconciler, plugin = make(fake_cri, tmp_path)
     report = reconciler.reconcile_once()
-    assert (report.pods, report.containers) == (1, 0)
-    assert [c.request.meta.name for c in plugin.seen] == ["batch"]
+    assert (report.pods, report.containers) == (1, 2)
+    assert [c.request.meta.name for c in plugin.seen if isinstance(c, PodContext)] == ["batch"]
+    assert sorted(c.request.container_name for c in plugin.seen if isinstance(c, ContainerContext)) == \
+        ["created", "running"]
 
 
 def test_one_broken_pod_does_not_stop_the_round(fake_cri, tmp_path):

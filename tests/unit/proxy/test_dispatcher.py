@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.hookapi import HookPoint
+from koord.hookapi.registration import Registration
 from koord.runtimeproxy.dispatcher import HookFailed, RuntimeDispatcher, Target
 from koord.runtimeproxy.metrics import ProxyMetrics
 from koord.runtimeproxy.pluginsmanager import PluginsManager
@@ -93,6 +97,62 @@ def test_timeout_with_ignore_goes_on(env) -> None:
     assert time.monotonic() - start < 2.5, "the hung plugin must be cut off by its timeout"
     assert changed and request.labels["fast"] == "yes"
     assert _sample(metrics, "10-slow.json", "timeout") == 1
+
+
+class SlowHandshake:
+    """A unix socket in front of a plugin that lets each connection through 0.5 s after it
+    arrives, as a busy plugin's server answers its first HTTP/2 frames late."""
+
+    def __init__(self, path: Path, target: Path, delay: float = 0.5) -> None:
+        self.path, self.target, self.delay = path, target, delay
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._listener.bind(str(path))
+        self._listener.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        time.sleep(self.delay)
+        server = socket.socket(socket.AF_UNIX)
+        server.connect(str(self.target))
+        for a, b in ((client, server), (server, client)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_a_plugin_that_answers_its_first_connection_late_is_still_called(env, tmp_path: Path) -> None:
+    """A first connection that takes 0.5 s is waited for within the hook's timeout (grpc's
+    min_reconnect_backoff_ms would make it fail UNAVAILABLE after 0.1 s instead)."""
+    config_dir, add = env
+    plugin = add("10-busy.json", hooks=["PreRunPodSandbox"])
+    plugin.behaviours["PreRunPodSandbox"] = Behaviour(
+        answer=lambda req: hook.PodSandboxHookResponse(labels={"busy": "answered"}))
+    slow = SlowHandshake(tmp_path / "slow.sock", plugin.socket)
+    try:
+        Registration.of("10-busy", str(slow.path), "Ignore", ["PreRunPodSandbox"], None).write(config_dir)
+        request = hook.PodSandboxHookRequest()
+        changed, metrics = _dispatch(config_dir, lambda d: d.run_pre(HookPoint.PRE_RUN_POD_SANDBOX, request, TARGET))
+    finally:
+        slow.close()
+    assert changed and request.labels["busy"] == "answered"
+    assert _sample(metrics, "10-busy.json", "unavailable") == 0
 
 
 def test_fail_policy_error_names_plugin_hook_and_error(env) -> None:

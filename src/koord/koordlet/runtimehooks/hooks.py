@@ -22,7 +22,10 @@ from ..resources import KubeQoS, Resources
 from .protocol import ContainerContext, HookContext, PodContext
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from ..resourceexecutor.executor import CgroupExecutor
+    from ..statesinformer.meta import PodMeta
     from .rule import Rules
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,12 @@ class PluginEnv:
     executor: CgroupExecutor
     sys_fs_root: Path
     proc_root: Path
+    current_pods: Callable[[], list[PodMeta]] | None = None
+    """The states informer's pods (e.g. to find processes that existed before koordlet)."""
+    registry: CollectorRegistry | None = None
+    """koordlet's Prometheus registry for a plugin's metrics; None: a private one."""
+    node: str = ""
+    """This node's name, the ``node`` label of every metric."""
 
 
 class RuntimePlugin(ABC):

@@ -2,7 +2,7 @@
 
 Without the proxy nobody calls the hooks, and with it a rule change still has to reach
 pods created earlier. Every interval, and on demand after a rule change, the reconciler
-lists ready pods and running containers from the CRI endpoint and replays the hooks:
+lists ready pods and created or running containers from the CRI endpoint and replays the hooks:
 
 =====================  =======================  ===========================================
 level                  stage replayed           written to
@@ -10,13 +10,20 @@ level                  stage replayed           written to
 kube-QoS               (none)                   ``kube_qos_dir(qos)``: merged
                                                 ``plugin.kube_qos_resources(qos)``
 pod sandbox (READY)    PreRunPodSandbox         ``pod_dir(cgroup_parent)``
-container (RUNNING)    PreCreateContainer       ``container_dir(cgroup_parent, id)``
+container (CREATED,    PreCreateContainer       ``container_dir(cgroup_parent, id)``
+RUNNING)
 pod gone since last    PostStopPodSandbox       nothing (plugins clean up, e.g. resctrl)
 =====================  =======================  ===========================================
 
 The hook requests are built from verbose CRI status by the builder the proxy uses too
 (``koord.hookapi.fromcri``), so a plugin computes the same values in both modes. Changes a cgroup
 cannot carry (envs, annotations) are ignored here.
+
+A sandbox's labels and annotations in CRI are the pod's at creation and never change, while
+a pod's annotations (oom-score-adj, the cpuset status, ...) and labels (core-sched group) may
+be edited while it runs. The pods source (``current_pods``: the states informer's list, from
+kubelet's ``/pods`` in a cluster) carries the current ones: for a pod it knows (matched by
+UID) the requests get its labels and annotations; for a pod it does not know yet, CRI's.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -36,6 +43,7 @@ from koord.hookapi import ContainerHookRequest, HookPoint, PodHookRequest, crili
 
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_exists
 from ..resources import KubeQoS, Resources
+from ..statesinformer.meta import PodMeta
 from .hooks import Hooks, RuntimePlugin, describe
 from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
 
@@ -43,11 +51,13 @@ log = logging.getLogger(__name__)
 
 CRI_TIMEOUT = 10.0
 STATUS_REFRESH_ROUNDS = 6
-"""A running container's verbose status is asked when it is first seen and then every this
-many rounds (each round refreshes the containers whose id hashes to it, so the calls spread
+"""A container's verbose status is asked when it is first seen and then every this many
+rounds (each round refreshes the containers whose id hashes to it, so the calls spread
 evenly), not every round: a node of a hundred pods made it three hundred calls every 10 s.
 What the hooks read from it (the spec's resources, annotations) changes only when kubelet
 resizes a container, which the next refresh picks up."""
+KUBELET_LABEL_PREFIX = "io.kubernetes."
+"""Labels kubelet adds to a sandbox itself (pod name, namespace, uid): not in the pod object."""
 _Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
 
 
@@ -62,9 +72,27 @@ class ReconcileReport:
     errors: list[str] = field(default_factory=list)
 
 
+def with_current_metadata(record: PodHookRequest, pod: PodMeta | None) -> PodHookRequest:
+    """``record`` (from CRI) with the labels and annotations of ``pod`` (the pods source's view
+    of the same pod), as the proxy would see them were the pod created now: the pod's labels
+    plus the ones kubelet adds to every sandbox, the pod's annotations. ``record`` itself when
+    the source does not know the pod."""
+    if pod is None:
+        return record
+    out = PodHookRequest()
+    out.CopyFrom(record)
+    out.ClearField("labels")
+    out.labels.update({k: v for k, v in record.labels.items() if k.startswith(KUBELET_LABEL_PREFIX)})
+    out.labels.update(pod.labels)
+    out.ClearField("annotations")
+    out.annotations.update(pod.annotations)
+    return out
+
+
 class Reconciler:
     def __init__(self, hooks: Hooks, executor: CgroupExecutor, plugins: Iterable[RuntimePlugin],
-                 cri_endpoint: str, interval: float) -> None:
+                 cri_endpoint: str, interval: float,
+                 current_pods: Callable[[], Iterable[PodMeta]] | None = None) -> None:
         self.hooks = hooks
         self.executor = executor
         self.plugins = list(plugins)
@@ -72,10 +100,14 @@ class Reconciler:
         self.interval = interval
         self._channel = grpc.insecure_channel("unix:" + self.cri_endpoint)
         self._cri = cri_grpc.RuntimeServiceStub(self._channel)
+        self.current_pods = current_pods
+        self._cri_pods: dict[str, PodHookRequest] = {}
+        """Sandbox id -> its record from CRI's verbose status, asked once per sandbox."""
         self._known_pods: dict[str, PodHookRequest] = {}
+        """Sandbox id -> the request of the last round, for PostStopPodSandbox."""
         self._containers: dict[str, ContainerHookRequest] = {}
-        """Running containers' records from their verbose status, by id (see
-        STATUS_REFRESH_ROUNDS); a container no longer listed running is dropped."""
+        """Created and running containers' records from their verbose status, by id (see
+        STATUS_REFRESH_ROUNDS); a container no longer listed is dropped."""
         self._round = 0
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
@@ -117,8 +149,11 @@ class Reconciler:
             try:
                 sandboxes = self._list("ListPodSandbox", cri.ListPodSandboxRequest(filter=cri.PodSandboxFilter(
                     state=cri.PodSandboxStateValue(state=cri.SANDBOX_READY))), cri.PodSandbox, report)
-                containers = self._list("ListContainers", cri.ListContainersRequest(filter=cri.ContainerFilter(
-                    state=cri.ContainerStateValue(state=cri.CONTAINER_RUNNING))), cri.Container, report)
+                # Created ones too, as upstream (kubelet lists a container once it has an id): its
+                # cgroup exists from `runc create`, when PLEG sees it, and it may not run for a while.
+                containers = [c for c in self._list("ListContainers", cri.ListContainersRequest(),
+                                                    cri.Container, report)
+                              if c.state in (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING)]
             except grpc.RpcError as exc:
                 self._cri_unavailable(report, exc)
                 return report
@@ -175,26 +210,39 @@ class Reconciler:
             else:
                 log.debug("reconciler: kube-QoS %s: no cgroup %s", qos, cgroup_dir)
 
+    def _current_pods_by_uid(self, report: ReconcileReport) -> dict[str, PodMeta]:
+        if self.current_pods is None:
+            return {}
+        try:
+            return {pod.uid: pod for pod in self.current_pods() if pod.uid}
+        except Exception as exc:  # the pods source's bug: CRI's labels and annotations this round
+            self._error(report, "pods source", exc)
+            return {}
+
     def _reconcile_pods(self, sandboxes, report: ReconcileReport) -> dict[str, PodHookRequest]:
         pods: dict[str, PodHookRequest] = {}
+        cri_pods: dict[str, PodHookRequest] = {}
+        current = self._current_pods_by_uid(report)
         for sandbox in sandboxes:
             who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"
             try:
                 # A sandbox's config (labels, annotations, cgroup parent) never changes: the
                 # verbose status is asked once per sandbox, not every round.
-                pod = self._known_pods.get(sandbox.id) or fromcri.pod_record_from_status(
+                record = self._cri_pods.get(sandbox.id) or fromcri.pod_record_from_status(
                     self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
                         pod_sandbox_id=sandbox.id, verbose=True), timeout=CRI_TIMEOUT), sandbox.id)
-                if not pod.cgroup_parent:
+                if not record.cgroup_parent:
                     raise ValueError(f"sandbox {sandbox.id}: no cgroup parent in the verbose status "
                                      "(is the runtime containerd with the CRI plugin?)")
-                pods[sandbox.id] = pod
+                cri_pods[sandbox.id] = record
+                pod = pods[sandbox.id] = with_current_metadata(record, current.get(record.pod_meta.uid))
                 ctx = PodContext.from_proto(pod)
                 if self._run_hooks(HookPoint.PRE_RUN_POD_SANDBOX, ctx, report):
                     report.pods += 1
                     self._apply(ctx.cgroup_update(self.executor, through_proxy=False), who, report)
             except Exception as exc:  # one broken pod must not stop the round
                 self._error(report, who, exc)
+        self._cri_pods = cri_pods
         return pods
 
     def _container_record(self, container_id: str) -> ContainerHookRequest:
@@ -211,8 +259,8 @@ class Reconciler:
 
     def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest],
                               report: ReconcileReport) -> None:
-        running = {container.id for container in containers}
-        for gone in self._containers.keys() - running:
+        listed = {container.id for container in containers}
+        for gone in self._containers.keys() - listed:
             del self._containers[gone]
         for container in containers:
             pod = pods.get(container.pod_sandbox_id)

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from .. import rule as rules_module
 from ..protocol import KoordQoS, KubeQoS
@@ -34,6 +34,7 @@ NO_COOKIE = 0
 PR_SCHED_CORE = 62
 PR_SCHED_CORE_GET, PR_SCHED_CORE_CREATE, PR_SCHED_CORE_SHARE_TO, PR_SCHED_CORE_SHARE_FROM = 0, 1, 2, 3
 PIDTYPE_PID = 0
+K = TypeVar("K")
 
 
 class CookieError(OSError):
@@ -120,14 +121,76 @@ class _Group:
     pids: set[int] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class Holder(Generic[K]):
+    """One running container (or a pod's sandbox) found at warm-up: its group and processes."""
+
+    group: str
+    pids: list[int]
+    key: K
+    """The caller's name for the container, handed back with its cookie."""
+
+
 class CookieManager:
     """Gives every process of an enabled container its group's cookie, and takes cookies
-    away from processes of disabled ones. Thread-safe (hooks and reconciler)."""
+    away from processes of disabled ones. Thread-safe (hooks and reconciler).
+
+    Until ``warmed``, the manager has not yet learnt which cookies the running pods' processes
+    already hold (``warm_up``): a restarted koordlet then reuses a group's cookie instead of
+    making a second one for the same group.
+    """
 
     def __init__(self, ops: CookieOps) -> None:
         self.ops = ops
         self.groups: dict[str, _Group] = {}
+        self.warmed = False
         self._lock = threading.Lock()
+
+    def current_cookie(self, pids: list[int]) -> tuple[int, list[int]]:
+        """Upstream's getCookie: the first cookie other than the default one that any of
+        ``pids`` holds and the pids holding it; (0, []) when none does. Processes that
+        cannot be asked (exited) are skipped; holders of a second cookie are left to the
+        reconciler's rounds."""
+        first, holders, seen = NO_COOKIE, [], set()
+        for pid in pids:
+            cookie = self._cookie(pid)
+            if cookie is None or cookie == NO_COOKIE:
+                continue
+            seen.add(cookie)
+            if first == NO_COOKIE:
+                first = cookie
+            if cookie == first:
+                holders.append(pid)
+        if len(seen) > 1:
+            log.info("core scheduling: %d cookies among %d processes of one container; keeping %#x",
+                     len(seen), len(pids), first)
+        return first, holders
+
+    def warm_up(self, containers: list[Holder[K]]) -> list[tuple[Holder[K], int]]:
+        """Upstream's loadAllCookies: each group's cookie from the processes that hold one
+        already. Warmed once any container had processes to ask (even if none holds a
+        cookie); a container whose cookie differs from the one its group got first is left
+        to the reconciler. Returns the containers adopted with their cookies."""
+        adopted: list[tuple[Holder[K], int]] = []
+        with self._lock:
+            for holder in containers:
+                if not holder.pids:
+                    continue
+                cookie, pids = self.current_cookie(holder.pids)
+                self.warmed = True
+                if cookie == NO_COOKIE:
+                    continue
+                group = self.groups.get(holder.group)
+                if group is not None and group.cookie != cookie:
+                    log.warning("core scheduling: group %r: cookie %#x at start, but %#x for another of its "
+                                "containers; not adopted", holder.group, cookie, group.cookie)
+                    continue
+                if group is None:
+                    self.groups[holder.group] = _Group(cookie, set(pids))
+                else:
+                    group.pids.update(pids)
+                adopted.append((holder, cookie))
+        return adopted
 
     def apply(self, enabled: bool, group: str, pids: list[int]) -> int:
         """Returns the cookie the processes now have (0: none)."""

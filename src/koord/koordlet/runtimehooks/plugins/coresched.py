@@ -12,6 +12,12 @@ process of a new container (PostStartContainer) and of a running one (the reconc
 rounds) gets its group's cookie, and processes of pods the rule no longer enables lose
 theirs. SYSTEM pods and sandboxes are left alone. Where the kernel lacks it, nothing but
 cpu.idle is done and pods start as usual.
+
+Before the first cookie is given, the plugin learns which cookies the processes of the
+running pods (the states informer's list, sandboxes included) already hold, as upstream's
+cookie cache warm-up does: a restarted koordlet keeps each group's cookie instead of
+creating a second one. Until a running container's processes could be asked, no cookie is
+given (the reconciler's next round tries again). Metrics: ``coreschedmetrics.py``.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import logging
 from koord.hookapi import HookPoint
 
 from ...resourceexecutor.executor import CgroupError
+from ...statesinformer.meta import PodMeta, container_cgroup_dir, driver_of_cgroup_parent
 from ..hooks import HookError, Hooks, PluginEnv, RuntimePlugin
-from ..protocol import ContainerContext, KoordQoS, KubeQoS, Resources
-from ..rule import Rules
-from .cookies import CookieError, CookieManager, CookieOps, PrctlCookies, pod_group, supported
+from ..protocol import ContainerContext, KoordQoS, KubeQoS, PodContext, Resources
+from ..rule import CoreSchedRule, Rules
+from .cookies import CookieError, CookieManager, CookieOps, Holder, PrctlCookies, pod_group, supported
+from .coreschedmetrics import CookieHolder, CoreSchedMetrics
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,7 @@ class CoreSched(RuntimePlugin):
         super().__init__(env)
         self.ops: CookieOps = ops if ops is not None else PrctlCookies()
         self.cookies = CookieManager(self.ops)
+        self.metrics = CoreSchedMetrics(env.node, env.registry)
         self.supported: bool | None = None
         """None until a rule enables core scheduling and the kernel was asked."""
         self._said: set[str] = set()
@@ -47,6 +56,11 @@ class CoreSched(RuntimePlugin):
         description = "core scheduling cookies of the container's processes"
         for stage in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER):
             hooks.register_container(stage, self.name, description, self.set_container_cookie)
+        hooks.register_pod(HookPoint.POST_STOP_POD_SANDBOX, self.name, "forget the pod's cookie metrics",
+                           self.forget_pod)
+
+    def forget_pod(self, ctx: PodContext) -> None:
+        self.metrics.forget_pod(ctx.request.meta.uid)
 
     def update_rules(self, rules: Rules) -> bool:
         changed = super().update_rules(rules)
@@ -64,19 +78,80 @@ class CoreSched(RuntimePlugin):
         rule = self.rules.core_sched if self.rules is not None else None
         if rule is None or not self.supported or not req.container_id or req.koord_qos is KoordQoS.SYSTEM:
             return
+        if not self._warm_up(rule):
+            log.debug("plugin %s: pod %s container %s: no running container's processes known yet; "
+                      "no cookie before the cookies held already are", self.name, req.pod_meta, req.container_name)
+            return
         enabled, group = pod_group(rule, req.pod_labels, req.kube_qos, req.pod_meta.uid)
-        ex = self.env.executor
         try:
-            text = ex.read(ex.container_dir(req.pod_cgroup_parent, req.container_id), "procs")
+            cgroup_dir = self.env.executor.container_dir(req.pod_cgroup_parent, req.container_id)
         except CgroupError:
+            return  # an id that names no cgroup: no processes to give a cookie to
+        pids = self._procs(cgroup_dir)
+        if pids is None:
             return  # not started yet, or gone
-        pids = [int(p) for p in text.split() if p.isascii() and p.isdigit()]
+        holder = CookieHolder(req.pod_meta.namespace, req.pod_meta.name, req.pod_meta.uid, req.container_name,
+                              req.container_id)
         try:
             cookie = self.cookies.apply(enabled, group, pids)
         except CookieError as exc:
+            self.metrics.record_status(group, False)
             raise HookError(f"core scheduling cookie for group {group!r}: {exc}") from None
+        if not enabled:
+            self.metrics.reset_cookie(holder)
+        elif cookie:
+            self.metrics.record_cookie(holder, group, cookie)
+            self.metrics.record_status(group, True)
         log.debug("plugin %s: pod %s container %s: group %r cookie %#x for %d processes", self.name,
                   req.pod_meta, req.container_name, group, cookie, len(pids))
+
+    def _procs(self, cgroup_dir: str) -> list[int] | None:
+        """The pids in the cgroup's ``cgroup.procs``; None when it cannot be read."""
+        try:
+            text = self.env.executor.read(cgroup_dir, "procs")
+        except CgroupError:
+            return None
+        return [int(p) for p in text.split() if p.isascii() and p.isdigit()]
+
+    def _warm_up(self, rule: CoreSchedRule) -> bool:
+        """True once the cookies the running pods' processes hold are known (at once without
+        a pods source: nothing to learn from)."""
+        if self.cookies.warmed:
+            return True
+        if self.env.current_pods is None:
+            self.cookies.warmed = True
+            return True
+        try:
+            pods = self.env.current_pods()
+        except Exception as exc:  # the pods source's bug: tried again at the next container
+            log.warning("plugin %s: cannot list pods to learn their cookies: %r", self.name, exc)
+            return False
+        holders = [h for pod in pods if pod.running for h in self._holders(rule, pod)]
+        adopted = self.cookies.warm_up(holders)
+        for holder, cookie in adopted:
+            self.metrics.record_cookie(holder.key, holder.group, cookie)
+        if self.cookies.warmed:
+            log.info("plugin %s: cookies held at start: %d groups from %d of %d running containers",
+                     self.name, len({h.group for h, _ in adopted}), len(adopted), len(holders))
+        return self.cookies.warmed
+
+    def _holders(self, rule: CoreSchedRule, pod: PodMeta) -> list[Holder[CookieHolder]]:
+        """The pod's sandbox and running containers with their processes, as warm-up reads them."""
+        _, group = pod_group(rule, pod.labels, KubeQoS.of_cgroup_parent(pod.cgroup_dir), pod.uid)
+        dirs: list[tuple[str, str, str]] = []
+        if pod.sandbox_id and pod.cgroup_dir:
+            driver = driver_of_cgroup_parent(pod.cgroup_dir)
+            try:
+                dirs.append(("", pod.sandbox_id, container_cgroup_dir(pod.cgroup_dir, pod.sandbox_id, driver)))
+            except ValueError as exc:
+                log.debug("plugin %s: pod %s: sandbox: %s", self.name, pod.key, exc)
+        dirs.extend((c.name, c.id, c.cgroup_dir) for c in pod.containers if c.running and c.id and c.cgroup_dir)
+        holders: list[Holder[CookieHolder]] = []
+        for name, cid, cgroup_dir in dirs:
+            pids = self._procs(cgroup_dir)
+            if pids:
+                holders.append(Holder(group, pids, CookieHolder(pod.namespace, pod.name, pod.uid, name, cid)))
+        return holders
 
     def kube_qos_resources(self, qos: KubeQoS) -> Resources | None:
         if self.rules is None or self.rules.core_sched is None:

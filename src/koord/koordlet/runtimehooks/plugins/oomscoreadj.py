@@ -6,9 +6,9 @@ annotations, so a pod can say which of its containers the kernel's OOM killer ta
 proxy's PostStartContainer sets it as soon as the first process exists, and the reconciler
 replays this for every running container each round, so processes started since get it too
 and a value some other writer changed is put back. Only processes whose value differs are
-written; the sandbox (pause) container is never touched. The reconciler's pods come from
-CRI, where a sandbox's annotations never change: an annotation edited on a running pod is
-not seen here.
+written; the sandbox (pause) container is never touched. The reconciler takes a running
+pod's annotations from the states informer's pod list (kubelet's ``/pods`` in a cluster),
+so an annotation edited on a running pod is followed within a round.
 
 Lowering a value below what a process has needs CAP_SYS_RESOURCE; a kernel that refuses
 (EACCES) is reported once per container and value, never retried in a loop of log lines.
