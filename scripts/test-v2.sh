@@ -2,7 +2,8 @@
 # The cgroup v2 lane: boots this machine's own filesystem under a cgroup v2 kernel in a QEMU
 # guest (virtme-ng) and runs there every end-to-end test marked `cgroup` and the demo, with
 # real containerd, runc and HAProxy on a real v2 hierarchy. Extra arguments replace the
-# default pytest selection (e.g. tests/e2e/test_koordlet.py -k lsr).
+# default pytest selection (e.g. tests/e2e/test_koordlet.py -k lsr); KOORD_V2_DEMO=1 runs the
+# demo in the guest after the tests.
 #
 # The guest sees the host read-only except this checkout; scripts/v2-guest.sh sets it up
 # (tmpfs for containerd and pytest, controllers enabled as systemd would) and its exit code
@@ -26,7 +27,8 @@ export PATH="$checkout/.venv/bin:$PATH"
 memory=${KOORD_V2_MEMORY:-6G}
 deadline=${KOORD_V2_TIMEOUT:-2700}
 echo "test-v2.sh: booting $(basename "$kernel") (cgroup v2, TCG, 2 cpus, $memory), deadline ${deadline}s"
-guest_command="scripts/v2-guest.sh"
+# The guest does not inherit this environment: pass on what v2-guest.sh reads.
+guest_command="KOORD_V2_DEMO=${KOORD_V2_DEMO:-} scripts/v2-guest.sh"
 if [ $# -gt 0 ]; then
   guest_command+=" $(printf '%q ' "$@")"
 fi

@@ -24,6 +24,9 @@ if [ $# -gt 0 ]; then
   .venv/bin/python -m pytest -p no:cacheprovider --timeout=1500 -ra "$@" || rc=$?
 else
   .venv/bin/python -m pytest -p no:cacheprovider --timeout=1500 -ra --durations=0 -m cgroup tests/e2e || rc=$?
+fi
+# The demo adds about 5 minutes under emulation; the tests above cover each of its steps.
+if [ -n "${KOORD_V2_DEMO:-}" ]; then
   echo "v2-guest.sh: the demo on cgroup v2"
   .venv/bin/python -m koord.demo || { echo "v2-guest.sh: the demo FAILED on cgroup v2" >&2; rc=1; }
 fi
