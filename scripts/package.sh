@@ -53,9 +53,11 @@ rm -f "$ENV"/bin/activate* "$ENV"/bin/Activate.ps1 "$ENV"/bin/pip*
 grep -rlI --null -F "$ENV" "$ENV" | xargs -0 -r sed -i "s#$ENV#$PREFIX#g"
 # Byte-code compiled now, with the installed paths in it, so nothing is written under /opt at
 # run time and dpkg knows every file it must remove.
-# (ensurepip's own byte-code, written when the venv was made, names the staging tree: drop it.)
+# (ensurepip's own byte-code, written when the venv was made, names the staging tree: drop it;
+# -f because the interpreter running compileall may have just written byte-code of its own
+# start-up, e.g. setuptools' _distutils_hack, naming the staging tree too.)
 find "$ENV" -name __pycache__ -prune -exec rm -rf {} +
-"$ENV/bin/python" -m compileall -q -j 0 -s "$ROOT" -p / "$ENV/lib" >/dev/null
+PYTHONDONTWRITEBYTECODE=1 "$ENV/bin/python" -m compileall -f -q -j 0 -s "$ROOT" -p / "$ENV/lib" >/dev/null
 
 install -d "$ROOT/usr/bin" "$ROOT/lib/systemd/system" "$ROOT/etc/koordlet" \
   "$ROOT/usr/share/$NAME/examples" "$ROOT/usr/share/doc/$NAME"
