@@ -29,17 +29,13 @@ from koord.testing.procstat import PodsOnlyProcStat
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command
 
+from .qos_rig import write_json
+
 pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
 
 QOS = "koordinator.sh/qosClass"
 EXTENDED_SPEC = "node.koordinator.sh/extended-resource-spec"
 T = TypeVar("T")
-
-
-def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
 
 
 def batch_spec(milli: int) -> str:

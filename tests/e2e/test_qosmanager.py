@@ -10,7 +10,6 @@ and compare the written quota with the formula.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -36,17 +35,13 @@ from koord.testing.procstat import PodsOnlyProcStat
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command, hold_command
 
+from .qos_rig import write_json
+
 pytestmark = pytest.mark.e2e
 
 QOS_LABEL = "koordinator.sh/qosClass"
 PERIOD = 100000
 MIB = 1 << 20
-
-
-def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
 
 
 @dataclass

@@ -6,7 +6,6 @@ test is skipped with that reason; the unit tests cover the same logic on a fake 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -18,16 +17,12 @@ from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, FileObjectsSource, StatesInformer
 from koord.testing.wait import wait_for
 
+from .qos_rig import write_json
+
 pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
 
 VM = Path("/proc/sys/vm")
 MEMORY = 4 << 30
-
-
-def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
 
 
 def read(name: str) -> str:

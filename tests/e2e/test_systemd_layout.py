@@ -27,6 +27,8 @@ from koord.testing.kubelet import KubeletClient
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command
 
+from .qos_rig import write_json
+
 pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
 
 QOS = "koordinator.sh/qosClass"
@@ -56,12 +58,6 @@ def kubelet(systemd_containerd: Containerd) -> Iterator[KubeletClient]:
     client.kube_dir = "kubepods.slice"  # kubelet's systemd driver names
     yield client
     systemd_containerd.remove_pods_of(client)
-
-
-def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
 
 
 def test_koordlet_finds_and_writes_every_level_of_the_systemd_layout(
