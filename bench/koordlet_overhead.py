@@ -1,7 +1,7 @@
 """koordlet's own cost on a busy node: CPU and RSS of the real process, as a user measures it.
 
     .venv/bin/python bench/koordlet_overhead.py [--pods 100] [--containers 3] [--seconds 60]
-                                                [--warmup 20] [--no-cri] [--profile FILE]
+                                                [--warmup 20] [--no-cri] [--profile FILE] [--threads]
 
 The set-up a node with ``--pods`` pods of ``--containers`` containers each gives koordlet:
 
@@ -22,7 +22,8 @@ from /proc/<pid>/stat) is measured over ``--seconds`` and printed as a share of 
 with its RSS at the end and the busiest second (a NodeMetric report lands in any 60 s).
 ``--profile FILE`` records koordlet's stacks with py-spy (``pip install py-spy``) during the
 measured window, as collapsed stacks for a flame graph (``--format raw``); sampling costs
-koordlet a little, so measure without it.
+koordlet a little, so measure without it. ``--threads`` adds each thread's share of one core over
+the window (``/proc/<pid>/task/*/stat``; Python's thread names from ``py-spy dump``).
 """
 
 from __future__ import annotations
@@ -174,6 +175,33 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / CLK_TCK
 
 
+def thread_ticks(pid: int) -> dict[int, int]:
+    """utime + stime of each of the process's threads, in clock ticks."""
+    ticks = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        ticks[int(task.name)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Python's thread names by OS thread id, from ``py-spy dump`` (empty without py-spy)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        return {}
+    out = subprocess.run([str(spy), "dump", "--nonblocking", "-p", str(pid)], capture_output=True, text=True).stdout
+    names = {}
+    for line in out.splitlines():
+        if line.startswith("Thread "):
+            tid, _, rest = line[len("Thread "):].partition(" ")
+            if tid.isdigit():
+                names[int(tid)] = rest.split(": ", 1)[-1].strip('"')
+    return names
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -189,6 +217,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=20)
     ap.add_argument("--no-cri", action="store_true", help="no CRI endpoint for the reconciler")
     ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the measured window to this file")
+    ap.add_argument("--threads", action="store_true",
+                    help="also print each thread's share of one core over the window (names need py-spy)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (koordlet.log) for a look")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="koord-bench-overhead-"))
@@ -230,6 +260,7 @@ def main() -> None:
             [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--format", "raw",
              "-r", "50", "-d", str(int(a.seconds)), "-o", str(a.profile), "-p", str(proc.pid)],
             stdout=subprocess.DEVNULL)
+        ticks0 = thread_ticks(proc.pid)
         cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
         per_second, last_cpu, last_t = [], cpu0, t0
         while time.monotonic() - t0 < a.seconds:
@@ -239,6 +270,9 @@ def main() -> None:
             last_cpu, last_t = c, t
         cpu = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
         rss = rss_mib(proc.pid)
+        window = time.monotonic() - t0
+        ticks1 = thread_ticks(proc.pid)
+        names = thread_names(proc.pid) if a.threads else {}
         stop.set()
         if spy is not None:
             spy.wait(30)
@@ -248,6 +282,12 @@ def main() -> None:
               f"RSS {rss:.1f} MiB; busiest second {max(per_second) * 100:.0f}%, "
               f"median second {sorted(per_second)[len(per_second) // 2] * 100:.1f}%; "
               f"NodeMetric lists {reports} pods")
+        if a.threads:
+            used = sorted(((ticks1.get(tid, 0) - ticks0.get(tid, 0), tid) for tid in ticks0.keys() | ticks1.keys()),
+                          reverse=True)
+            for n, tid in used:
+                if n > 0:
+                    print(f"  {n / CLK_TCK / window * 100:6.2f}%  {names.get(tid, '?')} (thread {tid})")
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGINT)
