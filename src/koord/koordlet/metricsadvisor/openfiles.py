@@ -16,10 +16,10 @@ churning node cannot run koordlet out of descriptors.
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,43 +35,58 @@ class OpenFiles:
         self.max_open = max_open
         self.idle_seconds = idle_seconds
         self._clock = clock
-        self._fds: OrderedDict[Path, tuple[int, float]] = OrderedDict()  # path -> (fd, last read)
+        # path -> [fd, last read], updated in place: a read costs one dict lookup.
+        self._fds: dict[str | Path, list] = {}
         self._lock = threading.Lock()
         self._last_sweep = clock()
 
     def __len__(self) -> int:
         return len(self._fds)
 
-    def read(self, path: Path, limit: int) -> str:
+    def read(self, path: str | Path, limit: int) -> str:
         """The file's text, at most ``limit`` bytes; FileProblem as ``read_bounded`` raises it.
-        Whole under the lock: no other thread closes (and reuses) a descriptor mid-read."""
+        Whole under the lock: no other thread closes (and reuses) a descriptor mid-read.
+        ``path`` is the key as given: a caller names each file one way (str or Path)."""
         now = self._clock()
         with self._lock:
             if now - self._last_sweep >= self.idle_seconds:
                 self._sweep(now)
-            entry = self._fds.pop(path, None)
-            fd = -1
-            try:
-                if entry is not None:
-                    try:
-                        data = os.pread(entry[0], limit + 1, 0)
-                        fd = entry[0]
-                    except OSError:  # the cgroup went away, or was made again: by path once more
-                        self._close(entry[0])
-                if fd < 0:
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    data = os.pread(fd, limit + 1, 0)
-            except FileNotFoundError:
-                self._close(fd)
-                raise FileProblem(path, "missing", missing=True) from None
-            except OSError as exc:
-                self._close(fd)
-                raise FileProblem(path, f"read failed: {exc.strerror or exc}",
-                                  missing=exc.errno in (errno.ENODEV, errno.ENOTDIR)) from None
-            self._fds[path] = (fd, now)
-            while len(self._fds) > self.max_open:
-                self._close(self._fds.popitem(last=False)[1][0])
-        return decode_bounded(path, data, limit)
+            entry = self._fds.get(path)
+            if entry is not None:
+                try:
+                    data = os.pread(entry[0], limit + 1, 0)
+                    entry[1] = now
+                except OSError:  # the cgroup went away, or was made again: by path once more
+                    del self._fds[path]
+                    self._close(entry[0])
+                    entry = None
+            if entry is None:
+                data = self._open(path, limit, now)
+        if len(data) > limit or not data.isascii():
+            return decode_bounded(Path(path), data, limit)
+        return data.decode("ascii")
+
+    def _open(self, path: str | Path, limit: int, now: float) -> bytes:
+        fd = -1
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            data = os.pread(fd, limit + 1, 0)
+        except FileNotFoundError:
+            self._close(fd)
+            raise FileProblem(Path(path), "missing", missing=True) from None
+        except OSError as exc:
+            self._close(fd)
+            raise FileProblem(Path(path), f"read failed: {exc.strerror or exc}",
+                              missing=exc.errno in (errno.ENODEV, errno.ENOTDIR)) from None
+        self._fds[path] = [fd, now]
+        if len(self._fds) > self.max_open:
+            # The least recently read go, a tenth at a time, so a node past the bound does
+            # not pay a search through every open file for each new one.
+            excess = len(self._fds) - self.max_open + self.max_open // 10
+            for victim, (old_fd, _) in heapq.nsmallest(excess, self._fds.items(), key=lambda kv: kv[1][1]):
+                del self._fds[victim]
+                self._close(old_fd)
+        return data
 
     def _sweep(self, now: float) -> None:
         self._last_sweep = now

@@ -16,30 +16,28 @@ class PodThrottledCollector(Collector):
         super().__init__(env)
         self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
 
-    def _ratio(self, cgroup_dir: str, key: tuple[str, str], now: float, who: str) -> float | None:
-        periods, throttled = self.env.read_cgroup(cgroup_dir, "cpu_stat", parse_throttle)
-        diff = self.rates.delta(key, (periods, throttled), now, f"{who}: cpu.stat periods/throttled")
-        if diff is None:
-            return None
-        return diff[1] / diff[0] if diff[0] > 0 else 0.0
-
     def collect(self, now: float) -> list[Sample]:
+        """Every running pod's and container's ratio (after its priming tick); the loop
+        runs for every cgroup every second, so it calls the reader and the rates directly."""
         if not self.env.pods.has_synced():
             return []
+        read, delta = self.env.read_cgroup, self.rates.delta
         samples: list[Sample] = []
         for pod, container in self.pod_cgroups():
             if container is None:
                 kind, labels, key = k.POD_CPU_THROTTLED, {k.POD_UID: pod.uid}, ("pod", pod.uid)
+                cgroup_dir = pod.cgroup_dir
             else:
                 kind, labels = k.CONTAINER_CPU_THROTTLED, {k.CONTAINER_ID: container.id}
-                key = ("container", container.id)
+                key, cgroup_dir = ("container", container.id), container.cgroup_dir
             try:
-                ratio = self._ratio(container.cgroup_dir if container else pod.cgroup_dir, key, now,
-                                    self.who(pod, container))
+                counters = read(cgroup_dir, "cpu_stat", parse_throttle)
             except FileProblem as exc:
                 self.pod_problem(pod, container, exc)
                 continue
-            if ratio is not None:
-                samples.append(Sample(kind, labels, now, ratio))
+            diff = delta(key, counters, now,
+                         lambda: f"{self.who(pod, container)}: cpu.stat periods/throttled")  # noqa: B023
+            if diff is not None:
+                samples.append(Sample(kind, labels, now, diff[1] / diff[0] if diff[0] > 0 else 0.0))
         self.rates.prune(now)
         return samples
