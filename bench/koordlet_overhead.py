@@ -258,7 +258,7 @@ def main() -> None:
         assert proc.poll() is None, (work / "koordlet.log").read_text()[-3000:]
         spy = None if a.profile is None else subprocess.Popen(
             [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--format", "raw",
-             "-r", "50", "-d", str(int(a.seconds)), "-o", str(a.profile), "-p", str(proc.pid)],
+             "-r", "200", "--threads", "-d", str(int(a.seconds)), "-o", str(a.profile), "-p", str(proc.pid)],
             stdout=subprocess.DEVNULL)
         ticks0 = thread_ticks(proc.pid)
         cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()

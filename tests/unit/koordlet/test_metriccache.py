@@ -191,6 +191,35 @@ def test_retention_drops_old_samples():
     c.close()
 
 
+@pytest.mark.parametrize("samples, chunked, left", [
+    # 1: a pod whose samples all expired, from the head: its series goes
+    ([("gone", 9_000)], False, set()),
+    # 2: the same from a chunk
+    ([("gone", 9_000)], True, set()),
+    # 3: a pod with a sample inside the retention keeps its series, head or chunk
+    ([("gone", 9_000), ("kept", 10_050)], False, {"kept"}),
+    ([("gone", 9_000), ("kept", 10_050)], True, {"kept"}),
+    # 4: an old and a recent sample of one pod: the series stays with the recent one
+    ([("both", 9_000), ("both", 10_050)], False, {"both"}),
+    ([("both", 9_000), ("both", 10_050)], True, {"both"}),
+])
+def test_expiry_drops_the_series_left_without_samples(tmp_path, samples, chunked, left):
+    now = [10_000.0]
+    c = MetricCache(tmp_path, retention_seconds=100, clock=lambda: now[0])
+    for uid, ts in samples:
+        c.append([pod(uid, ts, 1)])
+    if chunked:
+        c.flush()
+    now[0] = 10_100.0  # past the GC interval
+    c.append([pod("tick", 10_090, 1)])
+    want = sorted(left | {"tick"})
+    assert sorted(labels[mc.POD_UID] for labels in c.series_labels(mc.POD_CPU_USAGE)) == want
+    c.close()
+    reopened = MetricCache(tmp_path, retention_seconds=100, clock=lambda: now[0])
+    assert sorted(labels[mc.POD_UID] for labels in reopened.series_labels(mc.POD_CPU_USAGE)) == want
+    reopened.close()
+
+
 def test_size_bound_drops_oldest_first(tmp_path):
     bound = 2 * 1024 * 1024
     now = [990_000.0]

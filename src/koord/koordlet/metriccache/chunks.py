@@ -52,12 +52,14 @@ class Series:
         del self.ts[:], self.values[:]
         self.newest, self.in_order = -1, True
 
-    def drop_before(self, cutoff_ms: int) -> None:
-        """Forgets head samples older than the retention."""
-        if self.ts and min(self.ts) < cutoff_ms:
-            kept = [(t, v) for t, v in zip(self.ts, self.values, strict=True) if t >= cutoff_ms]
-            self.ts = array("q", (t for t, _ in kept))
-            self.values = array("d", (v for _, v in kept))
+    def drop_before(self, cutoff_ms: int) -> bool:
+        """Forgets head samples older than the retention; True when there were any."""
+        if not self.ts or (self.ts[0] if self.in_order else min(self.ts)) >= cutoff_ms:
+            return False
+        kept = [(t, v) for t, v in zip(self.ts, self.values, strict=True) if t >= cutoff_ms]
+        self.ts = array("q", (t for t, _ in kept))
+        self.values = array("d", (v for _, v in kept))
+        return True
 
 
 def chunk_window(times: list[int], vals: array, lo: int, hi: int) -> tuple[Sequence[int], Sequence[float]]:

@@ -198,6 +198,7 @@ class MetricCache:
         # The WAL may grow to this before it is truncated; it counts against the size bound.
         self._journal_limit = min(4 * 1024 * 1024, self.max_bytes // 8)
         self._failed_writes = 0  # appends failed in a row (disk full, I/O errors)
+        self._diverged = False  # a failed expiry left rows the in-memory heads no longer hold
         self._db: sqlite3.Connection | None = None
         self._page_size = 4096
         self._open()
@@ -481,7 +482,7 @@ class MetricCache:
             self._cut_chunks(db)
         if force or now - self._last_gc >= GC_INTERVAL_SECONDS:
             self._last_gc = now
-            self._delete_before(db, _ms(now - self.retention_seconds))
+            self._delete_before(db, _ms(now - self.retention_seconds), thorough=force)
         target = self.max_bytes - self._journal_limit
         while self._used_bytes() > target:
             oldest, newest, first_end = db.execute(
@@ -497,25 +498,41 @@ class MetricCache:
                      self.max_bytes, cutoff / 1000)
             self._delete_before(db, cutoff)
 
-    def _delete_before(self, db: sqlite3.Connection, cutoff_ms: int) -> None:
+    def _delete_before(self, db: sqlite3.Connection, cutoff_ms: int, thorough: bool = False) -> None:
         """Drops chunks that end before the cutoff, head samples older than it, and series
-        left without samples."""
+        left without samples.
+
+        Which series are left is asked of the chunks' index only for the series whose
+        in-memory head is empty (the head table holds exactly what the in-memory heads
+        hold): asking SQLite about every series scans the whole head table, which has no
+        series index, once per series. ``thorough`` (at open) asks about every series, so
+        rows nothing in memory stands for (a series whose labels could not be read) go too.
+        The head table is scanned only when some in-memory head held older samples."""
+        thorough = thorough or self._diverged
+        head_expired = False
+        for series in self._by_id.values():  # first: the empty heads are then known
+            head_expired |= series.drop_before(cutoff_ms)
         try:
             with _transaction(db):
                 db.execute("DELETE FROM chunks WHERE max_ts < ?", (cutoff_ms,))
-                db.execute("DELETE FROM head WHERE ts < ?", (cutoff_ms,))
-                db.execute("DELETE FROM series WHERE NOT EXISTS "
-                           "(SELECT 1 FROM chunks WHERE series_id = series.id) AND NOT EXISTS "
-                           "(SELECT 1 FROM head WHERE series_id = series.id)")
+                if head_expired or thorough:
+                    db.execute("DELETE FROM head WHERE ts < ?", (cutoff_ms,))
+                if thorough:
+                    db.execute("DELETE FROM series WHERE id NOT IN (SELECT series_id FROM chunks) "
+                               "AND id NOT IN (SELECT series_id FROM head)")
+                else:
+                    db.executemany("DELETE FROM series WHERE id = ? AND NOT EXISTS "
+                                   "(SELECT 1 FROM chunks WHERE series_id = ?)",
+                                   [(sid, sid) for sid, series in self._by_id.items() if not series.ts])
         except sqlite3.Error as exc:
             log.error("metric cache: dropping old samples failed: %s", exc)
+            self._diverged = True  # memory dropped what the tables kept: ask SQLite next time
             return
+        self._diverged = False
         alive = {sid for (sid,) in db.execute("SELECT id FROM series")}
         for key, series in list(self._series.items()):
             if series.id not in alive:
                 self._forget_series(key)
-            else:
-                series.drop_before(cutoff_ms)
 
     # ---- queries ------------------------------------------------------------------------
 
