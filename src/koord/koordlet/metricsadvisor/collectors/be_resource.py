@@ -33,6 +33,7 @@ from ..parsers import (
 
 _MAX_WALK_DIRS = 10_000
 _WALK_SECONDS = 10.0
+_MAX_CPUSET_TEXTS = 256
 
 
 def _be_labels(allocation: str) -> dict[str, str]:
@@ -56,6 +57,9 @@ class BEResourceCollector(Collector):
         super().__init__(env)
         self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
         self._walked: tuple[float, list[Path]] | None = None
+        # A cpuset file's text -> its CPU count: a hundred files a second hold a few
+        # distinct lists, parsed once each (bounded: cleared past _MAX_CPUSET_TEXTS).
+        self._cpuset_size: dict[str, int] = {}
 
     @property
     def be_dir(self) -> str:
@@ -84,13 +88,18 @@ class BEResourceCollector(Collector):
         sizes: list[int] = []
         for path in self._cpuset_files(self.env.cgroup_file(self.be_dir, "cpuset_cpus_effective")):
             try:
-                cpus = parse_text(path, self.env.files.read(path, SMALL_FILE_BYTES), parse_cpu_list)
+                text = self.env.files.read(path, SMALL_FILE_BYTES)
+                size = self._cpuset_size.get(text)
+                if size is None:
+                    if len(self._cpuset_size) >= _MAX_CPUSET_TEXTS:
+                        self._cpuset_size.clear()
+                    size = self._cpuset_size[text] = len(parse_text(path, text, parse_cpu_list))
             except FileProblem as exc:
                 if not exc.missing:
                     self.problems.report(("cpuset", str(exc.path)), "%s; ignored for the BE cpuset", exc)
                 continue
-            if cpus:  # an empty v1 cpuset inherits nothing: it is not a limit
-                sizes.append(len(cpus))
+            if size:  # an empty v1 cpuset inherits nothing: it is not a limit
+                sizes.append(size)
         return sizes
 
     def _quota(self) -> tuple[int, int]:
