@@ -9,6 +9,7 @@ would not change anything so a periodic reconcile stays cheap and quiet.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, fields
@@ -107,6 +108,13 @@ MEMORY_MAX = (1 << 63) - 1
 PAGE_SIZE = 4096
 _MEMORY_BYTES = ("memory_min", "memory_low", "memory_high")
 # Memory QoS files: the ranges the kernel (and the NodeSLO API) accept.
+@functools.lru_cache(maxsize=1024)
+def _canonical_cpuset(value: str) -> str:
+    """A cpu list in the kernel's form; ValueError when it is not one. Cached: the QoS
+    strategies check the same few lists for every container every second."""
+    return format_cpuset(parse_cpuset(value))
+
+
 _RANGES: dict[str, tuple[int, int]] = {
     **{name: (0, MEMORY_MAX) for name in _MEMORY_BYTES},
     "memory_wmark_ratio": (0, 100),
@@ -339,7 +347,7 @@ class CgroupExecutor:
             if not isinstance(value, str):
                 raise bad("is not a cpu list string")
             try:
-                return format_cpuset(parse_cpuset(value))
+                return _canonical_cpuset(value)
             except ValueError as exc:
                 raise bad(f"rejected: {exc}") from None
         if isinstance(value, bool):
