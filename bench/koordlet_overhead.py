@@ -12,6 +12,8 @@ The set-up a node with ``--pods`` pods of ``--containers`` containers each gives
   --kubelet-insecure-tls``): a quarter of the pods Koordinator BE with batch resources;
 - a CRI endpoint (an in-memory fake) knowing the same pods, for the Standalone reconciler
   (``--no-cri``: none, the reconciler only finds the socket missing);
+- LS containers with kubelet's CFS quota for their 500m limit and every cgroup with the
+  kernel's burst file (so CPU burst has work to do, as on a real node);
 - Node, NodeSLO (BE CPU suppress on) and NodeMetric files, the status reported every 60 s
   with the peak predictor's fields (the predictor trains every minute at its defaults);
 - the real /proc and /sys for the node collectors; every default collector at 1 s.
@@ -73,6 +75,9 @@ class Node:
                 cid = f"{i:032x}{j:032x}"
                 make_fake_v1_cgroup(root, f"{pod_dir}/{cid}")
                 self.cgroups.append(f"{pod_dir}/{cid}")
+                (root / "cpu" / pod_dir / cid / "cpu.cfs_burst_us").write_text("0\n")  # kernels >= 5.14
+                if not be:  # kubelet's CFS quota for a 500m limit, so CPU burst has work to do
+                    (root / "cpu" / pod_dir / cid / "cpu.cfs_quota_us").write_text("50000\n")
                 resources = ({"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "512Mi"},
                               "limits": {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "1Gi"}}
                              if be else {"requests": {"cpu": "100m", "memory": "128Mi"},
@@ -81,6 +86,9 @@ class Node:
                 statuses.append({"name": f"c{j}", "containerID": f"containerd://{cid}",
                                  "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}})
                 ids.append(cid)
+            (root / "cpu" / pod_dir / "cpu.cfs_burst_us").write_text("0\n")
+            if not be:
+                (root / "cpu" / pod_dir / "cpu.cfs_quota_us").write_text(f"{50000 * containers}\n")
             labels = {"koordinator.sh/qosClass": "BE" if be else "LS"}
             self.items.append({
                 "metadata": {"name": f"pod-{i}", "namespace": "bench", "uid": uid, "labels": labels,

@@ -591,8 +591,15 @@ class MetricCache:
         found: dict[int, tuple[dict[str, str], list[tuple[Sequence[int], Sequence[float]]]]] = {}
         with self._lock:
             db = self._conn()
-            matching = [s for s in self._by_kind.get(kind, ())
-                        if all(s.labels.get(k) == v for k, v in want.items())]
+            if want and len(want) == len(SCHEMA[kind]):  # every label given: one series at most
+                try:
+                    one = self._series.get(_key(kind, want))
+                except TypeError:  # an unhashable or unsortable value names no series
+                    one = None
+                matching = [] if one is None else [one]
+            else:
+                matching = [s for s in self._by_kind.get(kind, ())
+                            if all(s.labels.get(k) == v for k, v in want.items())]
             ids = [s.id for s in matching]
             blobs: list[tuple[int, bytes]] = []
             for i in range(0, len(ids) if lo <= self._chunks_newest else 0, _IDS_PER_QUERY):

@@ -67,6 +67,9 @@ class CPUBurst(Strategy):
         self.clamped: dict[str, int] = {}
         """Container id -> the burst it wanted when it was last clamped (said once)."""
         self.last_state: NodeState = NodeState.UNKNOWN
+        self.has_burst_file = False
+        """A cgroup showed the kernel's burst file: the kernel has it, for every cgroup (not
+        asked again per container and tick; a cgroup that went away fails its write)."""
 
     def run_once(self) -> None:
         ctx = self.ctx
@@ -184,7 +187,9 @@ class CPUBurst(Strategy):
         """False when this kernel has no burst file (said once). ``quota``: the cgroup's
         quota when the caller has just read or written it (read here otherwise)."""
         ex = self.ctx.executor
-        if not ex.supports(cgroup_dir, "cpu_burst"):
+        if not self.has_burst_file:
+            self.has_burst_file = ex.supports(cgroup_dir, "cpu_burst")
+        if not self.has_burst_file:
             name = ex.path(cgroup_dir, "cpu_burst").name
             self.ctx.log_once(f"{self.name}/no-burst-file", f"this kernel has no {name}: cpu burst is "
                               "not set, cfs quota burst still works")
