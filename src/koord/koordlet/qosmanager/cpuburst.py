@@ -72,8 +72,14 @@ class CPUBurst(Strategy):
         asked again per container and tick; a cgroup that went away fails its write)."""
 
     def run_once(self) -> None:
+        self.ctx.metrics.begin_cpu_burst()
+        try:
+            self._run_once()
+        finally:
+            self.ctx.metrics.end_cpu_burst()
+
+    def _run_once(self) -> None:
         ctx = self.ctx
-        ctx.metrics.reset_cpu_burst()
         try:
             strategy = burst_strategy(ctx.informer.get_node_slo())
         except BurstError as exc:
@@ -166,7 +172,7 @@ class CPUBurst(Strategy):
             if target != current:
                 self.scale_quota(pod, c, current, target)
                 m = self.ctx.metrics
-                m.container_scaled_cfs_quota.labels(m.node, pod.namespace, pod.name, c.id, c.name).set(target)
+                m.container_scaled_cfs_quota.set((m.node, pod.namespace, pod.name, c.id, c.name), target)
                 log.info("%s: %s: cfs quota %d -> %d (%s, share pool %s)", self.name, who, current, target,
                          op.value, state.value)
                 current = target
@@ -179,7 +185,7 @@ class CPUBurst(Strategy):
         # The quota just read is still the file's unless it was scaled (then read it back).
         if self.write_burst(c.cgroup_dir, burst, who, quota=read if current == read else None):
             m = self.ctx.metrics
-            m.container_scaled_cfs_burst.labels(m.node, pod.namespace, pod.name, c.id, c.name).set(burst)
+            m.container_scaled_cfs_burst.set((m.node, pod.namespace, pod.name, c.id, c.name), burst)
             return burst
         return 0
 

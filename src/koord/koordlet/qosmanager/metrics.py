@@ -7,6 +7,32 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
+class TickGauge:
+    """A labelled gauge that shows what one strategy tick set: series not set again by the
+    end of a tick are removed. Each label set's child is looked up once (``labels()``
+    validates its arguments on every call; CPU burst sets one per container every second)."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self._children: dict[tuple[str, ...], Gauge] = {}
+        self._set: set[tuple[str, ...]] = set()
+
+    def begin(self) -> None:
+        self._set = set()
+
+    def set(self, labels: tuple[str, ...], value: float) -> None:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self.gauge.labels(*labels)
+        child.set(value)
+        self._set.add(labels)
+
+    def end(self) -> None:
+        for labels in [k for k in self._children if k not in self._set]:
+            del self._children[labels]
+            self.gauge.remove(*labels)
+
+
 class QOSMetrics:
     def __init__(self, node: str = "", registry: CollectorRegistry | None = None) -> None:
         self.node = node
@@ -27,14 +53,14 @@ class QOSMetrics:
             "koordlet_pod_eviction", "pods evicted by the QoS manager, by reason",
             ["node", "reason"], registry=r)
         container = ["node", "pod_namespace", "pod_name", "container_id", "container_name"]
-        self.container_scaled_cfs_burst = Gauge(
+        self.container_scaled_cfs_burst = TickGauge(Gauge(
             "koordlet_container_scaled_cfs_burst_us",
             "The maximum accumulated run-time (in microseconds) in container-level set by koordlet",
-            container, registry=r)
-        self.container_scaled_cfs_quota = Gauge(
+            container, registry=r))
+        self.container_scaled_cfs_quota = TickGauge(Gauge(
             "koordlet_container_scaled_cfs_quota_us",
             "Run-time replenished within a period (in microseconds) in container-level set by koordlet",
-            container, registry=r)
+            container, registry=r))
         self.cpu_burst_share_pool = Gauge(
             "koordlet_cpu_burst_share_pool_usage_ratio",
             "CPUBurst's last share-pool usage / share-pool cpus (quotas rise below its threshold)",
@@ -43,7 +69,12 @@ class QOSMetrics:
             "koordlet_qos_strategy_errors", "QoS strategy ticks that raised, by strategy",
             ["node", "strategy"], registry=r)
 
-    def reset_cpu_burst(self) -> None:
-        """Each CPUBurst tick reports only the containers it handled (gone ones vanish)."""
-        self.container_scaled_cfs_burst.clear()
-        self.container_scaled_cfs_quota.clear()
+    def begin_cpu_burst(self) -> None:
+        """Each CPUBurst tick reports only the containers it handled (gone ones vanish at
+        ``end_cpu_burst``)."""
+        self.container_scaled_cfs_burst.begin()
+        self.container_scaled_cfs_quota.begin()
+
+    def end_cpu_burst(self) -> None:
+        self.container_scaled_cfs_burst.end()
+        self.container_scaled_cfs_quota.end()

@@ -242,7 +242,9 @@ class CgroupExecutor:
             # os-level calls: no buffered text stream built for a file of a few bytes.
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                data = b"".join(iter(lambda: os.read(fd, 65536), b""))
+                data = os.read(fd, 65536)
+                if len(data) == 65536:  # a short read is the end (seq_file fills the buffer otherwise)
+                    data += b"".join(iter(lambda: os.read(fd, 65536), b""))
             finally:
                 os.close(fd)
             return data.decode().strip()
