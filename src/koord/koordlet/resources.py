@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
@@ -32,7 +33,7 @@ class KoordQoS(enum.StrEnum):
     NONE = ""
 
     @classmethod
-    def of(cls, labels: dict[str, str]) -> KoordQoS:
+    def of(cls, labels: Mapping[str, str]) -> KoordQoS:
         try:
             return cls(labels.get(QOS_LABEL, ""))
         except ValueError:

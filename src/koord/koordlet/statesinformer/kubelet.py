@@ -119,7 +119,7 @@ def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
                    annotations=_strings(meta.get("annotations"), "metadata.annotations"),
                    kube_qos=kube_qos, koord_qos=koord_qos_of(labels), priority=priority,
                    cgroup_dir=cgroup_dir, sandbox_id="", running=status.get("phase") == "Running",
-                   containers=metas, created=created)
+                   containers=tuple(metas), created=created)
 
 
 def pods_of_list(data: bytes, kube_dir: str, driver: str) -> list[PodMeta]:
