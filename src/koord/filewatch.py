@@ -4,14 +4,19 @@ koordlet's NodeSLO and Node files.
 Events come from ``watchfiles`` (inotify, through Rust's notify) on an asyncio loop that
 runs in the watcher's own thread, so callers with or without an event loop use it the
 same way. A burst of events (an editor writing in several steps, a temp file renamed into
-place) becomes one ``on_event`` call after ``debounce`` seconds of quiet.
+place) becomes one ``on_event`` call ``debounce`` to twice ``debounce`` seconds after its
+last event: watchfiles looks for new events every ``debounce`` (its ``step``; each look
+wakes a thread and takes the GIL, so it is as long as the debounce allows) and delivers
+once a look finds none (a burst that never pauses, about every ``debounce``).
 
 inotify cannot report everything: a watched directory that is deleted and created again
 is a new inode nobody watches, a directory missing at start has nothing to watch, and
 inotify's limits can be exhausted by other processes. So ``on_poll`` also runs every
 ``poll_interval`` seconds whatever happens, the directories' identities are checked then
-(and re-watched when they changed), and without inotify polling is all there is. Callbacks
-run on the watcher's thread, one at a time; an exception in one is logged, never fatal.
+(and re-watched when they changed), and without inotify polling is all there is. The check
+is a timer on the loop: the watch itself never times out, since every return from
+watchfiles hands the watch to a worker thread again, the costliest part of an idle watcher.
+Callbacks run on the watcher's thread, one at a time; an exception in one is logged, never fatal.
 """
 
 from __future__ import annotations
@@ -31,6 +36,21 @@ DirIdentity = tuple[tuple[str, int, int], ...]
 
 START_TIMEOUT = 10.0
 """How long start() waits for the watch to be set up before it goes on without it."""
+
+
+class _EitherEvent:
+    """The stop event watchfiles checks at every step: set when either event is. ``set`` is
+    what awatch calls when its task is cancelled."""
+
+    def __init__(self, stop: asyncio.Event, leave: asyncio.Event) -> None:
+        self._stop = stop
+        self._leave = leave
+
+    def is_set(self) -> bool:
+        return self._stop.is_set() or self._leave.is_set()
+
+    def set(self) -> None:
+        self._leave.set()
 
 
 class DirWatcher:
@@ -95,23 +115,39 @@ class DirWatcher:
         """Watches until stopped or until a directory appears, disappears or is replaced."""
         self._lost = False
         log.debug("%s: watching %s", self.name, ", ".join(d for d, _, _ in identity))
-        assert self._loop is not None
+        assert self._loop is not None and self._stop is not None
+        leave = asyncio.Event()
         # awatch sets up inotify before its first await; this runs right after that, so anything
         # changed from here on is reported, and the poll catches what changed before.
         watching = self._loop.call_soon(self._watching)
+        checks = asyncio.ensure_future(self._check_while_watching(identity, leave))
         try:
-            async for changes in awatch(*(d for d, _, _ in identity), watch_filter=self._filter,
-                                        debounce=self._debounce_ms, step=min(50, self._debounce_ms),
-                                        stop_event=self._stop, rust_timeout=round(self._poll * 1000),
-                                        yield_on_timeout=True, recursive=False, force_polling=False,
-                                        ignore_permission_denied=True):
-                self._call(self._on_event if changes else self._on_poll)
-                if self._lost or self._identity() != identity:
-                    # Re-watch; after a delete always, since a new directory may reuse the inode number.
+            async for _ in awatch(*(d for d, _, _ in identity), watch_filter=self._filter,
+                                  debounce=self._debounce_ms, step=self._debounce_ms,
+                                  stop_event=_EitherEvent(self._stop, leave), rust_timeout=0,
+                                  recursive=False, force_polling=False, ignore_permission_denied=True):
+                self._call(self._on_event)
+                if self._moved(identity):
                     return
         except BaseException:
             watching.cancel()  # inotify could not be set up: not watching after all
             raise
+        finally:
+            checks.cancel()
+
+    async def _check_while_watching(self, identity: DirIdentity, leave: asyncio.Event) -> None:
+        """The periodic check while watching; sets ``leave`` (ending the watch) once a
+        directory appeared, went away or was replaced."""
+        while True:
+            await asyncio.sleep(self._poll)
+            self._call(self._on_poll)
+            if self._moved(identity):
+                leave.set()
+                return
+
+    def _moved(self, identity: DirIdentity) -> bool:
+        """Re-watch; after a delete always, since a new directory may reuse the inode number."""
+        return self._lost or self._identity() != identity
 
     async def _poll_once(self) -> None:
         assert self._stop is not None

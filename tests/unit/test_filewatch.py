@@ -80,6 +80,37 @@ def test_the_periodic_check_runs_without_events(tmp_path: Path, watch) -> None:
     wait_for(lambda: rec.polls >= 3, "three periodic checks")
 
 
+def test_the_periodic_check_runs_while_events_keep_coming(tmp_path: Path, watch) -> None:
+    _, rec = watch(tmp_path, poll_interval=0.2)
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        (tmp_path / "busy").write_text(str(time.monotonic()))
+        time.sleep(0.03)
+    assert rec.events >= 1 and rec.polls >= 4
+
+
+def test_an_idle_watch_is_one_watchfiles_call_not_one_per_check(tmp_path: Path, monkeypatch) -> None:
+    """Each return from watchfiles hands the watch to a worker thread again: the periodic
+    check must not end the watch."""
+    import koord.filewatch as filewatch
+    calls: list[dict] = []
+    real = filewatch.awatch
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(filewatch, "awatch", counting)
+    rec = Recorder()
+    watcher = DirWatcher([tmp_path], rec.event, name="test-watch", on_poll=rec.poll, poll_interval=0.05)
+    watcher.start()
+    try:
+        wait_for(lambda: rec.polls >= 6, "six periodic checks")
+    finally:
+        watcher.stop()
+    assert len(calls) == 1
+    assert calls[0]["step"] == calls[0]["debounce"], "watchfiles looks for events once per debounce"
+
+
 def test_a_directory_created_later_is_watched(tmp_path: Path, watch) -> None:
     late = tmp_path / "late"
     _, rec = watch(late, poll_interval=0.1)

@@ -7,23 +7,36 @@ It has the states informer's query side (``get_all_pods``, ``get_node``, ``get_n
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
 
 def container_meta(name: str, id: str, cgroup_dir: str, *, running: bool = True,
-                   requests: dict[str, int] | None = None) -> ContainerMeta:
-    return ContainerMeta(name=name, id=id, cgroup_dir=cgroup_dir, running=running, requests=dict(requests or {}))
+                   requests: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None) -> ContainerMeta:
+    return ContainerMeta(name=name, id=id, cgroup_dir=cgroup_dir, running=running,
+                         requests=requests or {}, limits=limits or {})
 
 
 def pod_meta(namespace: str, name: str, uid: str, cgroup_dir: str, *, kube_qos: str = "burstable",
-             koord_qos: str = "", running: bool = True, containers: list[ContainerMeta] | None = None) -> PodMeta:
+             koord_qos: str = "", running: bool = True, containers: Iterable[ContainerMeta] = (),
+             labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None,
+             priority: int | None = None) -> PodMeta:
     """A PodMeta with the fields tests rarely care about filled in."""
-    return PodMeta(namespace=namespace, name=name, uid=uid, labels={}, annotations={}, kube_qos=kube_qos,
-                   koord_qos=koord_qos, priority=None, cgroup_dir=cgroup_dir, sandbox_id=f"sandbox-{uid}",
-                   running=running, containers=list(containers or []))
+    return PodMeta(namespace=namespace, name=name, uid=uid, labels=labels or {}, annotations=annotations or {},
+                   kube_qos=kube_qos, koord_qos=koord_qos, priority=priority, cgroup_dir=cgroup_dir,
+                   sandbox_id=f"sandbox-{uid}", running=running, containers=tuple(containers))
+
+
+def with_resources(pod: PodMeta, container: int = 0, *, requests: Mapping[str, int] | None = None,
+                   limits: Mapping[str, int] | None = None) -> PodMeta:
+    """``pod`` with ``requests`` and ``limits`` added to those of its container ``container``:
+    PodMeta is immutable, so a test builds the changed pod."""
+    old = pod.containers[container]
+    new = replace(old, requests={**old.requests, **(requests or {})}, limits={**old.limits, **(limits or {})})
+    return replace(pod, containers=(*pod.containers[:container], new, *pod.containers[container + 1:]))
 
 
 class FakeStatesInformer:
@@ -37,7 +50,8 @@ class FakeStatesInformer:
         self.callbacks: dict[str, list[Callable[[], None]]] = {}
 
     def get_all_pods(self) -> list[Any]:
-        return copy.deepcopy(self.pods)
+        """As the informer's: a new list of the same (immutable) pods."""
+        return list(self.pods)
 
     def get_node_slo(self) -> Any:
         return self.node_slo

@@ -16,15 +16,11 @@ def pod(uid: str, koord_qos: str = "", kube_qos: str = "burstable", *, name: str
     """A pod under ``kube_dir`` (cgroupfs layout) with ``containers`` containers."""
     qos_dir = kube_dir if kube_qos == "guaranteed" else f"{kube_dir}/{kube_qos}"
     pod_dir = f"{qos_dir}/pod{uid}"
-    p = pod_meta("default", name or uid, uid, pod_dir, kube_qos=kube_qos, koord_qos=koord_qos,
-                 running=running, containers=[
-                     container_meta(f"c{i}", f"{uid}-c{i}", f"{pod_dir}/{uid}-c{i}", running=running,
-                                    requests={"kubernetes.io/batch-cpu": batch_cpu} if batch_cpu else None)
-                     for i in range(containers)])
-    p.priority = priority
-    p.labels.update(labels or {})
-    p.annotations.update(annotations or {})
-    return p
+    return pod_meta("default", name or uid, uid, pod_dir, kube_qos=kube_qos, koord_qos=koord_qos,
+                    running=running, priority=priority, labels=labels, annotations=annotations, containers=[
+                        container_meta(f"c{i}", f"{uid}-c{i}", f"{pod_dir}/{uid}-c{i}", running=running,
+                                       requests={"kubernetes.io/batch-cpu": batch_cpu} if batch_cpu else None)
+                        for i in range(containers)])
 
 
 def procs(*rows: tuple[int, int, int, int]) -> list[Processor]:

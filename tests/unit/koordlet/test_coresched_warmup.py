@@ -5,6 +5,7 @@ koordlet reusing a group's cookie, and upstream's core-sched metric names and la
 from __future__ import annotations
 
 import errno
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -197,7 +198,7 @@ def test_metrics_follow_the_containers_cookie(tmp_path: Path) -> None:
     status = sample(registry, "koordlet_core_sched_cookie_manage_status_total")
     assert status == {(("core_sched_group", "g"), ("node", "node-1"), ("status", "succeeded")): 1.0}
 
-    meta.labels[LABEL_GROUP_ID] = "h"  # the label edited on the running pod
+    meta = replace(meta, labels={**meta.labels, LABEL_GROUP_ID: "h"})  # the label edited on the running pod
     run_container(plugin, hooks, meta, "main")
     assert [dict(k)["core_sched_group"] for k in sample(registry, "koordlet_container_core_sched_cookie")] == ["h"]
 
@@ -251,7 +252,7 @@ def test_a_restarted_container_replaces_its_series(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     plugin, hooks = started(tmp_path, ops, [meta], registry)
     run_container(plugin, hooks, meta, "main")
-    meta.containers[0].id = "c2"  # kubelet restarted the container
+    meta = replace(meta, containers=(replace(meta.containers[0], id="c2"),))  # kubelet restarted the container
     run_container(plugin, hooks, meta, "main")
     assert [dict(k)["container_id"] for k in sample(registry, "koordlet_container_core_sched_cookie")] == ["c2"]
 

@@ -107,3 +107,33 @@ def test_observer_is_told_each_plugin_call_and_cannot_change_the_answer():
     assert seen == [("bad", HookPoint.PRE_CREATE_CONTAINER, False), ("good", HookPoint.PRE_CREATE_CONTAINER, True)]
     assert [p for p, _ in errors] == ["bad"]
     assert ctx.response.envs == {"WHO": "good"}
+
+
+def _scribble_and_fail(ctx):
+    """Changes every level of the answer, then fails: none of it may stay."""
+    res = ctx.response.resources
+    ctx.response.annotations["a"] = "changed"
+    ctx.response.envs["E"] = "changed"
+    ctx.response.pod_cgroup_parent = "/elsewhere"
+    res.cpu_shares, res.cpuset_cpus = 2, "9"
+    res.unified["memory.high"] = "changed"
+    res.hugepage_limits["2MB"] = 0
+    raise RuntimeError("boom")
+
+
+def test_a_failed_plugins_changes_at_any_depth_are_dropped():
+    hooks = Hooks(FailurePolicy.IGNORE)
+
+    def first(ctx):
+        ctx.response.annotations["a"] = "1"
+        ctx.response.envs["E"] = "1"
+        ctx.response.resources.unified["memory.high"] = "1G"
+        ctx.response.resources.hugepage_limits["2MB"] = 1 << 21
+        ctx.response.resources.cpu_shares = 512
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "first", "", first)
+    hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, "bad", "", _scribble_and_fail)
+    ctx = _ctx()
+    hooks.run(HookPoint.PRE_CREATE_CONTAINER, ctx)
+    want = _ctx()
+    first(want)
+    assert ctx.response == want.response

@@ -194,12 +194,12 @@ def test_be_request_sums_batch_cpu_of_be_pods(make_env):
     ls = pod_meta("ns", "ls", "u2", "kubepods/podu2", koord_qos="LS",
                  containers=[container_meta("a", "c3", "z", requests={"kubernetes.io/batch-cpu": 999})])
     from_cri = pod_meta("ns", "be2", "u3", "kubepods/besteffort/podu3", kube_qos="besteffort", koord_qos="BE",
-                        containers=[container_meta("main", "c4", "w")])
-    from_cri.annotations["node.koordinator.sh/extended-resource-spec"] = json.dumps(
-        {"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "250"}}}})
+                        containers=[container_meta("main", "c4", "w")],
+                        annotations={"node.koordinator.sh/extended-resource-spec": json.dumps(
+                            {"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "250"}}}})})
     broken = pod_meta("ns", "be3", "u4", "kubepods/besteffort/podu4", kube_qos="besteffort", koord_qos="BE",
-                      containers=[container_meta("main", "c5", "v")])
-    broken.annotations["node.koordinator.sh/extended-resource-spec"] = "{not json"
+                      containers=[container_meta("main", "c5", "v")],
+                      annotations={"node.koordinator.sh/extended-resource-spec": "{not json"})
     env = make_env(pods=[be, ls, from_cri, broken])
     write_be(env, 1, "0-1", -1)
     assert be_value(BEResourceCollector(env).collect(1.0), mc.BE_ALLOCATION_REQUEST) == [2250]

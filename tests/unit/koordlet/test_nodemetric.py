@@ -49,10 +49,8 @@ class ByAggregation:
 
 
 def pod(name, uid, koord_qos="", kube_qos="besteffort", priority=None, containers=()):
-    meta = pod_meta("default", name, uid, f"kubepods/{kube_qos}/pod{uid}", kube_qos=kube_qos,
-                    koord_qos=koord_qos, containers=list(containers))
-    meta.priority = priority
-    return meta
+    return pod_meta("default", name, uid, f"kubepods/{kube_qos}/pod{uid}", kube_qos=kube_qos,
+                    koord_qos=koord_qos, containers=containers, priority=priority)
 
 
 def test_collect_node_aggregate_metric_mocked_1_to_5():

@@ -1,5 +1,7 @@
 """Context conversions: request proto -> context -> proto, response context -> proto -> context."""
 
+import dataclasses
+
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2
@@ -191,3 +193,28 @@ def test_container_cgroup_update(tmp_path, through_proxy, want):
     assert update.cgroup_dir.endswith("podu1/c1")
     ctx.request.container_id = ""
     assert ctx.cgroup_update(CgroupExecutor(tmp_path, version=1), through_proxy=through_proxy) is None
+
+
+def _mutable_parts(obj):
+    """Every dict and dataclass inside ``obj``'s fields, with its path."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, dict):
+            yield f.name, value
+        elif dataclasses.is_dataclass(value):
+            yield f.name, value
+            yield from ((f"{f.name}.{path}", part) for path, part in _mutable_parts(value))
+
+
+@pytest.mark.parametrize("resp", [
+    PodResponse(labels={"l": "1"}, annotations={"a": "2"}, cgroup_parent="/p",
+                resources=Resources.from_proto(EVERY_FIELD)),
+    ContainerResponse(annotations={"a": "b"}, envs={"E": "1"}, pod_cgroup_parent="/p",
+                      resources=Resources.from_proto(EVERY_FIELD)),
+], ids=["pod", "container"])
+def test_response_copy_is_equal_and_shares_nothing_mutable(resp):
+    copied = resp.copy()
+    assert copied == resp and type(copied) is type(resp)
+    shared = [path for (path, a), (_, b) in zip(_mutable_parts(resp), _mutable_parts(copied), strict=True)
+              if a is b]
+    assert shared == []

@@ -23,7 +23,7 @@ from koord.koordlet.qosmanager.evictcalc import (
 from koord.koordlet.qosmanager.memoryevict import MemoryEvict
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.slo import SLOError, threshold_config
-from koord.testing.pods import FakeStatesInformer
+from koord.testing.pods import FakeStatesInformer, with_resources
 
 from .qos_fakes import GI, pod
 
@@ -31,21 +31,19 @@ BCPU, MCPU, BMEM = "kubernetes.io/batch-cpu", "kubernetes.io/mid-cpu", "kubernet
 BATCH_MAX, MID_MAX = 5999, 7999
 
 
-def requesting(uid: str, koord_qos: str, priority: int):
+def requesting(uid: str, koord_qos: str, priority: int, annotations: dict[str, str] | None = None,
+               labels: dict[str, str] | None = None):
     return pod(uid, koord_qos, "besteffort" if koord_qos == "BE" else "burstable", priority=priority,
-               labels={"koordinator.sh/eviction-enabled": "true"})
+               labels={"koordinator.sh/eviction-enabled": "true"} if labels is None else labels,
+               annotations=annotations)
 
 
-def batch_pod(uid: str, milli: int, priority: int = 5000):
-    p = requesting(uid, "BE", priority)
-    p.containers[0].requests[BCPU] = milli
-    return p
+def batch_pod(uid: str, milli: int, priority: int = 5000, **meta: dict[str, str]):
+    return with_resources(requesting(uid, "BE", priority, **meta), requests={BCPU: milli})
 
 
 def mid_pod(uid: str, milli: int, priority: int = 7000):
-    p = requesting(uid, "LS", priority)
-    p.containers[0].requests[MCPU] = milli
-    return p
+    return with_resources(requesting(uid, "LS", priority), requests={MCPU: milli})
 
 
 @pytest.mark.parametrize("name, pods, allocatable, threshold, lower, priority, want", [
@@ -77,14 +75,11 @@ def test_priority_class_and_value(labels: dict, priority: int | None, koord_qos:
 
 def test_victims_order_and_filters() -> None:
     big, small = batch_pod("big", 4000), batch_pod("small", 1000)
-    first = batch_pod("first", 10)
-    first.annotations["koordinator.sh/eviction-priority"] = "-5"
-    no_label = batch_pod("nolabel", 9000)
-    del no_label.labels["koordinator.sh/eviction-enabled"]
+    first = batch_pod("first", 10, annotations={"koordinator.sh/eviction-priority": "-5"})
+    no_label = batch_pod("nolabel", 9000, labels={})
     no_sample = batch_pod("nosample", 9000)
     prod = requesting("prod", "LS", 9500)
-    refused = batch_pod("refused", 9000)
-    refused.annotations["koordinator.sh/eviction-policy"] = '["BECPUEvict"]'
+    refused = batch_pod("refused", 9000, annotations={"koordinator.sh/eviction-policy": '["BECPUEvict"]'})
     pods = [small, no_label, big, first, no_sample, prod, refused]
     used = {p.uid: 1.0 for p in pods if p.uid != "nosample"}
     got = allocatable_victims(pods, used, "CPUAllocatableEvict", BATCH_MAX, "cpu")
@@ -154,9 +149,7 @@ def test_cpu_allocatable_tick_evicts_until_released(tmp_path) -> None:
 def test_memory_allocatable_tick(tmp_path) -> None:
     pods = []
     for uid, gib in (("x", 3), ("y", 2)):
-        p = requesting(uid, "BE", 5000)
-        p.containers[0].requests[BMEM] = gib * GI
-        pods.append(p)
+        pods.append(with_resources(requesting(uid, "BE", 5000), requests={BMEM: gib * GI}))
     cache = MetricCache(None)
     now = time.time()
     cache.append([Sample(POD_MEMORY_USAGE, {POD_UID: p.uid}, now, float(GI)) for p in pods])

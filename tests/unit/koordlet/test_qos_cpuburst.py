@@ -25,6 +25,7 @@ from koord.koordlet.qosmanager.burstcalc import (
 )
 from koord.koordlet.qosmanager.cpuburst import CPUBurst
 from koord.koordlet.statesinformer import NODE_SLO, PodMeta
+from koord.testing.pods import with_resources
 
 from .qos_fakes import pod
 from .test_qos_strategies import Rig
@@ -126,9 +127,9 @@ def test_limiter_update_if_changed() -> None:
 # ---- the strategy on a fake v1 tree -------------------------------------------------------------
 def burst_pod(uid: str, limits: list[int | None], koord_qos: str = "LS", annotations: dict | None = None) -> PodMeta:
     p = pod(uid, koord_qos, "burstable", containers=len(limits), annotations=annotations)
-    for c, limit in zip(p.containers, limits, strict=True):
+    for i, limit in enumerate(limits):
         if limit is not None:
-            c.limits["cpu"] = limit
+            p = with_resources(p, i, limits={"cpu": limit})
     return p
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -94,11 +95,13 @@ def test_cri_stops_every_running_container_past_a_stopped_one(fake_cri) -> None:
 
     fake_cri.add_pod("s1", "be-1", {}, "/kubepods/besteffort/poduid-s1")
     victim = pod("uid-s1", "BE", "besteffort", name="be-1", containers=0)
+    containers = []
     for cid, state in (("c-exited", cri.CONTAINER_EXITED), ("c-a", cri.CONTAINER_RUNNING),
                        ("c-b", cri.CONTAINER_RUNNING)):
         fake_cri.add_container(cid, "s1", cid, state=state)
-        victim.containers.append(container_meta(cid, cid, f"{victim.cgroup_dir}/{cid}",
-                                                running=state == cri.CONTAINER_RUNNING))
+        containers.append(container_meta(cid, cid, f"{victim.cgroup_dir}/{cid}",
+                                         running=state == cri.CONTAINER_RUNNING))
+    victim = replace(victim, containers=tuple(containers))
     evictor = Evictor(fake_cri.endpoint)
     try:
         assert evictor.evict(victim, "EvictPodByNodeMemoryUsage", "95%") is True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from koord.koordlet.qosmanager.resourceqos import (
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.runtimehooks.protocol import KubeQoS
 from koord.koordlet.slo import SLOError
-from koord.testing.pods import FakeStatesInformer
+from koord.testing.pods import FakeStatesInformer, with_resources
 
 from .qos_fakes import GI, pod
 
@@ -39,13 +40,10 @@ def slo(**classes: dict) -> dict:
 def upstream_pod(kube_qos: str, koord_qos: str, annotation: dict | None = None):
     """upstream's MockTestPodWithQOS: container "test" with nothing, "main" with 1Gi
     request = limit (batch-memory for BE)."""
-    p = pod("test_pod", koord_qos, kube_qos, containers=2)
     key = "kubernetes.io/batch-memory" if koord_qos == "BE" else "memory"
-    p.containers[1].requests[key] = GI
-    p.containers[1].limits[key] = GI
-    if annotation is not None:
-        p.annotations[MEMORY_QOS_ANNOTATION] = json.dumps(annotation)
-    return p
+    p = pod("test_pod", koord_qos, kube_qos, containers=2,
+            annotations=None if annotation is None else {MEMORY_QOS_ANNOTATION: json.dumps(annotation)})
+    return with_resources(p, 1, requests={key: GI}, limits={key: GI})
 
 
 def values(updates) -> dict[tuple[str, str], int | str]:
@@ -97,8 +95,7 @@ def test_single_be_pod_with_pod_level_auto_config() -> None:
 def test_multiple_pods_with_ls_disabled() -> None:
     """Upstream "multiple pods": the LS class disabled, a BE pod on auto: only the BE pod's
     request counts at the QoS levels."""
-    ls = upstream_pod("burstable", "LS")
-    ls.uid, ls.cgroup_dir = "ls", "kubepods/burstable/podls"
+    ls = replace(upstream_pod("burstable", "LS"), uid="ls", cgroup_dir="kubepods/burstable/podls")
     be = upstream_pod("besteffort", "BE", {"policy": "auto", "minLimitPercent": 100,
                                            "throttlingPercent": 80})
     levels = calculate(slo(lsClass={"enable": False, "minLimitPercent": 50}), [ls, be], GI, QOS_DIRS)
@@ -118,18 +115,14 @@ def test_multiple_pods_with_ls_disabled() -> None:
     (100 * 1024 * 1024 + 4097, 200 * 1024 * 1024, 50, GI, 157286400),  # 157288448 floored to a page
 ])
 def test_memory_high_formula(request_: int, limit: int, pct: int, allocatable: int, want_high: int) -> None:
-    p = pod("p", "LS", containers=1)
-    p.containers[0].requests["memory"] = request_
-    if limit > 0:
-        p.containers[0].limits["memory"] = limit
+    p = with_resources(pod("p", "LS", containers=1), requests={"memory": request_},
+                       limits={"memory": limit} if limit > 0 else None)
     levels = calculate(slo(lsClass={"enable": True, "throttlingPercent": pct}), [p], allocatable, QOS_DIRS)
     assert values(levels.containers)[(p.containers[0].cgroup_dir, "memory_high")] == want_high
 
 
 def test_low_and_high_at_least_min() -> None:
-    p = pod("p", "LS", containers=1)
-    p.containers[0].requests["memory"] = GI
-    p.containers[0].limits["memory"] = GI
+    p = with_resources(pod("p", "LS", containers=1), requests={"memory": GI}, limits={"memory": GI})
     levels = calculate(slo(lsClass={"enable": True, "minLimitPercent": 80, "lowLimitPercent": 50,
                                     "throttlingPercent": 10}), [p], 4 * GI, QOS_DIRS)
     c = values(levels.containers)
@@ -141,12 +134,10 @@ def test_low_and_high_at_least_min() -> None:
 
 def test_policy_none_opts_out_and_stopped_pods_do_not_count() -> None:
     on = {"enable": True, "minLimitPercent": 100, "lowLimitPercent": 100}
-    a = pod("a", "LS", containers=1)
-    a.containers[0].requests["memory"] = GI
-    b = pod("b", "LS", containers=1, annotations={MEMORY_QOS_ANNOTATION: '{"policy":"none"}'})
-    b.containers[0].requests["memory"] = GI
-    c = pod("c", "LS", containers=1, running=False)
-    c.containers[0].requests["memory"] = GI
+    a = with_resources(pod("a", "LS", containers=1), requests={"memory": GI})
+    b = with_resources(pod("b", "LS", containers=1, annotations={MEMORY_QOS_ANNOTATION: '{"policy":"none"}'}),
+                       requests={"memory": GI})
+    c = with_resources(pod("c", "LS", containers=1, running=False), requests={"memory": GI})
     levels = calculate(slo(lsClass=on), [a, b, c], 4 * GI, QOS_DIRS)
     assert values(levels.qos)[("kubepods/burstable", "memory_min")] == GI
     assert values(levels.pods)[(b.cgroup_dir, "memory_min")] == 0
@@ -227,11 +218,9 @@ NODE = {"status": {"allocatable": {"memory": "4Gi"}, "capacity": {"memory": "4Gi
 
 
 def test_v2_tree_gets_min_low_high_and_restores_on_disable(tmp_path: Path) -> None:
-    ls = pod("ls", "LS", containers=1)
-    ls.containers[0].requests["memory"] = 256 << 20
-    ls.containers[0].limits["memory"] = 512 << 20
-    be = pod("be", "BE", "besteffort", containers=1)
-    be.containers[0].requests["kubernetes.io/batch-memory"] = 128 << 20
+    ls = with_resources(pod("ls", "LS", containers=1), requests={"memory": 256 << 20}, limits={"memory": 512 << 20})
+    be = with_resources(pod("be", "BE", "besteffort", containers=1),
+                        requests={"kubernetes.io/batch-memory": 128 << 20})
     dirs = list(QOS_DIRS.values()) + [ls.cgroup_dir, ls.containers[0].cgroup_dir,
                                       be.cgroup_dir, be.containers[0].cgroup_dir]
     make_tree(tmp_path, dirs, 2, V2_FILES)
@@ -267,8 +256,7 @@ def test_v2_tree_gets_min_low_high_and_restores_on_disable(tmp_path: Path) -> No
 
 
 def test_v1_without_anolis_files_logs_once_and_writes_nothing(tmp_path: Path, caplog) -> None:
-    p = pod("p", "LS", containers=1)
-    p.containers[0].requests["memory"] = GI
+    p = with_resources(pod("p", "LS", containers=1), requests={"memory": GI})
     dirs = list(QOS_DIRS.values()) + [p.cgroup_dir, p.containers[0].cgroup_dir]
     make_tree(tmp_path, dirs, 1, {"memory.limit_in_bytes": "9223372036854771712"})
     before = {f: f.read_text() for f in tmp_path.rglob("*") if f.is_file()}
@@ -287,9 +275,7 @@ def test_v1_anolis_tree_gets_every_file(tmp_path: Path) -> None:
     anolis = {"memory.min": "0", "memory.low": "0", "memory.high": "9223372036854771712",
               "memory.wmark_ratio": "0", "memory.wmark_scale_factor": "50", "memory.wmark_min_adj": "0",
               "memory.priority": "0", "memory.use_priority_oom": "0", "memory.oom.group": "0"}
-    p = pod("p", "LSR", "guaranteed", containers=1)
-    p.containers[0].requests["memory"] = GI
-    p.containers[0].limits["memory"] = GI
+    p = with_resources(pod("p", "LSR", "guaranteed", containers=1), requests={"memory": GI}, limits={"memory": GI})
     dirs = list(QOS_DIRS.values()) + [p.cgroup_dir, p.containers[0].cgroup_dir]
     make_tree(tmp_path, dirs, 1, anolis)
     informer = FakeStatesInformer([p], slo(lsrClass={"enable": True, "minLimitPercent": 100,

@@ -138,6 +138,28 @@ def test_read_only_port_source_lists_pods():
         kubelet.server.shutdown()
 
 
+def test_the_same_answer_is_not_parsed_again():
+    """Every sync fetches /pods; the same bytes give the same pods without parsing them again."""
+    kubelet = Kubelet(json.dumps({"items": [pod(name="a")]}).encode())
+    try:
+        source = KubeletPodsSource(lambda: node(), kube_dir="kubepods/", driver=None,
+                                   insecure_tls=True, read_only_port=kubelet.port)
+        first = source.list_pods()
+        assert source.list_pods() is first
+        kubelet.body = json.dumps({"items": [pod(name="a", labels={"x": "y"})]}).encode()
+        changed = source.list_pods()
+        assert changed is not first and changed[0].labels == {"x": "y"}
+        kubelet.body = b'{"items": []}'
+        with pytest.raises(PodsUnavailable, match="empty"):
+            source.list_pods()
+        with pytest.raises(PodsUnavailable, match="empty"):  # an empty list is never kept
+            source.list_pods()
+        kubelet.body = json.dumps({"items": [pod(name="a", labels={"x": "y"})]}).encode()
+        assert source.list_pods() is changed
+    finally:
+        kubelet.server.shutdown()
+
+
 def test_secure_url_from_the_node_and_missing_node():
     source = KubeletPodsSource(lambda: node(port=10250, address="fd00::1"), kube_dir="kubepods/",
                                driver=None)

@@ -1,5 +1,7 @@
 """States informer pods from CRI, the pod model's cgroup layout, and the facade."""
 
+import dataclasses
+
 import grpc
 import pytest
 from cri_api.v1 import api_pb2 as cri
@@ -13,7 +15,7 @@ from koord.koordlet.statesinformer.meta import (
     milli_cpu_of_shares,
     pod_cgroup_dir,
 )
-from koord.testing.pods import pod_meta
+from koord.testing.pods import container_meta, pod_meta
 
 
 @pytest.mark.parametrize("kube_dir,qos,driver,want", [
@@ -86,7 +88,7 @@ def test_cri_pods_carry_meta_qos_cgroups_and_resources(fake_cri):
     assert c.requests == {"cpu": 1000}
     assert c.limits == {"cpu": 1500, "memory": 209715200}
     assert api.kube_qos == "guaranteed" and api.koord_qos == "" and not api.running
-    assert api.cgroup_dir == "t/kubepods/poduid-s0" and api.containers == []
+    assert api.cgroup_dir == "t/kubepods/poduid-s0" and api.containers == ()
 
 
 def test_cri_pods_status_asked_once_per_id_and_vanished_pods_dropped(fake_cri):
@@ -161,7 +163,7 @@ def _pod(name):
                     koord_qos="BE")
 
 
-def test_informer_pods_callbacks_copies_and_last_good_list():
+def test_informer_pods_callbacks_shared_pods_and_last_good_list():
     source = ListSource()
     informer = StatesInformer(pods=source)
     fired = []
@@ -169,12 +171,32 @@ def test_informer_pods_callbacks_copies_and_last_good_list():
     assert not informer.has_synced()
     source.result = [_pod("a")]
     assert informer.sync_pods() and informer.has_synced() and fired == [1]
+    first = informer.get_all_pods()
+    source.result = [_pod("a")]  # equal, not the same objects
     assert not informer.sync_pods() and fired == [1]  # unchanged: no callback
-    informer.get_all_pods()[0].labels["x"] = "y"
-    assert informer.get_all_pods()[0].labels == {}
+    again = informer.get_all_pods()
+    assert again[0] is first[0], "every reader gets the same pods until they change"
+    first.clear()  # the list is the caller's own
+    assert [p.name for p in informer.get_all_pods()] == ["a"]
     source.result = PodsUnavailable("CRI down")
     assert not informer.sync_pods()
     assert [p.name for p in informer.get_all_pods()] == ["a"]
+
+
+def test_pods_cannot_be_changed_by_readers_nor_by_their_builder():
+    labels, requests = {"l": "1"}, {"cpu": 100}
+    pod = pod_meta("ns", "a", "u-a", "kubepods/podu-a", labels=labels,
+                   containers=[container_meta("c", "id", "kubepods/podu-a/id", requests=requests)])
+    labels["l"], requests["cpu"] = "2", 200
+    assert pod.labels == {"l": "1"} and pod.containers[0].requests == {"cpu": 100}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pod.running = False  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        pod.labels["l"] = "3"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        pod.containers[0].requests["cpu"] = 300  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        pod.containers.append(pod.containers[0])  # type: ignore[attr-defined]
 
 
 def test_informer_failing_callback_does_not_stop_others():

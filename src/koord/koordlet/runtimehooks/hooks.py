@@ -7,7 +7,6 @@ each plugin registers its functions: stable, so a later plugin may refine an ear
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -147,7 +146,7 @@ class Hooks:
     def _run(self, regs: list[_Registration[_C]], stage: HookPoint, ctx: _C) -> list[tuple[str, Exception]]:
         errors: list[tuple[str, Exception]] = []
         for reg in regs:
-            before = copy.deepcopy(ctx.response)
+            before = ctx.response.copy()
             started = time.perf_counter()
             try:
                 reg.fn(ctx)

@@ -122,6 +122,11 @@ class PodResponse:
             resources=self.resources.to_proto(),
         )
 
+    def copy(self) -> PodResponse:
+        """An independent copy (every field is a string, a dict of strings or Resources)."""
+        return PodResponse(labels=dict(self.labels), annotations=dict(self.annotations),
+                           cgroup_parent=self.cgroup_parent, resources=self.resources.copy())
+
     def merge(self, other: PodResponse) -> None:
         """Takes every change ``other`` makes; keys and values of ``other`` win."""
         self.labels.update(other.labels)
@@ -245,6 +250,11 @@ class ContainerResponse:
             pod_cgroup_parent=self.pod_cgroup_parent or "",
             container_envs=self.envs,
         )
+
+    def copy(self) -> ContainerResponse:
+        """An independent copy (every field is a string, a dict of strings or Resources)."""
+        return ContainerResponse(annotations=dict(self.annotations), envs=dict(self.envs),
+                                 resources=self.resources.copy(), pod_cgroup_parent=self.pod_cgroup_parent)
 
     def merge(self, other: ContainerResponse) -> None:
         """Takes every change ``other`` makes; keys and values of ``other`` win."""

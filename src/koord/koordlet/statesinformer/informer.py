@@ -1,9 +1,10 @@
 """The States Informer: koordlet's one view of this node, its API objects and its pods.
 
-Other modules never talk to the API server, files or CRI themselves: they read copies
-from here and register callbacks (``"node"``, ``"node_slo"``, ``"node_metric"``,
-``"pods"``) run after a change, on the informer's threads. A missing object (no NodeSLO)
-never blocks anything: getters return None and modules use their defaults.
+Other modules never talk to the API server, files or CRI themselves: they read copies of
+the objects and the pods (immutable, the same objects for every reader) from here and
+register callbacks (``"node"``, ``"node_slo"``, ``"node_metric"``, ``"pods"``) run after a
+change, on the informer's threads. A missing object (no NodeSLO) never blocks anything:
+getters return None and modules use their defaults.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .meta import PodMeta
@@ -36,7 +37,7 @@ class ObjectsSource(Protocol):
 
 class PodsSource(Protocol):
     def describe(self) -> str: ...
-    def list_pods(self) -> list[PodMeta]: ...
+    def list_pods(self) -> Sequence[PodMeta]: ...
     def close(self) -> None: ...
 
 
@@ -50,7 +51,7 @@ class StatesInformer:
         self._objects: dict[str, dict | None] = {NODE: None, NODE_SLO: None, NODE_METRIC: None,
                                                  NODE_TOPOLOGY: None}
         self._seen: set[str] = set()
-        self._pods: list[PodMeta] = []
+        self._pods: tuple[PodMeta, ...] = ()
         self._pods_synced = False
         self._pods_error: str | None = None
         self._callbacks: dict[str, list[Callable[[], None]]] = {k: [] for k in CALLBACK_KINDS}
@@ -102,8 +103,10 @@ class StatesInformer:
         self._notify(NODE_TOPOLOGY)
 
     def get_all_pods(self) -> list[PodMeta]:
+        """The pods of the last sync: a new list (the caller's to sort or filter) of the same
+        immutable PodMeta objects every reader gets, so nothing but the list is copied."""
         with self._lock:
-            return [p.copy() for p in self._pods]
+            return list(self._pods)
 
     def has_synced(self) -> bool:
         """Every configured source answered once (a missing object counts as an answer)."""
@@ -132,7 +135,7 @@ class StatesInformer:
         if self.pods_source is None:
             return False
         try:
-            pods = self.pods_source.list_pods()
+            pods = tuple(self.pods_source.list_pods())
         except PodsUnavailable as exc:
             if str(exc) != self._pods_error:
                 log.warning("states informer: cannot list pods: %s; keeping the last list "
@@ -144,7 +147,8 @@ class StatesInformer:
             self._pods_error = None
         with self._lock:
             changed = pods != self._pods
-            self._pods = pods
+            if changed:
+                self._pods = pods
             first = not self._pods_synced
             self._pods_synced = True
         if first:

@@ -119,7 +119,7 @@ def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
                    annotations=_strings(meta.get("annotations"), "metadata.annotations"),
                    kube_qos=kube_qos, koord_qos=koord_qos_of(labels), priority=priority,
                    cgroup_dir=cgroup_dir, sandbox_id="", running=status.get("phase") == "Running",
-                   containers=metas, created=created)
+                   containers=tuple(metas), created=created)
 
 
 def pods_of_list(data: bytes, kube_dir: str, driver: str) -> list[PodMeta]:
@@ -151,6 +151,8 @@ class KubeletPodsSource:
         self.timeout = timeout
         self.token_file = token_file
         self.token = token
+        self._last: tuple[bytes, tuple[PodMeta, ...]] | None = None
+        """The last answer that made a pod list, and that list: the same bytes are not parsed again."""
 
     def describe(self) -> str:
         return "kubelet /pods"
@@ -204,9 +206,12 @@ class KubeletPodsSource:
             raise PodsUnavailable(f"kubelet {url}: answer larger than {limit} bytes")
         return data
 
-    def list_pods(self) -> list[PodMeta]:
+    def list_pods(self) -> tuple[PodMeta, ...]:
         data = self.fetch("/pods/")
-        pods = pods_of_list(data, self.kube_dir, self.driver)
+        if self._last is not None and self._last[0] == data:
+            return self._last[1]
+        pods = tuple(pods_of_list(data, self.kube_dir, self.driver))
         if not pods:  # upstream: an empty list keeps the old one (kubelet restarting)
             raise PodsUnavailable(f"kubelet {self.url()}: empty pod list")
+        self._last = (data, pods)
         return pods

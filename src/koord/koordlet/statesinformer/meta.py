@@ -7,8 +7,9 @@ or API objects themselves.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from types import MappingProxyType
 
 from ..resources import KoordQoS, KubeQoS
 
@@ -16,62 +17,62 @@ CGROUPFS, SYSTEMD = "cgroupfs", "systemd"
 DEFAULT_KUBE_DIR = "kubepods/"
 
 
-@dataclass
+def _frozen(obj: object, *names: str) -> None:
+    """Makes the named mapping fields of a just-built frozen dataclass read-only views of their
+    own copies, so neither a reader nor whoever built the object can change it afterwards."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, MappingProxyType):
+            object.__setattr__(obj, name, MappingProxyType(dict(value)))
+
+
+@dataclass(frozen=True)
 class ContainerMeta:
-    """One container; ``requests``/``limits``: milli-cores for cpu, bytes for memory."""
+    """One container; ``requests``/``limits``: milli-cores for cpu, bytes for memory.
+
+    Immutable (so is PodMeta): the states informer hands the same objects to every reader."""
 
     name: str
     id: str
     cgroup_dir: str
     running: bool
-    requests: dict[str, int] = field(default_factory=dict)
-    limits: dict[str, int] = field(default_factory=dict)
+    requests: Mapping[str, int] = field(default_factory=dict)
+    limits: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _frozen(self, "requests", "limits")
 
 
-@dataclass
+@dataclass(frozen=True)
 class PodMeta:
     """One pod; ``cgroup_dir`` is relative to a cgroup subsystem root (v1) or the v2 root."""
 
     namespace: str
     name: str
     uid: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
     kube_qos: str
     koord_qos: str
     priority: int | None
     cgroup_dir: str
     sandbox_id: str
     running: bool
-    containers: list[ContainerMeta] = field(default_factory=list)
+    containers: tuple[ContainerMeta, ...] = ()
     created: float | None = None
     """Unix seconds the pod was created (its sandbox, or the API object); None when unknown."""
+
+    def __post_init__(self) -> None:
+        _frozen(self, "labels", "annotations")
+        if not isinstance(self.containers, tuple):  # a builder's list must not stay changeable
+            object.__setattr__(self, "containers", tuple(self.containers))
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    def copy(self) -> PodMeta:
-        """A copy the caller may change: every field is a str, int, bool, a dict of strings or
-        ints, or a list of containers of those, so copying each level is a deep copy (and a
-        tenth of ``copy.deepcopy``'s cost, which readers pay on every tick)."""
-        return _copied(self, labels=dict(self.labels), annotations=dict(self.annotations),
-                       containers=[_copied(c, requests=dict(c.requests), limits=dict(c.limits))
-                                   for c in self.containers])
 
-
-_M = TypeVar("_M", PodMeta, ContainerMeta)
-
-
-def _copied(meta: _M, **changes: object) -> _M:
-    """``dataclasses.replace`` without its per-call field introspection and ``__init__``
-    (a third of its cost): these are plain dataclasses, their state is their ``__dict__``."""
-    new = object.__new__(type(meta))
-    new.__dict__.update(meta.__dict__, **changes)
-    return new
-
-
-def koord_qos_of(labels: dict[str, str]) -> str:
+def koord_qos_of(labels: Mapping[str, str]) -> str:
     """The pod's Koordinator QoS class from its label, "" when absent or unknown."""
     return KoordQoS.of(labels).value
 

@@ -65,30 +65,32 @@ class CriPodsSource:
                                                   timeout=CRI_TIMEOUT).containers
         except grpc.RpcError as exc:
             raise PodsUnavailable(f"CRI {self.endpoint}: {exc.code().name}: {exc.details()}") from None
-        pods: dict[str, PodMeta] = {}
         seen_pods: dict[str, tuple[PodHookRequest, PodMeta]] = {}
+        sandbox_ready: dict[str, bool] = {}
+        pod_containers: dict[str, list[ContainerMeta]] = {}
         for sandbox in sandboxes:
             entry = self._pods.get(sandbox.id) or self._describe_pod(sandbox)
             if entry is None:
                 continue
             seen_pods[sandbox.id] = entry
-            pods[sandbox.id] = replace(entry[1], running=sandbox.state == cri.SANDBOX_READY,
-                                       containers=[])
+            sandbox_ready[sandbox.id] = sandbox.state == cri.SANDBOX_READY
+            pod_containers[sandbox.id] = []
         seen_containers: dict[str, ContainerMeta] = {}
         for container in containers:
-            pod = pods.get(container.pod_sandbox_id)
-            if pod is None:
+            entry = seen_pods.get(container.pod_sandbox_id)
+            if entry is None:
                 continue
-            meta = self._containers.get(container.id) or self._describe_container(
-                seen_pods[container.pod_sandbox_id][0], pod, container)
+            meta = self._containers.get(container.id) or self._describe_container(entry[0], entry[1], container)
             if meta is None:
                 continue
             seen_containers[container.id] = meta
-            pod.containers.append(replace(meta, running=container.state == cri.CONTAINER_RUNNING))
+            pod_containers[container.pod_sandbox_id].append(
+                replace(meta, running=container.state == cri.CONTAINER_RUNNING))
         self._pods, self._containers = seen_pods, seen_containers
-        for pod in pods.values():
-            pod.containers.sort(key=lambda c: (c.name, c.id))
-        return sorted(pods.values(), key=lambda p: (p.namespace, p.name, p.uid))
+        pods = [replace(template, running=sandbox_ready[sid],
+                        containers=tuple(sorted(pod_containers[sid], key=lambda c: (c.name, c.id))))
+                for sid, (_, template) in seen_pods.items()]
+        return sorted(pods, key=lambda p: (p.namespace, p.name, p.uid))
 
     def _describe_pod(self, sandbox: cri.PodSandbox) -> tuple[PodHookRequest, PodMeta] | None:
         who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from koord import cgrouplimits
@@ -72,7 +73,7 @@ def _bytes(value: object, where: str) -> int:
     return math.ceil(number)
 
 
-def parse_extended_resource_spec(annotations: dict[str, str]) -> dict[str, BatchSpec]:
+def parse_extended_resource_spec(annotations: Mapping[str, str]) -> dict[str, BatchSpec]:
     """Container name -> its batch amounts; {} without the annotation; HookError when malformed."""
     spec = json_annotation(annotations, EXTENDED_RESOURCE_SPEC, error=InvalidInput)
     if spec is None:

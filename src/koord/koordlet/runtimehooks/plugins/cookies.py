@@ -18,6 +18,7 @@ import errno
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -95,7 +96,7 @@ def supported(ops: CookieOps) -> tuple[bool, str]:
     return True, ""
 
 
-def pod_group(rule: rules_module.CoreSchedRule, labels: dict[str, str], kube_qos: KubeQoS,
+def pod_group(rule: rules_module.CoreSchedRule, labels: Mapping[str, str], kube_qos: KubeQoS,
               uid: str) -> tuple[bool, str]:
     """Upstream's getPodEnabledAndGroup: (cookies on for the pod, its group id)."""
     qos = KoordQoS.of(labels)
