@@ -158,8 +158,6 @@ class Env:
         self.shared = SharedState()
         self.files = OpenFiles()
         self._file_names: dict[tuple[str, str], str] = {}
-        self._pods_lock = threading.Lock()
-        self._pods_cache: tuple[float, list[PodMeta]] | None = None
 
     @property
     def proc(self) -> Path:
@@ -176,13 +174,8 @@ class Env:
             raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
 
     def all_pods(self) -> list[PodMeta]:
-        """The informer's pods, one copy shared by the collectors that tick together (they
-        only read it): the informer deep-copies on every call."""
-        with self._pods_lock:
-            now = time.monotonic()
-            if self._pods_cache is None or now - self._pods_cache[0] > self.config.collect_res_used_interval / 2:
-                self._pods_cache = (now, self.pods.get_all_pods())
-            return self._pods_cache[1]
+        """The informer's pods (shared, read-only objects)."""
+        return self.pods.get_all_pods()
 
     def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], T]) -> T:
         """``parser`` on the text of a cgroup file; FileProblem naming the file when it cannot
