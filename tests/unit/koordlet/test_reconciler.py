@@ -213,9 +213,9 @@ def test_a_round_that_raises_does_not_end_the_loop(fake_cri, tmp_path, caplog):
 
 def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_path):
     """Each running container's verbose status: when first seen, then once every
-    STATUS_REFRESH_ROUNDS rounds (spread over the rounds by id), and again at once for a
+    REFRESH_ROUNDS rounds (spread over the rounds by id), and again at once for a
     container that stopped running and came back; a resize reaches the hooks at its refresh."""
-    from koord.koordlet.runtimehooks.reconciler import STATUS_REFRESH_ROUNDS
+    from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
 
     ids = [f"c{i}" for i in range(12)]
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
@@ -231,7 +231,7 @@ def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_pat
     assert status_calls() == len(ids)  # round 1: all new
     fake_cri.containers["c0"].resources.cpu_shares = 4  # kubelet resized c0
     per_round = []
-    for _ in range(STATUS_REFRESH_ROUNDS):
+    for _ in range(REFRESH_ROUNDS):
         before = status_calls()
         plugin.seen.clear()
         reconciler.reconcile_once()
