@@ -252,3 +252,30 @@ def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_pat
     asked = [cri.ContainerStatusRequest.FromString(raw).container_id
              for raw in fake_cri.requests("ContainerStatus")[len(before):]]
     assert "c1" in asked
+
+
+def test_a_refreshed_status_with_the_same_bytes_is_not_parsed_again(fake_cri, tmp_path, monkeypatch):
+    from koord.hookapi import fromcri
+    from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
+
+    parsed: list[str] = []
+    real = fromcri.container_record_from_status
+
+    def counting(status, container_id):
+        parsed.append(container_id)
+        return real(status, container_id)
+    monkeypatch.setattr(fromcri, "container_record_from_status", counting)
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    for cid in ("c0", "c1", "c2"):
+        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
+        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+    reconciler, _ = make(fake_cri, tmp_path)
+    reconciler.reconcile_once()
+    assert sorted(parsed) == ["c0", "c1", "c2"]
+    parsed.clear()
+    fake_cri.containers["c0"].resources.cpu_shares = 4  # kubelet resized c0
+    asked = len(fake_cri.requests("ContainerStatus"))
+    for _ in range(REFRESH_ROUNDS):
+        reconciler.reconcile_once()
+    assert len(fake_cri.requests("ContainerStatus")) - asked == 3  # each still asked at its refresh
+    assert parsed == ["c0"]

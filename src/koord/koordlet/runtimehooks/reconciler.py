@@ -128,9 +128,9 @@ class Reconciler:
         """Sandbox id -> its record from CRI's verbose status, asked once per sandbox."""
         self._known_pods: dict[str, PodHookRequest] = {}
         """Sandbox id -> the request of the last round, for PostStopPodSandbox."""
-        self._containers: dict[str, ContainerHookRequest] = {}
-        """Created and running containers' records from their verbose status, by id (see
-        REFRESH_ROUNDS); a container no longer listed is dropped."""
+        self._containers: dict[str, tuple[bytes, ContainerHookRequest]] = {}
+        """Created and running containers' verbose status (as received) and the record made of
+        it, by id (see REFRESH_ROUNDS); a container no longer listed is dropped."""
         self._pod_requests: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]] = {}
         """Sandbox id -> (CRI record, pods source's pod, the request made of them) of the last round."""
         self._reuse_answers = all(p.answers_from_request_and_rules for p in self.plugins)
@@ -322,14 +322,19 @@ class Reconciler:
 
     def _container_record(self, container_id: str) -> ContainerHookRequest:
         """The container's record: cached, or from its verbose status when first seen or
-        due for a refresh this round."""
-        record = self._containers.get(container_id)
-        if record is None or self._due(container_id):
-            status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
-                container_id=container_id, verbose=True), timeout=CRI_TIMEOUT)
-            _, record = fromcri.container_record_from_status(status, container_id)
-            self._containers[container_id] = record
-        return record
+        due for a refresh this round. A status answered with the same bytes as before keeps
+        its record (parsing the verbose info is most of a refresh's cost)."""
+        cached = self._containers.get(container_id)
+        if cached is None or self._due(container_id):
+            request = cri.ContainerStatusRequest(container_id=container_id, verbose=True)
+            raw = self._channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus",
+                                            request_serializer=cri.ContainerStatusRequest.SerializeToString)(
+                request, timeout=CRI_TIMEOUT)
+            if cached is None or raw != cached[0]:
+                status = cri.ContainerStatusResponse.FromString(raw)
+                cached = raw, fromcri.container_record_from_status(status, container_id)[1]
+                self._containers[container_id] = cached
+        return cached[1]
 
     def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest], rules: tuple[object, ...],
                               last_answers: dict[str, _Answer], report: ReconcileReport) -> None:
