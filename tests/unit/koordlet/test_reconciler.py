@@ -213,9 +213,9 @@ def test_a_round_that_raises_does_not_end_the_loop(fake_cri, tmp_path, caplog):
 
 def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_path):
     """Each running container's verbose status: when first seen, then once every
-    STATUS_REFRESH_ROUNDS rounds (spread over the rounds by id), and again at once for a
+    REFRESH_ROUNDS rounds (spread over the rounds by id), and again at once for a
     container that stopped running and came back; a resize reaches the hooks at its refresh."""
-    from koord.koordlet.runtimehooks.reconciler import STATUS_REFRESH_ROUNDS
+    from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
 
     ids = [f"c{i}" for i in range(12)]
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
@@ -231,7 +231,7 @@ def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_pat
     assert status_calls() == len(ids)  # round 1: all new
     fake_cri.containers["c0"].resources.cpu_shares = 4  # kubelet resized c0
     per_round = []
-    for _ in range(STATUS_REFRESH_ROUNDS):
+    for _ in range(REFRESH_ROUNDS):
         before = status_calls()
         plugin.seen.clear()
         reconciler.reconcile_once()
@@ -252,3 +252,30 @@ def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_pat
     asked = [cri.ContainerStatusRequest.FromString(raw).container_id
              for raw in fake_cri.requests("ContainerStatus")[len(before):]]
     assert "c1" in asked
+
+
+def test_a_refreshed_status_with_the_same_bytes_is_not_parsed_again(fake_cri, tmp_path, monkeypatch):
+    from koord.hookapi import fromcri
+    from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
+
+    parsed: list[str] = []
+    real = fromcri.container_record_from_status
+
+    def counting(status, container_id):
+        parsed.append(container_id)
+        return real(status, container_id)
+    monkeypatch.setattr(fromcri, "container_record_from_status", counting)
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    for cid in ("c0", "c1", "c2"):
+        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
+        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+    reconciler, _ = make(fake_cri, tmp_path)
+    reconciler.reconcile_once()
+    assert sorted(parsed) == ["c0", "c1", "c2"]
+    parsed.clear()
+    fake_cri.containers["c0"].resources.cpu_shares = 4  # kubelet resized c0
+    asked = len(fake_cri.requests("ContainerStatus"))
+    for _ in range(REFRESH_ROUNDS):
+        reconciler.reconcile_once()
+    assert len(fake_cri.requests("ContainerStatus")) - asked == 3  # each still asked at its refresh
+    assert parsed == ["c0"]

@@ -65,6 +65,10 @@ class RuntimePlugin(ABC):
 
     name: ClassVar[str]
     """Also the feature gate's name (e.g. ``GroupIdentity``)."""
+    answers_from_request_and_rules: ClassVar[bool] = False
+    """True when the plugin's hooks only set the response, from the request and ``self.rules``
+    (they touch no process, file or state of their own): the reconciler may then reuse a pod's
+    or container's last answer while neither changed (see ``reconciler.REFRESH_ROUNDS``)."""
 
     def __init__(self, env: PluginEnv) -> None:
         self.env = env

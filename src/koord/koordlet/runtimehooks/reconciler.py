@@ -19,6 +19,13 @@ The hook requests are built from verbose CRI status by the builder the proxy use
 (``koord.hookapi.fromcri``), so a plugin computes the same values in both modes. Changes a cgroup
 cannot carry (envs, annotations) are ignored here.
 
+When every plugin answers from the request and its rules alone
+(``RuntimePlugin.answers_from_request_and_rules``), a pod or container whose request (the
+same CRI records, the same current labels and annotations) and plugin rules are those of
+the last round gets the last round's answer without running the hooks again; the answer
+is still applied, so a cgroup value someone else changed is put back within an interval,
+and the hooks run again for each pod and container every ``REFRESH_ROUNDS`` rounds anyway.
+
 A sandbox's labels and annotations in CRI are the pod's at creation and never change, while
 a pod's annotations (oom-score-adj, the cpuset status, ...) and labels (core-sched group) may
 be edited while it runs. The pods source (``current_pods``: the states informer's list, from
@@ -50,15 +57,24 @@ from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
 log = logging.getLogger(__name__)
 
 CRI_TIMEOUT = 10.0
-STATUS_REFRESH_ROUNDS = 6
+REFRESH_ROUNDS = 6
 """A container's verbose status is asked when it is first seen and then every this many
 rounds (each round refreshes the containers whose id hashes to it, so the calls spread
 evenly), not every round: a node of a hundred pods made it three hundred calls every 10 s.
 What the hooks read from it (the spec's resources, annotations) changes only when kubelet
-resizes a container, which the next refresh picks up."""
+resizes a container, which the next refresh picks up. A reused answer (see above) is
+likewise computed again at a pod's or container's refresh round."""
 KUBELET_LABEL_PREFIX = "io.kubernetes."
 """Labels kubelet adds to a sandbox itself (pod name, namespace, uid): not in the pod object."""
 _Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """The cgroup update the hooks made of ``inputs`` (objects compared by identity)."""
+
+    inputs: tuple[object, ...]
+    update: CgroupUpdate | None
 
 
 @dataclass
@@ -89,6 +105,13 @@ def with_current_metadata(record: PodHookRequest, pod: PodMeta | None) -> PodHoo
     return out
 
 
+def _same_metadata(a: PodMeta | None, b: PodMeta | None) -> bool:
+    """What ``with_current_metadata`` takes from a pod is the same in both."""
+    if a is None or b is None:
+        return a is b
+    return a is b or (a.labels == b.labels and a.annotations == b.annotations)
+
+
 class Reconciler:
     def __init__(self, hooks: Hooks, executor: CgroupExecutor, plugins: Iterable[RuntimePlugin],
                  cri_endpoint: str, interval: float,
@@ -105,9 +128,14 @@ class Reconciler:
         """Sandbox id -> its record from CRI's verbose status, asked once per sandbox."""
         self._known_pods: dict[str, PodHookRequest] = {}
         """Sandbox id -> the request of the last round, for PostStopPodSandbox."""
-        self._containers: dict[str, ContainerHookRequest] = {}
-        """Created and running containers' records from their verbose status, by id (see
-        STATUS_REFRESH_ROUNDS); a container no longer listed is dropped."""
+        self._containers: dict[str, tuple[bytes, ContainerHookRequest]] = {}
+        """Created and running containers' verbose status (as received) and the record made of
+        it, by id (see REFRESH_ROUNDS); a container no longer listed is dropped."""
+        self._pod_requests: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]] = {}
+        """Sandbox id -> (CRI record, pods source's pod, the request made of them) of the last round."""
+        self._reuse_answers = all(p.answers_from_request_and_rules for p in self.plugins)
+        self._answers: dict[str, _Answer] = {}
+        """Sandbox or container id -> the last round's answer, when answers may be reused."""
         self._round = 0
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
@@ -165,8 +193,10 @@ class Reconciler:
                 log.info("reconciler: CRI %s reachable again", self.cri_endpoint)
                 self._cri_error = None
             self._round += 1
-            pods = self._reconcile_pods(sandboxes, report)
-            self._reconcile_containers(containers, pods, report)
+            rules = tuple(p.rules for p in self.plugins) if self._reuse_answers else ()
+            last_answers, self._answers = self._answers, {}
+            pods = self._reconcile_pods(sandboxes, rules, last_answers, report)
+            self._reconcile_containers(containers, pods, rules, last_answers, report)
             self._forget_stopped_pods(pods, report)
             log.debug("reconciler round: %d pods, %d containers, %d writes, %d errors",
                       report.pods, report.containers, len(report.written), len(report.errors))
@@ -219,9 +249,50 @@ class Reconciler:
             self._error(report, "pods source", exc)
             return {}
 
-    def _reconcile_pods(self, sandboxes, report: ReconcileReport) -> dict[str, PodHookRequest]:
+    def _pod_request(self, sandbox_id: str, record: PodHookRequest, pod: PodMeta | None,
+                     made: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]]) -> PodHookRequest:
+        """``with_current_metadata``, the last round's request when made of the same record and
+        of the same labels and annotations (so answers keyed by the request can be reused);
+        noted in ``made``."""
+        last = self._pod_requests.get(sandbox_id)
+        if last is not None and last[0] is record and _same_metadata(last[1], pod):
+            request = last[2]
+        else:
+            request = with_current_metadata(record, pod)
+        made[sandbox_id] = (record, pod, request)
+        return request
+
+    def _reused(self, key: str, inputs: tuple[object, ...], last_answers: dict[str, _Answer]) -> _Answer | None:
+        """The last round's answer for ``key`` when made of the same objects and ``key`` is not
+        due for a refresh this round."""
+        last = last_answers.get(key)
+        if (not self._reuse_answers or last is None or self._due(key) or len(last.inputs) != len(inputs)
+                or not all(a is b for a, b in zip(last.inputs, inputs, strict=True))):
+            return None
+        self._answers[key] = last
+        return last
+
+    def _hooks_answer(self, key: str, inputs: tuple[object, ...], stage: HookPoint, ctx: HookContext,
+                      report: ReconcileReport) -> _Answer | None:
+        """The hooks' answer on ``ctx``, None when a plugin failed under the Fail policy; kept for
+        the next round when no plugin failed."""
+        errors = len(report.errors)
+        if not self._run_hooks(stage, ctx, report):
+            return None
+        answer = _Answer(inputs, ctx.cgroup_update(self.executor, through_proxy=False))
+        if len(report.errors) == errors:
+            self._answers[key] = answer
+        return answer
+
+    def _due(self, key: str) -> bool:
+        """This round refreshes ``key`` (a sandbox or container id): one in REFRESH_ROUNDS, spread by id."""
+        return zlib.crc32(key.encode()) % REFRESH_ROUNDS == self._round % REFRESH_ROUNDS
+
+    def _reconcile_pods(self, sandboxes, rules: tuple[object, ...], last_answers: dict[str, _Answer],
+                        report: ReconcileReport) -> dict[str, PodHookRequest]:
         pods: dict[str, PodHookRequest] = {}
         cri_pods: dict[str, PodHookRequest] = {}
+        pod_requests: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]] = {}
         current = self._current_pods_by_uid(report)
         for sandbox in sandboxes:
             who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"
@@ -235,30 +306,38 @@ class Reconciler:
                     raise ValueError(f"sandbox {sandbox.id}: no cgroup parent in the verbose status "
                                      "(is the runtime containerd with the CRI plugin?)")
                 cri_pods[sandbox.id] = record
-                pod = pods[sandbox.id] = with_current_metadata(record, current.get(record.pod_meta.uid))
-                ctx = PodContext.from_proto(pod)
-                if self._run_hooks(HookPoint.PRE_RUN_POD_SANDBOX, ctx, report):
+                pod = pods[sandbox.id] = self._pod_request(sandbox.id, record, current.get(record.pod_meta.uid),
+                                                           pod_requests)
+                inputs = (pod, *rules)
+                answer = self._reused(sandbox.id, inputs, last_answers) or self._hooks_answer(
+                    sandbox.id, inputs, HookPoint.PRE_RUN_POD_SANDBOX, PodContext.from_proto(pod), report)
+                if answer is not None:
                     report.pods += 1
-                    self._apply(ctx.cgroup_update(self.executor, through_proxy=False), who, report)
+                    self._apply(answer.update, who, report)
             except Exception as exc:  # one broken pod must not stop the round
                 self._error(report, who, exc)
         self._cri_pods = cri_pods
+        self._pod_requests = pod_requests
         return pods
 
     def _container_record(self, container_id: str) -> ContainerHookRequest:
         """The container's record: cached, or from its verbose status when first seen or
-        due for a refresh this round."""
-        record = self._containers.get(container_id)
-        due = zlib.crc32(container_id.encode()) % STATUS_REFRESH_ROUNDS == self._round % STATUS_REFRESH_ROUNDS
-        if record is None or due:
-            status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
-                container_id=container_id, verbose=True), timeout=CRI_TIMEOUT)
-            _, record = fromcri.container_record_from_status(status, container_id)
-            self._containers[container_id] = record
-        return record
+        due for a refresh this round. A status answered with the same bytes as before keeps
+        its record (parsing the verbose info is most of a refresh's cost)."""
+        cached = self._containers.get(container_id)
+        if cached is None or self._due(container_id):
+            request = cri.ContainerStatusRequest(container_id=container_id, verbose=True)
+            raw = self._channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus",
+                                            request_serializer=cri.ContainerStatusRequest.SerializeToString)(
+                request, timeout=CRI_TIMEOUT)
+            if cached is None or raw != cached[0]:
+                status = cri.ContainerStatusResponse.FromString(raw)
+                cached = raw, fromcri.container_record_from_status(status, container_id)[1]
+                self._containers[container_id] = cached
+        return cached[1]
 
-    def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest],
-                              report: ReconcileReport) -> None:
+    def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest], rules: tuple[object, ...],
+                              last_answers: dict[str, _Answer], report: ReconcileReport) -> None:
         listed = {container.id for container in containers}
         for gone in self._containers.keys() - listed:
             del self._containers[gone]
@@ -269,10 +348,13 @@ class Reconciler:
             who = f"pod {pod.pod_meta.namespace}/{pod.pod_meta.name} container {container.metadata.name}"
             try:
                 record = self._container_record(container.id)
-                ctx = ContainerContext.from_proto(fromcri.container_hook_request(pod, record))
-                if self._run_hooks(HookPoint.PRE_CREATE_CONTAINER, ctx, report):
+                inputs = (pod, record, *rules)
+                answer = self._reused(container.id, inputs, last_answers) or self._hooks_answer(
+                    container.id, inputs, HookPoint.PRE_CREATE_CONTAINER,
+                    ContainerContext.from_proto(fromcri.container_hook_request(pod, record)), report)
+                if answer is not None:
                     report.containers += 1
-                    self._apply(ctx.cgroup_update(self.executor, through_proxy=False), who, report)
+                    self._apply(answer.update, who, report)
             except Exception as exc:  # one broken container must not stop the round
                 self._error(report, who, exc)
 

@@ -134,6 +134,7 @@ def batch_resources(specs: list[BatchSpec], period: int) -> Resources:
 
 class BatchResource(RuntimePlugin):
     name = "BatchResource"
+    answers_from_request_and_rules = True
 
     def register(self, hooks: Hooks) -> None:
         description = "set cgroup limits of BE pods from batch resources"

@@ -37,6 +37,7 @@ def normalized_quota(quota: int, ratio: float) -> int:
 
 class CPUNormalization(RuntimePlugin):
     name = "CPUNormalization"
+    answers_from_request_and_rules = True
 
     def register(self, hooks: Hooks) -> None:
         description = "scale cfs quota by the node's cpu normalization ratio"

@@ -50,6 +50,7 @@ def join_pools(pools: tuple[CPUSharedPool, ...]) -> str:
 
 class CPUSetAllocator(RuntimePlugin):
     name = "CPUSetAllocator"
+    answers_from_request_and_rules = True
 
     def register(self, hooks: Hooks) -> None:
         for stage in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):

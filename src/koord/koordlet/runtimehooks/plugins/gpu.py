@@ -39,6 +39,7 @@ def gpu_minors(annotations: dict[str, str]) -> list[int]:
 
 class GPUEnvInject(RuntimePlugin):
     name = "GPUEnvInject"
+    answers_from_request_and_rules = True
 
     def register(self, hooks: Hooks) -> None:
         hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, self.name,

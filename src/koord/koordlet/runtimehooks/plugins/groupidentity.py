@@ -23,6 +23,9 @@ KERNEL_SWITCH = "sys/kernel/sched_group_identity_enabled"
 
 class GroupIdentity(RuntimePlugin):
     name = "GroupIdentity"
+    # The answer also depends on whether the node supports bvt, which kubelet's QoS dirs
+    # settle before any pod runs.
+    answers_from_request_and_rules = True
 
     _unsupported_logged = False
 
