@@ -38,6 +38,18 @@ class Recorder:
             self.polls += 1
 
 
+def run_until_checked(directory: Path, checks: int) -> Recorder:
+    """A watcher of ``directory`` with a 50 ms periodic check, stopped after ``checks`` of them."""
+    rec = Recorder()
+    watcher = DirWatcher([directory], rec.event, name="test-watch", on_poll=rec.poll, poll_interval=0.05)
+    watcher.start()
+    try:
+        wait_for(lambda: rec.polls >= checks, f"{checks} periodic checks")
+    finally:
+        watcher.stop()
+    return rec
+
+
 @pytest.fixture
 def watch(tmp_path: Path) -> Iterator[Callable[..., tuple[DirWatcher, Recorder]]]:
     started: list[DirWatcher] = []
@@ -100,13 +112,7 @@ def test_an_idle_watch_is_one_watchfiles_call_not_one_per_check(tmp_path: Path, 
         calls.append(kwargs)
         return real(*args, **kwargs)
     monkeypatch.setattr(filewatch, "awatch", counting)
-    rec = Recorder()
-    watcher = DirWatcher([tmp_path], rec.event, name="test-watch", on_poll=rec.poll, poll_interval=0.05)
-    watcher.start()
-    try:
-        wait_for(lambda: rec.polls >= 6, "six periodic checks")
-    finally:
-        watcher.stop()
+    run_until_checked(tmp_path, 6)
     assert len(calls) == 1
     assert calls[0]["step"] == calls[0]["debounce"], "watchfiles looks for events once per debounce"
 
@@ -168,12 +174,6 @@ def test_without_inotify_the_periodic_check_is_all_there_is(tmp_path: Path, monk
         raise OSError("OS file watch limit reached")
 
     monkeypatch.setattr("koord.filewatch.awatch", no_inotify)
-    rec = Recorder()
-    watcher = DirWatcher([tmp_path], rec.event, name="test-watch", on_poll=rec.poll, poll_interval=0.05)
-    watcher.start()
-    try:
-        wait_for(lambda: rec.polls >= 5, "five periodic checks")
-    finally:
-        watcher.stop()
+    run_until_checked(tmp_path, 5)
     warnings = [r for r in caplog.records if r.name == "koord.filewatch" and "watch limit" in r.getMessage()]
     assert len(warnings) == 1, "the problem is logged once, not on every retry"
