@@ -396,15 +396,8 @@ class MetricCache:
                 log.info("metric cache: writes succeed again after %d failed appends",
                          self._failed_writes)
                 self._failed_writes = 0
-            by_id = self._by_id
             for sid, ts_ms, value in rows:
-                series = by_id[sid]
-                if ts_ms > series.newest:  # Series.add's common case, without the call
-                    series.ts.append(ts_ms)
-                    series.values.append(value)
-                    series.newest = ts_ms
-                else:
-                    series.add(ts_ms, value)
+                self._by_id[sid].add(ts_ms, value)
             self._maintain()
 
     def _new_series(self, db: sqlite3.Connection, key: _Key, labels: Mapping[str, str],

@@ -153,10 +153,7 @@ def find_keyed(text: str, keys: Collection[str]) -> dict[str, int] | None:
         return None
     if type(keys) is not tuple:
         keys = tuple(keys)
-    pattern = _KEY_LINES.get(keys)
-    if pattern is None:
-        pattern = _KEY_LINES.setdefault(keys, _key_lines(keys))
-    found = dict(pattern.findall("\n" + text))
+    found = dict(_key_lines(keys).findall("\n" + text))
     if len(found) != len(keys):
         return None
     tokens = found.values()
@@ -169,9 +166,7 @@ def find_keyed(text: str, keys: Collection[str]) -> dict[str, int] | None:
     return out
 
 
-_KEY_LINES: dict[tuple[str, ...], re.Pattern[str]] = {}
-
-
+@functools.lru_cache(maxsize=32)
 def _key_lines(keys: tuple[str, ...]) -> re.Pattern[str]:
     """A wanted key at the start of a line, a space, and the rest of the line."""
     return re.compile("\n(" + "|".join(re.escape(k) for k in keys) + ") ([^\n]*)")

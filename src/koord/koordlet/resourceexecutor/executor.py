@@ -107,7 +107,8 @@ MEMORY_MAX = (1 << 63) - 1
 """memory.high's "no limit": v2 spells it ``max``; v1 (Anolis) reads back LONG_MAX page-aligned."""
 PAGE_SIZE = 4096
 _MEMORY_BYTES = ("memory_min", "memory_low", "memory_high")
-# Memory QoS files: the ranges the kernel (and the NodeSLO API) accept.
+
+
 @functools.lru_cache(maxsize=1024)
 def _canonical_cpuset(value: str) -> str:
     """A cpu list in the kernel's form; ValueError when it is not one. Cached: the QoS
@@ -115,6 +116,7 @@ def _canonical_cpuset(value: str) -> str:
     return format_cpuset(parse_cpuset(value))
 
 
+# Memory QoS files: the ranges the kernel (and the NodeSLO API) accept.
 _RANGES: dict[str, tuple[int, int]] = {
     **{name: (0, MEMORY_MAX) for name in _MEMORY_BYTES},
     "memory_wmark_ratio": (0, 100),
