@@ -14,6 +14,9 @@ Why each piece exists:
   cgroup v1 a child's cfs quota may not exceed its parent's. Going from one consistent
   tree to another therefore widens top-down first (cpuset union of old and new, larger
   quota, -1 counting as the largest) and narrows bottom-up to the exact values after.
+- **Write sequence.** Every write is numbered and each file remembers its last number, so
+  a strategy that skips reading files it found as wanted can ask whether any of them was
+  written here since (``written_since``); writers outside this process it re-reads for.
 - **Back-off on EINVAL.** A kernel that rejects a value keeps rejecting it; retrying every
   tick costs CPU and floods the log. The same value on the same file is retried only
   after a doubling delay; a different value is tried at once.
@@ -26,13 +29,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from koord.hookapi import format_cpuset, parse_cpuset
 
-from .executor import MEMORY_MAX, CgroupError, CgroupExecutor
+from .executor import MAX_CACHED_PATHS, MEMORY_MAX, CgroupError, CgroupExecutor
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,11 @@ class ResourceExecutor(CgroupExecutor):
         self._cache: dict[tuple[Path, str], tuple[str, float]] = {}
         self._backoff: dict[Path, _Backoff] = {}
         self._last_prune = clock()
+        self._write_seq = 0
+        self._written: dict[Path, int] = {}
+        """File -> the number of its last write; bounded like the path cache (cleared past
+        MAX_CACHED_PATHS, ``_written_floor`` then stands for every file)."""
+        self._written_floor = 0
 
     # ---- single updates -----------------------------------------------------------------
 
@@ -151,13 +159,41 @@ class ResourceExecutor(CgroupExecutor):
 
     def cached(self, u: Update) -> bool:
         """``update(u)`` would be skipped now: the steady state of a periodic writer."""
-        try:
-            path = self.path(u.cgroup_dir, u.resource)
-            canonical = self._validate(path, u.resource, u.value)
-        except CgroupError:
-            return False
+        return not self.uncached([u])
+
+    def uncached(self, updates: Iterable[Update]) -> list[Update]:
+        """The updates ``update`` would not skip now, in order. One lock and one validation
+        per distinct value for the whole batch: a periodic writer checks a tree of a hundred
+        dirs getting the same value every second."""
+        canonical: dict[tuple[str, type, int | str], str] = {}
+        out = []
         with self._lock:
-            return self._fresh(path, u.resource, canonical, self._clock())
+            now = self._clock()
+            for u in updates:
+                key = (u.resource, type(u.value), u.value)
+                try:
+                    path = self.path(u.cgroup_dir, u.resource)
+                    if key not in canonical:
+                        canonical[key] = self._validate(path, u.resource, u.value)
+                except CgroupError:  # update() reports it
+                    out.append(u)
+                    continue
+                if not self._fresh(path, u.resource, canonical[key], now):
+                    out.append(u)
+        return out
+
+    @property
+    def write_seq(self) -> int:
+        """The number of the last write this executor made (0 before any): kept by a caller
+        that later asks ``written_since``."""
+        return self._write_seq
+
+    def written_since(self, paths: Iterable[Path], seq: int) -> bool:
+        """Whether this executor wrote any of ``paths`` after its write number ``seq`` (also
+        when it no longer remembers that far back)."""
+        with self._lock:
+            written, floor = self._written, self._written_floor
+            return any(written.get(p, floor) > seq for p in paths)
 
     # ---- tree -----------------------------------------------------------------------------
 
@@ -206,7 +242,7 @@ class ResourceExecutor(CgroupExecutor):
         """
         result = BatchResult()
         # Dirs already at their value (cached) take no part: nothing to widen or narrow.
-        levels = [[u for u in level if not self.cached(u)] for level in levels]
+        levels = [self.uncached(level) for level in levels]
         for level in levels:
             for u in level:
                 try:
@@ -247,6 +283,11 @@ class ResourceExecutor(CgroupExecutor):
                                       errno=exc.errno) from None
                 raise
             self._backoff.pop(path, None)
+            if len(self._written) >= MAX_CACHED_PATHS:
+                self._written.clear()
+                self._written_floor = self._write_seq
+            self._write_seq += 1
+            self._written[path] = self._write_seq
 
     def _prune(self, now: float) -> None:
         if now - self._last_prune < self.cache_ttl / 4:
