@@ -9,9 +9,10 @@ no import circle forms.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
 from ..slo import SLOError, ThresholdConfig, threshold_config
-from ..statesinformer import StatesInformer
+from ..statesinformer import PODS, PodMeta, StatesInformer
 from .evictor import Evictor
 from .metrics import QOSMetrics
 
@@ -110,6 +111,32 @@ class Context:
     evictor: Evictor
     clock: Callable[[], float] = time.time
     _logged: dict[str, str | None] = field(default_factory=dict)
+    changes: int = 0
+    """Moves whenever the node's pods or their cgroup directories change (the states
+    informer's pod list, PLEG): a strategy that keeps what it derived from either compares
+    the value it derived it at with this one. Read it before reading what it covers: a
+    change in between then shows as a move next time."""
+    _change_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    _pods: tuple[int, list[PodMeta]] | None = None
+
+    def __post_init__(self) -> None:
+        self.informer.register_callback(PODS, self.note_change)
+
+    def note_change(self) -> None:
+        """Called back by the states informer and PLEG, on their threads (``next`` on a
+        counter is atomic, so two concurrent calls still move ``changes``)."""
+        self.changes = next(self._change_counter)
+
+    def current_pods(self) -> list[PodMeta]:
+        """The states informer's pods, asked for again only after ``changes`` moved (the
+        informer copies every pod on each call, and strategies ask every second). Shared
+        by the strategies that call this, so read-only."""
+        changes, held = self.changes, self._pods
+        if held is not None and held[0] == changes:
+            return held[1]
+        pods = self.informer.get_all_pods()
+        self._pods = (changes, pods)
+        return pods
 
     def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
         """Every tick would repeat the same complaint: say it when it starts or changes;
