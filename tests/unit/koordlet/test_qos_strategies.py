@@ -4,7 +4,9 @@ informer fed by hand and a recording evictor: upstream's suppressBECPU cases and
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from koord.koordlet.metriccache import MetricCache, Sample
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
-from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
+from koord.koordlet.qosmanager.cpusuppress import TREE_REWALK_ROUNDS, CPUSuppress
 from koord.koordlet.qosmanager.evictor import Evictor
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, PodMeta, StatesInformer
 from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord.testing.pods import container_meta
 
 from .qos_fakes import GI, pod
 
@@ -241,6 +244,54 @@ def test_static_kubelet_policy_narrows_containers_only(tmp_path: Path) -> None:
     assert rig.file(BE_DIR, "cpuset", "cpuset.cpus") == "0-15"
     assert rig.file(BE_POD.cgroup_dir, "cpuset", "cpuset.cpus") == "0-15"
     assert rig.file(BE_POD.containers[0].cgroup_dir, "cpuset", "cpuset.cpus") == "0-1"
+
+
+NEW_CTR = f"{BE_POD.cgroup_dir}/new-container"
+
+
+def relist_with_new_container(rig: Rig) -> None:
+    changed = replace(BE_POD, containers=(*BE_POD.containers, container_meta("new", "new-container", NEW_CTR)))
+    rig.informer.pods_source.pods = [LS_POD, changed]  # type: ignore[union-attr]
+    assert rig.informer.sync_pods()
+
+
+@pytest.mark.parametrize("name, signal, rounds", [
+    ("no-sign-found-by-the-periodic-walk", lambda rig: None, TREE_REWALK_ROUNDS),
+    ("pleg-saw-it", lambda rig: rig.manager.cgroups_changed(), 1),
+    ("pod-list-names-it", relist_with_new_container, 1),
+])
+def test_new_be_dir_found(tmp_path: Path, name: str, signal, rounds: int) -> None:
+    """The besteffort tree is walked again when it changed, and every TREE_REWALK_ROUNDS
+    rounds for a dir nothing reported."""
+    rig = suppress_rig(tmp_path)
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    s = rig.strategy("BECPUSuppress")
+    s.run_once()
+    make_fake_v1_cgroup(rig.root, NEW_CTR)
+    rig.write(NEW_CTR, "cpuset", "cpuset.cpus", "0-9")
+    signal(rig)
+
+    def round_found() -> bool:
+        s.run_once()
+        return rig.file(NEW_CTR, "cpuset", "cpuset.cpus") == "0-1"
+    assert next((n for n in range(1, 3 * TREE_REWALK_ROUNDS) if round_found()), None) == rounds
+
+
+def test_failed_write_walks_the_tree_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A dir gone since the walk fails its write once, not every round until the next walk."""
+    rig = suppress_rig(tmp_path)
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    s = rig.strategy("BECPUSuppress")
+    s.run_once()
+    shutil.rmtree(rig.root / "cpuset" / BE_POD.containers[0].cgroup_dir)
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=80)  # 3 cpus: writes
+    failed = []
+    for _ in range(3):
+        caplog.clear()
+        s.run_once()
+        failed.append(any("missing" in r.message and r.levelno == logging.ERROR for r in caplog.records))
+    assert failed == [True, False, False]
+    assert rig.file(BE_POD.cgroup_dir, "cpuset", "cpuset.cpus") == "0-2"
 
 
 def test_no_nodeslo_no_write(tmp_path: Path) -> None:

@@ -170,8 +170,12 @@ class Context:
     def thresholds(self, strategy: str) -> ThresholdConfig | None:
         """The NodeSLO thresholds, or None (logged once per distinct reason) when there is
         no NodeSLO or it is invalid: a strategy then does nothing this tick."""
+        return self.thresholds_of(strategy, self.informer.get_node_slo())
+
+    def thresholds_of(self, strategy: str, node_slo: dict | None) -> ThresholdConfig | None:
+        """``thresholds`` of a merged NodeSLO the strategy read for more than them."""
         try:
-            config = threshold_config(self.informer.get_node_slo())
+            config = threshold_config(node_slo)
         except SLOError as exc:
             self.log_once(strategy, f"NodeSLO rejected, nothing done until it is fixed: {exc}",
                       logging.ERROR)
