@@ -91,6 +91,21 @@ def test_any_write_drops_the_cached_value(tmp_path: Path) -> None:
     assert ex.update(Update(BE, "cpu_quota", 50000)) is True
 
 
+def test_a_write_drops_its_files_entries_only(tmp_path: Path) -> None:
+    """v2's cpu.max holds the quota and the period: writing either drops both, nothing else."""
+    for d in (BE, POD):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+        (tmp_path / d / "cpu.max").write_text("max 100000\n")
+    ex = ResourceExecutor(tmp_path, driver="cgroupfs", version=2)
+    quota, period = Update(BE, "cpu_quota", 50000), Update(BE, "cpu_period", 100000)
+    other = Update(POD, "cpu_quota", 50000)
+    for u in (quota, period, other):
+        ex.update(u)
+    assert ex.uncached([quota, period, other]) == []
+    ex.write(BE, "cpu_period", 200000)
+    assert ex.uncached([quota, period, other]) == [quota, period]
+
+
 def test_uncached_is_what_update_would_not_skip(tmp_path: Path) -> None:
     """One check for a batch: fresh entries out, others (and invalid ones) kept, in order."""
     ex, clock = tree(tmp_path)

@@ -118,7 +118,10 @@ class ResourceExecutor(CgroupExecutor):
         self.cache_ttl = cache_ttl
         self._clock = clock
         self._lock = threading.RLock()
-        self._cache: dict[tuple[Path, str], tuple[str, float]] = {}
+        self._cache: dict[Path, dict[str, tuple[str, float]]] = {}
+        """File -> resource -> (canonical value, when written or found); by file, so a write
+        drops its file's entries without a scan of every cached file (v2's cpu.max holds two
+        resources)."""
         self._backoff: dict[Path, _Backoff] = {}
         self._last_prune = clock()
         self._write_seq = 0
@@ -147,14 +150,14 @@ class ResourceExecutor(CgroupExecutor):
             except CgroupError as exc:
                 raise CgroupError(f"{exc}{' for ' + u.owner if u.owner else ''}",
                                   errno=exc.errno) from None
-            self._cache[(path, u.resource)] = (canonical, now)
+            self._cache.setdefault(path, {})[u.resource] = (canonical, now)
             if written:
                 log.info("resource executor: wrote %s", u)
             return written
 
     def _fresh(self, path: Path, resource: str, canonical: str, now: float) -> bool:
         """The cache says this value was written (or found) less than force_update_seconds ago."""
-        hit = self._cache.get((path, resource))
+        hit = self._cache.get(path, {}).get(resource)
         return hit is not None and hit[0] == canonical and now - hit[1] < self.force_update_seconds
 
     def cached(self, u: Update) -> bool:
@@ -265,8 +268,7 @@ class ResourceExecutor(CgroupExecutor):
         """Every write of this executor (hooks' included) ends here: back-off and cache."""
         with self._lock:
             now = self._clock()
-            for key in [k for k in self._cache if k[0] == path]:
-                del self._cache[key]
+            self._cache.pop(path, None)
             held = self._backoff.get(path)
             if held is not None and held.text == text and now < held.until:
                 raise CgroupError(
@@ -293,5 +295,8 @@ class ResourceExecutor(CgroupExecutor):
         if now - self._last_prune < self.cache_ttl / 4:
             return
         self._last_prune = now
-        for key in [k for k, (_, ts) in self._cache.items() if now - ts >= self.cache_ttl]:
-            del self._cache[key]
+        for path, entries in list(self._cache.items()):
+            for resource in [r for r, (_, ts) in entries.items() if now - ts >= self.cache_ttl]:
+                del entries[resource]
+            if not entries:
+                del self._cache[path]
