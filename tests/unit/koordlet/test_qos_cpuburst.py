@@ -344,3 +344,23 @@ def test_failed_pass_is_tried_again_next_round(tmp_path: Path) -> None:
     (ctr.parent / "saved").rename(ctr / "cpu.cfs_quota_us")
     strategy.run_once()
     assert bursts(rig, p) == (200000, [200000])
+
+
+@pytest.mark.parametrize("name, qos, want_ratio", [
+    # 16 cpus, node 6 cores used; pod i uses i + 0.5 cores on average (samples i and i + 1)
+    ("few-excluded-looked-up-one-by-one", ["LS", "LS", "LS", "BE"], (6 - 3.5) / 16),
+    ("most-excluded-in-one-pass", ["LS", "BE", "BE", "LSR"], (6 - 1.5 - 2.5 - 3.5) / (16 - 1)),
+])
+def test_share_pool_usage_either_way(tmp_path: Path, name, qos, want_ratio) -> None:
+    pods = [with_resources(burst_pod(f"p{i}", [1000], q), requests={"cpu": 1000}) for i, q in enumerate(qos)]
+    rig, strategy = make_rig(tmp_path, pods)
+    rig.cache.set_kv("node_cpu_info", {"processors": [{"cpu": i} for i in range(16)]})
+    rig.sample("node_cpu_usage", 6.0)
+    for i, p in enumerate(pods):
+        rig.sample("pod_cpu_usage", i, pod_uid=p.uid)
+        rig.now += 1
+        rig.sample("pod_cpu_usage", i + 1, pod_uid=p.uid)
+        rig.now -= 1
+    rig.now += 1
+    strategy.node_state(50, pods)
+    assert rig.metric("koordlet_cpu_burst_share_pool_usage_ratio") == pytest.approx(want_ratio)
