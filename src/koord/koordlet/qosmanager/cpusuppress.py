@@ -93,6 +93,10 @@ class CPUSuppress(Strategy):
         self.round = 0
         self._tree: tuple[int, int, list[list[str]]] | None = None
         """(``ctx.changes``, round) of the last walk of the besteffort tree, and its dirs."""
+        self._tree_updates: tuple[object, str, int, list[list[Update]]] | None = None
+        """(walk, cpus, depth) and the updates of that walk's dirs: the same every round
+        while the tree and the cpus stay (building a hundred anew cost more than checking
+        them against the executor's cache)."""
 
     @property
     def be_dir(self) -> str:
@@ -282,8 +286,12 @@ class CPUSuppress(Strategy):
         return result
 
     def _write_levels(self, cpus: str, depth: int) -> BatchResult:
-        return self._check(self.ctx.executor.leveled_update(
-            [[Update(d, "cpuset_cpus", cpus, owner=self.name) for d in level] for level in self._levels(depth)]))
+        levels = self._levels(depth)
+        held = self._tree_updates
+        if held is None or held[0] is not self._tree or held[1:3] != (cpus, depth):
+            held = self._tree_updates = (self._tree, cpus, depth, [
+                [Update(d, "cpuset_cpus", cpus, owner=self.name) for d in level] for level in levels])
+        return self._check(self.ctx.executor.leveled_update(held[3]))
 
     def recover_cpuset(self, depth: int) -> None:
         """BE dirs (down to ``depth``) back to the BE pool once after the cpuset policy stops
