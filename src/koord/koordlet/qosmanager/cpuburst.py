@@ -64,8 +64,10 @@ log = logging.getLogger(__name__)
 NOT_BURSTABLE = ("LSR", "LSE", "BE")
 SHARE_POOL_EXCLUDED = ("LSR", "LSE", "BE")
 MAX_STATE_WINDOW = 10.0
-REREAD_ROUNDS = 10
-"""A settled pod's cgroup files are read again after at most this many rounds."""
+REREAD_ROUNDS = 30
+"""A settled pod's cgroup files are read again after at most this many rounds: at the
+default 1 s interval, half the minute the resource executor trusts its own writes for.
+The pass that reads them costs about as much as ten settled rounds."""
 
 
 @dataclass(frozen=True)
