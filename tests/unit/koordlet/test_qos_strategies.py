@@ -104,7 +104,7 @@ BE_POD = pod("be-pod", "BE", "besteffort")
 
 def test_current_pods_copied_again_only_after_a_change(tmp_path: Path) -> None:
     """The pod list (states informer) and PLEG (cgroups_changed) move ``changes``; only then
-    is the informer's list copied again."""
+    is the informer asked again."""
     rig = Rig(tmp_path, [LS_POD])
     ctx, source = rig.manager.ctx, rig.informer.pods_source
     assert isinstance(source, Pods)
@@ -118,6 +118,19 @@ def test_current_pods_copied_again_only_after_a_change(tmp_path: Path) -> None:
     changes = ctx.changes
     rig.manager.cgroups_changed()
     assert ctx.changes != changes and ctx.current_pods() is not second
+
+
+def test_current_node_slo_asked_again_only_after_it_changed(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, [LS_POD])
+    ctx = rig.manager.ctx
+    assert ctx.current_node_slo() is None
+    rig.slo(enable=True, cpuSuppressThresholdPercent=70)
+    first = ctx.current_node_slo()
+    assert first is not None and first["spec"]["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 70
+    rig.slo(enable=True, cpuSuppressThresholdPercent=70)  # the same object again: no callback
+    assert ctx.current_node_slo() is first
+    rig.slo(enable=True, cpuSuppressThresholdPercent=80)
+    assert ctx.current_node_slo()["spec"]["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 80
 
 
 def suppress_rig(tmp_path: Path, **kw) -> Rig:
@@ -284,7 +297,10 @@ def test_failed_write_walks_the_tree_again(tmp_path: Path, caplog: pytest.LogCap
     s = rig.strategy("BECPUSuppress")
     s.run_once()
     shutil.rmtree(rig.root / "cpuset" / BE_POD.containers[0].cgroup_dir)
-    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=80)  # 3 cpus: writes
+    rig.now += 1  # LS down to 7 cores, node to 11: 16 x 70% - 7 - 2 = 2.2 cores, 3 cpus (writes)
+    for kind, value, labels in (("node_cpu_usage", 11, {}), ("pod_cpu_usage", 7, {"pod_uid": "ls-pod"}),
+                                ("pod_cpu_usage", 2, {"pod_uid": "be-pod"})):
+        rig.sample(kind, value, **labels)
     failed = []
     for _ in range(3):
         caplog.clear()

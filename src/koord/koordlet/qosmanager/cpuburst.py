@@ -121,7 +121,7 @@ class CPUBurst(Strategy):
         ctx = self.ctx
         changes = ctx.changes  # before the pods: a change after this shows next round
         try:
-            strategy = burst_strategy(ctx.informer.get_node_slo())
+            strategy = burst_strategy(ctx.current_node_slo())
         except BurstError as exc:
             ctx.log_once(self.name, f"NodeSLO rejected, nothing done until it is fixed: {exc}", logging.ERROR)
             return

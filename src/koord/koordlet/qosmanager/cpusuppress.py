@@ -104,7 +104,7 @@ class CPUSuppress(Strategy):
 
     def run_once(self) -> None:
         self.round += 1
-        node_slo = self.ctx.informer.get_node_slo()
+        node_slo = self.ctx.current_node_slo()
         cfg = self.ctx.thresholds_of(self.name, node_slo)
         if cfg is None:
             return

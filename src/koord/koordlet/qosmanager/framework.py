@@ -15,17 +15,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ..features import QOS_FEATURE_GATES
 from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
 from ..slo import SLOError, ThresholdConfig, threshold_config
-from ..statesinformer import PODS, PodMeta, StatesInformer
+from ..statesinformer import NODE_SLO, PODS, PodMeta, StatesInformer
 from .evictor import Evictor
 from .metrics import QOSMetrics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _seconds(text: str) -> int:
@@ -112,15 +114,16 @@ class Context:
     clock: Callable[[], float] = time.time
     _logged: dict[str, str | None] = field(default_factory=dict)
     changes: int = 0
-    """Moves whenever the node's pods or their cgroup directories change (the states
-    informer's pod list, PLEG): a strategy that keeps what it derived from either compares
-    the value it derived it at with this one. Read it before reading what it covers: a
-    change in between then shows as a move next time."""
+    """Moves whenever the node's pods, their cgroup directories or the NodeSLO change (the
+    states informer's callbacks, PLEG): a strategy that keeps what it derived from them
+    compares the value it derived it at with this one. Read it before reading what it
+    covers: a change in between then shows as a move next time."""
     _change_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-    _pods: tuple[int, list[PodMeta]] | None = None
+    _held: dict[str, tuple[int, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.informer.register_callback(PODS, self.note_change)
+        for kind in (PODS, NODE_SLO):
+            self.informer.register_callback(kind, self.note_change)
 
     def note_change(self) -> None:
         """Called back by the states informer and PLEG, on their threads (``next`` on a
@@ -131,12 +134,20 @@ class Context:
         """The states informer's pods, asked for again only after ``changes`` moved (the
         informer copies every pod on each call, and strategies ask every second). Shared
         by the strategies that call this, so read-only."""
-        changes, held = self.changes, self._pods
+        return self._current(PODS, self.informer.get_all_pods)
+
+    def current_node_slo(self) -> dict | None:
+        """The merged NodeSLO as ``current_pods`` has the pods (the informer merges a deep
+        copy on each call): shared, so read-only."""
+        return self._current(NODE_SLO, self.informer.get_node_slo)
+
+    def _current(self, what: str, fetch: Callable[[], T]) -> T:
+        changes, held = self.changes, self._held.get(what)
         if held is not None and held[0] == changes:
             return held[1]
-        pods = self.informer.get_all_pods()
-        self._pods = (changes, pods)
-        return pods
+        value = fetch()
+        self._held[what] = (changes, value)
+        return value
 
     def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
         """Every tick would repeat the same complaint: say it when it starts or changes;
