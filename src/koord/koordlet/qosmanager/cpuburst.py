@@ -129,7 +129,7 @@ class CPUBurst(Strategy):
             ctx.log_once(self.name, "no NodeSLO yet: nothing to do", logging.WARNING)
             return
         ctx.log_once(self.name, None)
-        pods = ctx.current_pods()
+        pods = ctx.informer.get_all_pods()
         state = self.node_state(strategy.share_pool_threshold_percent, pods)
         self.settled.begin((changes, strategy))
         metrics = _ContainerMetrics(ctx, pods)

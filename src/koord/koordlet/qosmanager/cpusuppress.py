@@ -134,7 +134,7 @@ class CPUSuppress(Strategy):
         one of them is missing. ``node_slo``, ``cfg``: the round's NodeSLO and its thresholds."""
         ctx = self.ctx
         node = ctx.informer.get_node()
-        pods = ctx.current_pods()
+        pods = ctx.informer.get_all_pods()
         if node is None or not pods:
             self.ctx.log_once(self.name + "/data", "waiting for the Node object and a non-empty pod list")
             return None
@@ -218,7 +218,7 @@ class CPUSuppress(Strategy):
         self.ctx.log_once(self.name + "/topology", None)
         node = self.ctx.informer.get_node() or {}
         excluded = reserved_cpus(node) | system_qos_exclusive_cpus(node)
-        return processors(info), excluded, self.ctx.current_pods()
+        return processors(info), excluded, self.ctx.informer.get_all_pods()
 
     def _old_cpus(self, procs: Sequence[Processor]) -> set[int]:
         text = self.ctx.executor.read(self.be_dir, "cpuset_cpus")

@@ -15,19 +15,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 from ..features import QOS_FEATURE_GATES
 from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
 from ..slo import SLOError, ThresholdConfig, threshold_config
-from ..statesinformer import NODE_SLO, PODS, PodMeta, StatesInformer
+from ..statesinformer import NODE_SLO, PODS, StatesInformer
 from .evictor import Evictor
 from .metrics import QOSMetrics
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def _seconds(text: str) -> int:
@@ -119,7 +117,7 @@ class Context:
     compares the value it derived it at with this one. Read it before reading what it
     covers: a change in between then shows as a move next time."""
     _change_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-    _held: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    _node_slo: tuple[int, dict | None] | None = None
 
     def __post_init__(self) -> None:
         for kind in (PODS, NODE_SLO):
@@ -130,24 +128,16 @@ class Context:
         counter is atomic, so two concurrent calls still move ``changes``)."""
         self.changes = next(self._change_counter)
 
-    def current_pods(self) -> list[PodMeta]:
-        """The states informer's pods, asked for again only after ``changes`` moved (the
-        informer copies every pod on each call, and strategies ask every second). Shared
-        by the strategies that call this, so read-only."""
-        return self._current(PODS, self.informer.get_all_pods)
-
     def current_node_slo(self) -> dict | None:
-        """The merged NodeSLO as ``current_pods`` has the pods (the informer merges a deep
-        copy on each call): shared, so read-only."""
-        return self._current(NODE_SLO, self.informer.get_node_slo)
-
-    def _current(self, what: str, fetch: Callable[[], T]) -> T:
-        changes, held = self.changes, self._held.get(what)
+        """The merged NodeSLO, asked of the informer again only after ``changes`` moved (it
+        merges a deep copy on each call, and strategies ask every second). Shared by the
+        strategies that call this, so read-only."""
+        changes, held = self.changes, self._node_slo
         if held is not None and held[0] == changes:
             return held[1]
-        value = fetch()
-        self._held[what] = (changes, value)
-        return value
+        node_slo = self.informer.get_node_slo()
+        self._node_slo = (changes, node_slo)
+        return node_slo
 
     def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
         """Every tick would repeat the same complaint: say it when it starts or changes;
