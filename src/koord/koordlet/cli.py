@@ -267,8 +267,8 @@ class Koordlet:
 
     def _start_pleg(self) -> None:
         """A pod or container cgroup appearing asks for a pod sync and a reconcile round at
-        once, instead of at the next poll."""
-        on_change = [self.informer.resync_pods]
+        once, instead of at the next poll, and tells the QoS strategies their cgroup tree changed."""
+        on_change = [self.informer.resync_pods, self._cgroups_changed]
         if self.reconciler is not None:
             on_change.append(self.reconciler.reconcile_now)
         pleg = Pleg(self.executor, on_change)
@@ -277,6 +277,10 @@ class Koordlet:
             pleg.start()
             return pleg
         self.modules.run("pleg", start, lambda started: setattr(self, "pleg", started))
+
+    def _cgroups_changed(self) -> None:
+        if self.qos_manager is not None:  # started (its start is retried until it is)
+            self.qos_manager.cgroups_changed()
 
     def stop(self) -> None:
         """Reverse order. Unregisters first so the proxy stops calling, then stops serving;

@@ -140,6 +140,36 @@ def test_node_slo_change_refreshes_existing_pods(short_socket_dir, tmp_path, fak
     assert not (short_socket_dir / "hookserver.d" / "koordlet.json").exists()
 
 
+def test_pleg_tells_the_qos_manager_once_it_runs(short_socket_dir, tmp_path, monkeypatch):
+    """A cgroup dir coming or going also reaches the QoS strategies (their cached tree)."""
+    plegs = []
+
+    class RecordingPleg:
+        def __init__(self, executor, on_change):
+            self.on_change = list(on_change)
+            plegs.append(self)
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(cli, "Pleg", RecordingPleg)
+    make_fake_v1_cgroup(tmp_path / "cg", "kubepods")
+    koordlet = cli.Koordlet(flags.parse_args([
+        "--runtime-hooks-addr", str(short_socket_dir / "k.sock"), "--cgroup-root-dir", str(tmp_path / "cg"),
+        *PRIVATE_PATHS(tmp_path)]))
+    koordlet._start_pleg()
+    (pleg,) = plegs
+    for fn in pleg.on_change:
+        fn()  # no QoS manager yet: nothing to tell
+    calls = []
+    koordlet.qos_manager = type("Manager", (), {"cgroups_changed": lambda self: calls.append(1)})()
+    for fn in pleg.on_change:
+        fn()
+    assert calls == [1]
+    koordlet.qos_manager = None
+    koordlet.modules.stop()
+
+
 LSR_CONTAINER = api_pb2.ContainerResourceHookRequest(
     pod_meta=api_pb2.PodSandboxMetadata(name="lsr", namespace="default", uid="u2"),
     container_meta=api_pb2.ContainerMetadata(name="main"),

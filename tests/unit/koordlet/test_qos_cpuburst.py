@@ -23,7 +23,7 @@ from koord.koordlet.qosmanager.burstcalc import (
     pod_burst_config,
     share_pool_state,
 )
-from koord.koordlet.qosmanager.cpuburst import CPUBurst
+from koord.koordlet.qosmanager.cpuburst import REREAD_ROUNDS, CPUBurst
 from koord.koordlet.statesinformer import NODE_SLO, PodMeta
 from koord.testing.pods import with_resources
 
@@ -255,3 +255,112 @@ def test_run_once_follows_node_slo_and_skips_lsr_and_be(tmp_path: Path) -> None:
     assert rig.metric("koordlet_cpu_burst_share_pool_usage_ratio") == pytest.approx(2 / 16)
     assert rig.metric("koordlet_container_scaled_cfs_quota_us", pod_namespace="default", pod_name="ls",
                       container_id=ls.containers[0].id, container_name="c0") == 240000
+
+
+# ---- ours: a pod whose last pass wrote nothing is not passed over until something changed --------
+def settled_rig(tmp_path: Path, policy: str) -> tuple[Rig, CPUBurst, PodMeta]:
+    """An LS pod of two 2-core containers at kubelet's quota; two rounds: the first writes the
+    bursts, the second finds everything as wanted."""
+    p = burst_pod("p1", [2000, 2000])
+    rig, strategy = make_rig(tmp_path, [p], pod_quota=400000, container_quotas=[200000, 200000])
+    rig.cache.set_kv("node_cpu_info", {"processors": [{"cpu": i} for i in range(16)]})
+    rig.sample("node_cpu_usage", 2.0)
+    rig.informer.set_object(NODE_SLO, {"spec": {"cpuBurstStrategy": {"policy": policy}}})
+    strategy.run_once()
+    strategy.run_once()
+    return rig, strategy, p
+
+
+def rounds_until(strategy: CPUBurst, done, limit: int = 3 * REREAD_ROUNDS) -> int | None:
+    for n in range(1, limit + 1):
+        strategy.run_once()
+        if done():
+            return n
+    return None
+
+
+def relisted(rig: Rig, p: PodMeta, limit: int) -> None:
+    """The pod list now says the first container's cpu limit is ``limit``."""
+    rig.informer.pods_source.pods = [with_resources(p, 0, limits={"cpu": limit})]  # type: ignore[union-attr]
+    assert rig.informer.sync_pods()
+
+
+def outside_write(rig: Rig, p: PodMeta, quota: int = 400000) -> None:
+    """kubelet or runc raising the first container's quota: not through this process."""
+    rig.write(p.containers[0].cgroup_dir, "cpu", "cpu.cfs_quota_us", str(quota))
+
+
+# policy cpuBurstOnly: quotas reset to the 200000 base, bursts 1000% of 2 cores clamped to it
+@pytest.mark.parametrize("name, policy, change, want_quota, want_burst, rounds", [
+    ("written-outside-this-process-noticed-at-the-reread", "cpuBurstOnly",
+     lambda rig, s, p: outside_write(rig, p), 200000, 200000, REREAD_ROUNDS),
+    ("written-by-this-process-noticed-next-round", "cpuBurstOnly",
+     lambda rig, s, p: rig.executor.write(p.containers[0].cgroup_dir, "cpu_quota", 400000),
+     200000, 200000, 1),
+    ("pod-list-change-noticed-next-round", "cpuBurstOnly",
+     lambda rig, s, p: relisted(rig, p, 1000), 100000, 100000, 1),
+    ("pleg-change-noticed-next-round", "cpuBurstOnly",
+     lambda rig, s, p: (outside_write(rig, p), rig.manager.cgroups_changed()), 200000, 200000, 1),
+    ("node-slo-change-noticed-next-round", "cpuBurstOnly",
+     lambda rig, s, p: rig.informer.set_object(NODE_SLO, {"spec": {"cpuBurstStrategy": {"policy": "none"}}}),
+     200000, 0, 1),
+    ("new-throttling-under-auto-noticed-next-round", "auto",
+     lambda rig, s, p: rig.sample("container_cpu_throttled", 0.5, container_id=p.containers[0].id),
+     240000, 240000, 1),
+])
+def test_settled_pod_notices_a_change(tmp_path: Path, name, policy, change, want_quota, want_burst,
+                                      rounds) -> None:
+    rig, strategy, p = settled_rig(tmp_path, policy)
+    assert quotas(rig, p)[1][0] == 200000
+    change(rig, strategy, p)
+    c = p.containers[0].cgroup_dir
+    assert rounds_until(strategy, lambda: (int(rig.file(c, "cpu", "cpu.cfs_quota_us")),
+                                           int(rig.file(c, "cpu", "cpu.cfs_burst_us"))) == (want_quota, want_burst)) \
+        == rounds
+
+
+def test_settled_pod_keeps_its_gauges_and_loses_them_with_the_pod(tmp_path: Path) -> None:
+    rig, strategy, p = settled_rig(tmp_path, "cpuBurstOnly")
+    labels = {"pod_namespace": "default", "pod_name": "p1", "container_name": "c1", "container_id": p.containers[1].id}
+    for _ in range(REREAD_ROUNDS + 1):
+        strategy.run_once()
+        assert rig.metric("koordlet_container_scaled_cfs_burst_us", **labels) == 200000
+    rig.informer.pods_source.pods = []  # type: ignore[union-attr]
+    rig.informer.sync_pods()
+    strategy.run_once()
+    assert rig.metric("koordlet_container_scaled_cfs_burst_us", **labels) is None
+
+
+def test_failed_pass_is_tried_again_next_round(tmp_path: Path) -> None:
+    """A container whose cgroup is not there yet fails its pass: it is not left for rounds
+    when the dir appears without any other sign."""
+    p = burst_pod("p1", [2000])
+    rig, strategy = make_rig(tmp_path, [p], pod_quota=200000, container_quotas=[200000])
+    rig.informer.set_object(NODE_SLO, {"spec": {"cpuBurstStrategy": {"policy": "cpuBurstOnly"}}})
+    ctr = rig.root / "cpu" / p.containers[0].cgroup_dir
+    (ctr / "cpu.cfs_quota_us").rename(ctr.parent / "saved")
+    strategy.run_once()
+    strategy.run_once()
+    (ctr.parent / "saved").rename(ctr / "cpu.cfs_quota_us")
+    strategy.run_once()
+    assert bursts(rig, p) == (200000, [200000])
+
+
+@pytest.mark.parametrize("name, qos, want_ratio", [
+    # 16 cpus, node 6 cores used; pod i uses i + 0.5 cores on average (samples i and i + 1)
+    ("few-excluded-looked-up-one-by-one", ["LS", "LS", "LS", "BE"], (6 - 3.5) / 16),
+    ("most-excluded-in-one-pass", ["LS", "BE", "BE", "LSR"], (6 - 1.5 - 2.5 - 3.5) / (16 - 1)),
+])
+def test_share_pool_usage_either_way(tmp_path: Path, name, qos, want_ratio) -> None:
+    pods = [with_resources(burst_pod(f"p{i}", [1000], q), requests={"cpu": 1000}) for i, q in enumerate(qos)]
+    rig, strategy = make_rig(tmp_path, pods)
+    rig.cache.set_kv("node_cpu_info", {"processors": [{"cpu": i} for i in range(16)]})
+    rig.sample("node_cpu_usage", 6.0)
+    for i, p in enumerate(pods):
+        rig.sample("pod_cpu_usage", i, pod_uid=p.uid)
+        rig.now += 1
+        rig.sample("pod_cpu_usage", i + 1, pod_uid=p.uid)
+        rig.now -= 1
+    rig.now += 1
+    strategy.node_state(50, pods)
+    assert rig.metric("koordlet_cpu_burst_share_pool_usage_ratio") == pytest.approx(want_ratio)

@@ -4,7 +4,9 @@ informer fed by hand and a recording evictor: upstream's suppressBECPU cases and
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from koord.koordlet.metriccache import MetricCache, Sample
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
-from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
+from koord.koordlet.qosmanager.cpusuppress import TREE_REWALK_ROUNDS, CPUSuppress
 from koord.koordlet.qosmanager.evictor import Evictor
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, PodMeta, StatesInformer
 from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord.testing.pods import container_meta
 
 from .qos_fakes import GI, pod
 
@@ -97,6 +100,32 @@ class Rig:
 
 LS_POD = pod("ls-pod", "LS", "burstable")
 BE_POD = pod("be-pod", "BE", "besteffort")
+
+
+def test_change_count_moves_with_the_pod_list_and_pleg(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, [LS_POD])
+    ctx, source = rig.manager.ctx, rig.informer.pods_source
+    assert isinstance(source, Pods)
+    before = ctx.changes
+    assert not rig.informer.sync_pods() and ctx.changes == before  # the same list: no change
+    source.pods = [LS_POD, BE_POD]
+    assert rig.informer.sync_pods() and ctx.changes != before
+    before = ctx.changes
+    rig.manager.cgroups_changed()
+    assert ctx.changes != before
+
+
+def test_current_node_slo_asked_again_only_after_it_changed(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, [LS_POD])
+    ctx = rig.manager.ctx
+    assert ctx.current_node_slo() is None
+    rig.slo(enable=True, cpuSuppressThresholdPercent=70)
+    first = ctx.current_node_slo()
+    assert first is not None and first["spec"]["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 70
+    rig.slo(enable=True, cpuSuppressThresholdPercent=70)  # the same object again: no callback
+    assert ctx.current_node_slo() is first
+    rig.slo(enable=True, cpuSuppressThresholdPercent=80)
+    assert ctx.current_node_slo()["spec"]["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 80
 
 
 def suppress_rig(tmp_path: Path, **kw) -> Rig:
@@ -223,6 +252,57 @@ def test_static_kubelet_policy_narrows_containers_only(tmp_path: Path) -> None:
     assert rig.file(BE_DIR, "cpuset", "cpuset.cpus") == "0-15"
     assert rig.file(BE_POD.cgroup_dir, "cpuset", "cpuset.cpus") == "0-15"
     assert rig.file(BE_POD.containers[0].cgroup_dir, "cpuset", "cpuset.cpus") == "0-1"
+
+
+NEW_CTR = f"{BE_POD.cgroup_dir}/new-container"
+
+
+def relist_with_new_container(rig: Rig) -> None:
+    changed = replace(BE_POD, containers=(*BE_POD.containers, container_meta("new", "new-container", NEW_CTR)))
+    rig.informer.pods_source.pods = [LS_POD, changed]  # type: ignore[union-attr]
+    assert rig.informer.sync_pods()
+
+
+@pytest.mark.parametrize("name, signal, rounds", [
+    ("no-sign-found-by-the-periodic-walk", lambda rig: None, TREE_REWALK_ROUNDS),
+    ("pleg-saw-it", lambda rig: rig.manager.cgroups_changed(), 1),
+    ("pod-list-names-it", relist_with_new_container, 1),
+])
+def test_new_be_dir_found(tmp_path: Path, name: str, signal, rounds: int) -> None:
+    """The besteffort tree is walked again when it changed, and every TREE_REWALK_ROUNDS
+    rounds for a dir nothing reported."""
+    rig = suppress_rig(tmp_path)
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    s = rig.strategy("BECPUSuppress")
+    s.run_once()
+    make_fake_v1_cgroup(rig.root, NEW_CTR)
+    rig.write(NEW_CTR, "cpuset", "cpuset.cpus", "0-9")
+    signal(rig)
+
+    def round_found() -> bool:
+        s.run_once()
+        return rig.file(NEW_CTR, "cpuset", "cpuset.cpus") == "0-1"
+    assert next((n for n in range(1, 3 * TREE_REWALK_ROUNDS) if round_found()), None) == rounds
+
+
+def test_failed_write_walks_the_tree_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A dir gone since the walk fails its write once, not every round until the next walk."""
+    rig = suppress_rig(tmp_path)
+    rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
+    s = rig.strategy("BECPUSuppress")
+    s.run_once()
+    shutil.rmtree(rig.root / "cpuset" / BE_POD.containers[0].cgroup_dir)
+    rig.now += 1  # LS down to 7 cores, node to 11: 16 x 70% - 7 - 2 = 2.2 cores, 3 cpus (writes)
+    for kind, value, labels in (("node_cpu_usage", 11, {}), ("pod_cpu_usage", 7, {"pod_uid": "ls-pod"}),
+                                ("pod_cpu_usage", 2, {"pod_uid": "be-pod"})):
+        rig.sample(kind, value, **labels)
+    failed = []
+    for _ in range(3):
+        caplog.clear()
+        s.run_once()
+        failed.append(any("missing" in r.message and r.levelno == logging.ERROR for r in caplog.records))
+    assert failed == [True, False, False]
+    assert rig.file(BE_POD.cgroup_dir, "cpuset", "cpuset.cpus") == "0-2"
 
 
 def test_no_nodeslo_no_write(tmp_path: Path) -> None:

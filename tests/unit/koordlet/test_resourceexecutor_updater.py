@@ -91,6 +91,66 @@ def test_any_write_drops_the_cached_value(tmp_path: Path) -> None:
     assert ex.update(Update(BE, "cpu_quota", 50000)) is True
 
 
+def test_a_write_drops_its_files_entries_only(tmp_path: Path) -> None:
+    """v2's cpu.max holds the quota and the period: writing either drops both, nothing else."""
+    for d in (BE, POD):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+        (tmp_path / d / "cpu.max").write_text("max 100000\n")
+    ex = ResourceExecutor(tmp_path, driver="cgroupfs", version=2)
+    quota, period = Update(BE, "cpu_quota", 50000), Update(BE, "cpu_period", 100000)
+    other = Update(POD, "cpu_quota", 50000)
+    for u in (quota, period, other):
+        ex.update(u)
+    assert ex.uncached([quota, period, other]) == []
+    ex.write(BE, "cpu_period", 200000)
+    assert ex.uncached([quota, period, other]) == [quota, period]
+
+
+def test_uncached_is_what_update_would_not_skip(tmp_path: Path) -> None:
+    """One check for a batch: fresh entries out, others (and invalid ones) kept, in order."""
+    ex, clock = tree(tmp_path)
+    (tmp_path / "cpu" / BE / "cpu.idle").write_text("0\n")
+    ex.update(Update(BE, "cpuset_cpus", "0-1"))
+    ex.update(Update(POD, "cpuset_cpus", "0,1"))
+    ex.update(Update(BE, "cpu_idle", 1))
+    batch = [Update(BE, "cpuset_cpus", "0-1"), Update(POD, "cpuset_cpus", "0-1"), Update(BE, "cpu_idle", 1),
+             Update(CTR, "cpuset_cpus", "0-1"), Update(BE, "cpuset_cpus", "1-0"),
+             Update(BE, "cpu_idle", True)]  # equal to 1 in Python, but no integer to the kernel
+    assert ex.uncached(batch) == batch[3:]
+    assert [ex.cached(u) for u in batch] == [True, True, True, False, False, False]
+    with pytest.raises(CgroupError, match="not an integer"):
+        ex.update(batch[-1])
+    clock.now += 61
+    assert ex.uncached(batch) == batch
+
+
+def test_written_since_names_the_files_this_executor_wrote(tmp_path: Path) -> None:
+    ex, _ = tree(tmp_path)
+    be, pod = ex.path(BE, "cpu_quota"), ex.path(POD, "cpu_quota")
+    seq = ex.write_seq
+    assert not ex.written_since([be, pod], seq)
+    ex.update(Update(BE, "cpu_quota", 50000))
+    assert ex.write_seq == seq + 1
+    assert ex.written_since([be, pod], seq) and not ex.written_since([pod], seq)
+    assert not ex.written_since([be], ex.write_seq)
+    ex.update(Update(BE, "cpu_quota", 50000), cacheable=False)  # the file holds it: no write
+    assert ex.write_seq == seq + 1
+    quota_file(tmp_path, POD).write_text("40000\n")  # behind its back: not its to know
+    assert not ex.written_since([pod], seq)
+
+
+def test_written_since_after_forgetting_says_yes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its bound the record starts over: a file it no longer knows counts as written."""
+    monkeypatch.setattr("koord.koordlet.resourceexecutor.updater.MAX_CACHED_PATHS", 1)
+    ex, _ = tree(tmp_path)
+    pod = ex.path(POD, "cpu_quota")
+    before = ex.write_seq
+    ex.update(Update(BE, "cpu_quota", 50000))
+    seq = ex.write_seq
+    ex.update(Update(CTR, "cpu_quota", 50000))  # forgets BE's write
+    assert ex.written_since([pod], before) and not ex.written_since([pod], seq)
+
+
 def test_cache_entries_expire(tmp_path: Path) -> None:
     ex, clock = tree(tmp_path)
     ex.update(Update(BE, "cpu_quota", 50000))

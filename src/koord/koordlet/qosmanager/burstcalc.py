@@ -56,6 +56,12 @@ class BurstConfig:
     cfs_quota_burst_percent: int = 300
     cfs_quota_burst_period_seconds: int = -1
 
+    @property
+    def static(self) -> bool:
+        """No quota scaling and no limiter: what a container gets follows from its spec and
+        its cgroup files alone, not from usage, throttling, the share pool or time."""
+        return not self.policy.cfs_quota_burst and self.cfs_quota_burst_period_seconds < 0
+
 
 @dataclass(frozen=True)
 class BurstStrategy:
@@ -185,14 +191,17 @@ class Operation(enum.Enum):
     RESET = "cfsReset"
 
 
-def container_operation(config: BurstConfig, allowed_by_limiter: bool, throttled: float | None) -> Operation:
+def container_operation(config: BurstConfig, allowed_by_limiter: bool,
+                        throttled: Callable[[], float | None]) -> Operation:
     """Upstream's genOperationByContainer: reset when the policy has no quota burst, down
-    when the limiter forbids, up when the container was throttled, else remain."""
+    when the limiter forbids, up when the container was throttled, else remain. The last
+    throttling is asked for only when it decides, as upstream queries it."""
     if not config.policy.cfs_quota_burst:
         return Operation.RESET
     if not allowed_by_limiter:
         return Operation.DOWN
-    if throttled is not None and throttled > 0:
+    last = throttled()
+    if last is not None and last > 0:
         return Operation.UP
     return Operation.REMAIN
 

@@ -11,12 +11,19 @@ both, ``none`` neither (and undoes both). Pods of QoS LSR, LSE and BE are left a
 Every write goes through the resource executor. Mainline kernels refuse a burst above the
 cgroup's own quota (EINVAL) and a quota below its burst: bursts are clamped to the quota
 (said once per container), and before a quota is lowered its burst is lowered with it.
+
+A pod whose config is static (no quota scaling, no limiter) and whose last pass wrote
+nothing is not passed over again while the pod list, its cgroup dirs and the NodeSLO stay
+the same and this process wrote none of its files (``settled``), for at most
+REREAD_ROUNDS rounds: a quota changed outside this process is noticed within that many
+rounds (a burst, as before, once the executor's cache of its last write expires).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 from ..features import CPU_BURST
 from ..metriccache import (
@@ -50,12 +57,43 @@ from .burstcalc import (
 )
 from .framework import Context, Strategy
 from .nodeinfo import NodeInfoError, processors
+from .settled import SettledPods
 
 log = logging.getLogger(__name__)
 
 NOT_BURSTABLE = ("LSR", "LSE", "BE")
 SHARE_POOL_EXCLUDED = ("LSR", "LSE", "BE")
 MAX_STATE_WINDOW = 10.0
+REREAD_ROUNDS = 30
+"""A settled pod's cgroup files are read again after at most this many rounds: at the
+default 1 s interval, half the minute the resource executor trusts its own writes for.
+The pass that reads them costs about as much as ten settled rounds."""
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What a skipped pod still contributes to a round: its containers (alive, so their
+    clamp notes stay) and the burst gauge series its last pass set."""
+
+    ids: tuple[str, ...]
+    burst_series: tuple[tuple[str, ...], ...]
+
+
+class _ContainerMetrics:
+    """Every container's newest throttling and usage, each asked of the metric cache once a
+    round at its first need: one pass over the series, not one query per container."""
+
+    def __init__(self, ctx: Context, pods: list[PodMeta]) -> None:
+        self._ctx = ctx
+        self._pods = pods
+        self._found: dict[str, dict[str, float]] = {}
+
+    def last(self, kind: str, container_id: str) -> float | None:
+        found = self._found.get(kind)
+        if found is None:
+            ids = (c.id for p in self._pods for c in p.containers)
+            found = self._found[kind] = self._ctx.last_by(kind, CONTAINER_ID, ids)
+        return found.get(container_id)
 
 
 class CPUBurst(Strategy):
@@ -70,6 +108,7 @@ class CPUBurst(Strategy):
         self.has_burst_file = False
         """A cgroup showed the kernel's burst file: the kernel has it, for every cgroup (not
         asked again per container and tick; a cgroup that went away fails its write)."""
+        self.settled: SettledPods[_Kept] = SettledPods(ctx.executor, REREAD_ROUNDS)
 
     def run_once(self) -> None:
         self.ctx.metrics.begin_cpu_burst()
@@ -80,8 +119,9 @@ class CPUBurst(Strategy):
 
     def _run_once(self) -> None:
         ctx = self.ctx
+        changes = ctx.changes  # before the pods: a change after this shows next round
         try:
-            strategy = burst_strategy(ctx.informer.get_node_slo())
+            strategy = burst_strategy(ctx.current_node_slo())
         except BurstError as exc:
             ctx.log_once(self.name, f"NodeSLO rejected, nothing done until it is fixed: {exc}", logging.ERROR)
             return
@@ -91,9 +131,16 @@ class CPUBurst(Strategy):
         ctx.log_once(self.name, None)
         pods = ctx.informer.get_all_pods()
         state = self.node_state(strategy.share_pool_threshold_percent, pods)
+        self.settled.begin((changes, strategy))
+        metrics = _ContainerMetrics(ctx, pods)
         live: set[str] = set()
         for pod in pods:
             if pod.koord_qos in NOT_BURSTABLE or not pod.running:
+                continue
+            settled = self.settled.get(pod.uid)
+            if settled is not None:
+                live.update(settled.kept.ids)
+                ctx.metrics.container_scaled_cfs_burst.keep(settled.kept.burst_series)
                 continue
             try:
                 config = pod_burst_config(pod.annotations, strategy.config)
@@ -103,7 +150,7 @@ class CPUBurst(Strategy):
                              logging.WARNING)
                 config = strategy.config
             live.update(c.id for c in pod.containers)
-            self.apply_pod(pod, config, state)
+            self.apply_pod(pod, config, state, metrics)
         self.recycle(live)
 
     # ---- node state -----------------------------------------------------------------------
@@ -119,15 +166,12 @@ class CPUBurst(Strategy):
             total = len(processors(ctx.metric_cache.get_kv(NODE_CPU_INFO))) or None
         except NodeInfoError:
             total = None
-        excluded_requests, excluded_used = 0, 0.0
-        # Every pod's average from one pass over the pod series (one query per excluded pod
-        # scanned all of them each time).
-        averages = ctx.metric_cache.aggregate_by(POD_CPU_USAGE, POD_UID, start, now, (Aggregation.AVG,))
-        for pod in pods:
-            if pod.koord_qos in ("LSR", "LSE"):
-                excluded_requests += sum(c.requests.get("cpu", 0) for c in pod.containers)
-            if pod.koord_qos in SHARE_POOL_EXCLUDED:
-                excluded_used += averages.get(pod.uid, {}).get(Aggregation.AVG, 0.0)
+        excluded = [p for p in pods if p.koord_qos in SHARE_POOL_EXCLUDED]
+        excluded_requests = sum(c.requests.get("cpu", 0) for p in excluded if p.koord_qos in ("LSR", "LSE")
+                                for c in p.containers)
+        excluded_used = 0.0
+        for used in self._averages(POD_CPU_USAGE, [p.uid for p in excluded], len(pods), start, now):
+            excluded_used += used
         state, ratio = share_pool_state(node_used, total, excluded_requests, excluded_used, threshold_percent)
         if ratio is not None:
             ctx.metrics.cpu_burst_share_pool.labels(ctx.metrics.node).set(ratio)
@@ -137,28 +181,60 @@ class CPUBurst(Strategy):
             self.last_state = state
         return state
 
+    def _averages(self, kind: str, uids: list[str], pods: int, start: float, end: float) -> list[float]:
+        """Each pod's average usage over [start, end] (0 without samples). A lookup naming a
+        pod's uid finds its one series; one pass over every pod's series costs about as
+        much as 40 such lookups at 100 pods (and touches every series), so it is taken only
+        when more than half the pods are asked for. Both average with fsum: the same numbers."""
+        cache = self.ctx.metric_cache
+        if 2 * len(uids) > pods:
+            found = cache.aggregate_by(kind, POD_UID, start, end, (Aggregation.AVG,))
+            return [found.get(uid, {}).get(Aggregation.AVG, 0.0) for uid in uids]
+        return [cache.aggregate(kind, start, end, Aggregation.AVG, {POD_UID: uid}) or 0.0 for uid in uids]
+
     # ---- one pod --------------------------------------------------------------------------
 
-    def apply_pod(self, pod: PodMeta, config: BurstConfig, state: NodeState) -> None:
+    def apply_pod(self, pod: PodMeta, config: BurstConfig, state: NodeState,
+                  metrics: _ContainerMetrics | None = None) -> None:
+        """Every container, then the pod's burst; a static pass that wrote nothing and
+        failed nowhere settles the pod. ``metrics``: the round's (the pod's own otherwise)."""
+        ex, m = self.ctx.executor, self.ctx.metrics
+        if metrics is None:
+            metrics = _ContainerMetrics(self.ctx, [pod])
+        seq = ex.write_seq
+        failed = False
         pod_burst = 0
+        series: list[tuple[str, ...]] = []
         for c in pod.containers:
             if not c.id:
                 continue
             try:
-                pod_burst += self.apply_container(pod, c, config, state)
+                burst = self.apply_container(pod, c, config, state, metrics)
             except CgroupError as exc:
                 self.ctx.log_once(f"{self.name}/container/{c.id}", f"pod {pod.key} container {c.name}: {exc}",
                                   logging.WARNING)
+                failed = True
                 continue
             self.ctx.log_once(f"{self.name}/container/{c.id}", None)
+            if burst is not None:
+                labels = (m.node, pod.namespace, pod.name, c.id, c.name)
+                m.container_scaled_cfs_burst.set(labels, burst)
+                series.append(labels)
+                pod_burst += burst
         try:
             self.write_burst(pod.cgroup_dir, pod_burst, f"pod {pod.key}")
         except CgroupError as exc:
             self.ctx.log_once(f"{self.name}/pod-burst/{pod.uid}", f"pod {pod.key}: {exc}", logging.WARNING)
+            failed = True
+        if config.static and not failed and ex.write_seq == seq:
+            dirs = [pod.cgroup_dir, *(c.cgroup_dir for c in pod.containers if c.id)]
+            paths = tuple(ex.path(d, r) for d in dirs for r in ("cpu_quota", "cpu_burst"))
+            self.settled.settle(pod.uid, seq, paths, _Kept(tuple(c.id for c in pod.containers), tuple(series)))
 
-    def apply_container(self, pod: PodMeta, c: ContainerMeta, config: BurstConfig, state: NodeState) -> int:
+    def apply_container(self, pod: PodMeta, c: ContainerMeta, config: BurstConfig, state: NodeState,
+                        metrics: _ContainerMetrics) -> int | None:
         """Scales the container's quota (and its pod's by the same delta), then sets its
-        burst; returns the burst written (0 when the kernel has no burst file)."""
+        burst; returns the burst written (None when the kernel has no burst file)."""
         ex = self.ctx.executor
         who = f"pod {pod.key} container {c.name}"
         limit = c.limits.get("cpu")
@@ -166,8 +242,9 @@ class CPUBurst(Strategy):
         read = current
         base = base_quota(limit)
         if c.running and base > 0 and current > 0:
+            allowed = self.allowed_by_limiter(c, config, limit or 0, metrics)
             op = operation_by_node(state, container_operation(
-                config, self.allowed_by_limiter(c, config, limit or 0), self.throttled(c)))
+                config, allowed, lambda: metrics.last(CONTAINER_CPU_THROTTLED, c.id)))
             target = target_quota(op, current, base, config)
             if target != current:
                 self.scale_quota(pod, c, current, target)
@@ -184,10 +261,8 @@ class CPUBurst(Strategy):
             self.clamped[c.id] = wanted
         # The quota just read is still the file's unless it was scaled (then read it back).
         if self.write_burst(c.cgroup_dir, burst, who, quota=read if current == read else None):
-            m = self.ctx.metrics
-            m.container_scaled_cfs_burst.set((m.node, pod.namespace, pod.name, c.id, c.name), burst)
             return burst
-        return 0
+        return None
 
     def write_burst(self, cgroup_dir: str, burst: int, who: str, quota: int | None = None) -> bool:
         """False when this kernel has no burst file (said once). ``quota``: the cgroup's
@@ -229,17 +304,15 @@ class CPUBurst(Strategy):
 
     # ---- inputs -----------------------------------------------------------------------------
 
-    def throttled(self, c: ContainerMeta) -> float | None:
-        return self.ctx.last(CONTAINER_CPU_THROTTLED, {CONTAINER_ID: c.id})
-
-    def allowed_by_limiter(self, c: ContainerMeta, config: BurstConfig, limit_milli: int) -> bool:
+    def allowed_by_limiter(self, c: ContainerMeta, config: BurstConfig, limit_milli: int,
+                           metrics: _ContainerMetrics) -> bool:
         """Upstream's cfsBurstAllowedByLimiter: no limiter while cfsQuotaBurstPeriodSeconds < 0."""
         if config.cfs_quota_burst_period_seconds < 0:
             return True
         if config.cfs_quota_burst_percent < 100 or limit_milli <= 0:
             return False
         limit = limit_milli / 1000
-        usage = self.ctx.last(CONTAINER_CPU_USAGE, {CONTAINER_ID: c.id})
+        usage = metrics.last(CONTAINER_CPU_USAGE, c.id)
         usage = limit if usage is None else usage
         now = self.ctx.clock()
         limiter = self.limiters.get(c.id)

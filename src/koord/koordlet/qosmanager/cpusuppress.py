@@ -10,6 +10,10 @@ than a child breaks container starts).
 
 Bad input (an invalid NodeSLO, a malformed Node or pod annotation, an unusable CPU
 topology) skips the tick with one error naming it: nothing is written from it.
+
+The besteffort tree is walked again only when the pods or their cgroup directories
+changed (``Context.changes``: the pod list, PLEG), after a failed write, and every
+TREE_REWALK_ROUNDS rounds for a directory neither reported.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ..metriccache import (
 from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import BatchResult, Update, quota_value
 from ..resources import KubeQoS
-from ..slo import CFS_QUOTA_POLICY, CPUSET_POLICY
+from ..slo import CFS_QUOTA_POLICY, CPUSET_POLICY, ThresholdConfig
 from ..statesinformer import PodMeta
 from .framework import Context, Strategy
 from .nodeinfo import (
@@ -61,6 +65,7 @@ log = logging.getLogger(__name__)
 USING, RECOVERED = "using", "recovered"
 POD_DEPTH, CONTAINER_DEPTH = 1, 2
 MAX_HOST_APPS = 256
+TREE_REWALK_ROUNDS = 10
 
 
 def host_applications(node_slo: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
@@ -85,13 +90,22 @@ class CPUSuppress(Strategy):
         super().__init__(ctx, ctx.config.cpu_suppress_interval, BE_CPU_SUPPRESS)
         self.status: dict[str, str] = {}
         self.last_suppress: Suppress | None = None
+        self.round = 0
+        self._tree: tuple[int, int, list[list[str]]] | None = None
+        """(``ctx.changes``, round) of the last walk of the besteffort tree, and its dirs."""
+        self._tree_updates: tuple[object, str, int, list[list[Update]]] | None = None
+        """(walk, cpus, depth) and the updates of that walk's dirs: the same every round
+        while the tree and the cpus stay (building a hundred anew cost more than checking
+        them against the executor's cache)."""
 
     @property
     def be_dir(self) -> str:
         return self.ctx.executor.kube_qos_dir(KubeQoS.BESTEFFORT)
 
     def run_once(self) -> None:
-        cfg = self.ctx.thresholds(self.name)
+        self.round += 1
+        node_slo = self.ctx.current_node_slo()
+        cfg = self.ctx.thresholds_of(self.name, node_slo)
         if cfg is None:
             return
         try:
@@ -99,7 +113,7 @@ class CPUSuppress(Strategy):
                 self.recover_quota()
                 self.recover_cpuset(CONTAINER_DEPTH)
                 return
-            suppress = self.calculate()
+            suppress = self.calculate(node_slo, cfg)
             if suppress is None:
                 return
             if cfg.cpu_suppress_policy == CFS_QUOTA_POLICY:
@@ -115,7 +129,9 @@ class CPUSuppress(Strategy):
 
     # ---- the formula ----------------------------------------------------------------------
 
-    def calculate(self) -> Suppress | None:
+    def calculate(self, node_slo: dict | None, cfg: ThresholdConfig) -> Suppress | None:
+        """The suppress formula over this round's node, pods and usage; None (said once) while
+        one of them is missing. ``node_slo``, ``cfg``: the round's NodeSLO and its thresholds."""
         ctx = self.ctx
         node = ctx.informer.get_node()
         pods = ctx.informer.get_all_pods()
@@ -128,11 +144,8 @@ class CPUSuppress(Strategy):
             return None
         self.ctx.log_once(self.name + "/data", None)
         pod_used = ctx.last_by(POD_CPU_USAGE, POD_UID, (p.uid for p in pods))
-        node_slo = ctx.informer.get_node_slo()
         apps = host_applications(node_slo)
-        app_used = ctx.last_by(HOST_APPLICATION_CPU_USAGE, HOST_APP_NAME, (a["name"] for a in apps))
-        cfg = ctx.thresholds(self.name)
-        assert cfg is not None
+        app_used = ctx.last_by(HOST_APPLICATION_CPU_USAGE, HOST_APP_NAME, (a["name"] for a in apps)) if apps else {}
         suppress = calculate_suppress(
             capacity_milli=capacity_milli_cpu(node), reserved_milli=reserved_milli_cpu(node),
             node_used=node_used, pod_used=pod_used, pods=pods, host_apps=apps,
@@ -243,10 +256,10 @@ class CPUSuppress(Strategy):
         holder = self.ctx.informer.get_node_topo() or self.ctx.informer.get_node() or {}
         if kubelet_static_policy(holder):
             self._write_pool(POD_DEPTH)
-            levels = self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", CONTAINER_DEPTH)
+            levels = self._levels(CONTAINER_DEPTH)
             containers = levels[CONTAINER_DEPTH] if len(levels) > CONTAINER_DEPTH else []
-            result = self.ctx.executor.update_batch(
-                [Update(d, "cpuset_cpus", cpus, owner=self.name) for d in containers])
+            result = self._check(self.ctx.executor.update_batch(
+                [Update(d, "cpuset_cpus", cpus, owner=self.name) for d in containers]))
         else:
             result = self._write_levels(cpus, CONTAINER_DEPTH)
         for error in result.errors:
@@ -257,10 +270,28 @@ class CPUSuppress(Strategy):
             log.info("%s: BE cpuset %s -> %s (%s)", self.name, format_cpuset(old), cpus,
                      suppress.explain())
 
+    def _levels(self, depth: int) -> list[list[str]]:
+        """The besteffort dir and its descendants with a cpuset file, by level, down to
+        ``depth``: the last walk's while it holds (see the module's docstring)."""
+        changes, held = self.ctx.changes, self._tree
+        if held is None or held[0] != changes or self.round - held[1] >= TREE_REWALK_ROUNDS:
+            held = self._tree = (changes, self.round,
+                                 self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", CONTAINER_DEPTH))
+        return held[2][:depth + 1]
+
+    def _check(self, result: BatchResult) -> BatchResult:
+        """A failed write may be a dir gone since the walk: walk again next time."""
+        if result.errors:
+            self._tree = None
+        return result
+
     def _write_levels(self, cpus: str, depth: int) -> BatchResult:
-        levels = self.ctx.executor.subtree(self.be_dir, "cpuset_cpus", depth)
-        return self.ctx.executor.leveled_update(
-            [[Update(d, "cpuset_cpus", cpus, owner=self.name) for d in level] for level in levels])
+        levels = self._levels(depth)
+        held = self._tree_updates
+        if held is None or held[0] is not self._tree or held[1:3] != (cpus, depth):
+            held = self._tree_updates = (self._tree, cpus, depth, [
+                [Update(d, "cpuset_cpus", cpus, owner=self.name) for d in level] for level in levels])
+        return self._check(self.ctx.executor.leveled_update(held[3]))
 
     def recover_cpuset(self, depth: int) -> None:
         """BE dirs (down to ``depth``) back to the BE pool once after the cpuset policy stops

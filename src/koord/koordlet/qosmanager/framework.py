@@ -9,9 +9,10 @@ no import circle forms.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
 from ..slo import SLOError, ThresholdConfig, threshold_config
-from ..statesinformer import StatesInformer
+from ..statesinformer import NODE_SLO, PODS, StatesInformer
 from .evictor import Evictor
 from .metrics import QOSMetrics
 
@@ -110,6 +111,33 @@ class Context:
     evictor: Evictor
     clock: Callable[[], float] = time.time
     _logged: dict[str, str | None] = field(default_factory=dict)
+    changes: int = 0
+    """Moves whenever the node's pods, their cgroup directories or the NodeSLO change (the
+    states informer's callbacks, PLEG): a strategy that keeps what it derived from them
+    compares the value it derived it at with this one. Read it before reading what it
+    covers: a change in between then shows as a move next time."""
+    _change_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    _node_slo: tuple[int, dict | None] | None = None
+
+    def __post_init__(self) -> None:
+        for kind in (PODS, NODE_SLO):
+            self.informer.register_callback(kind, self.note_change)
+
+    def note_change(self) -> None:
+        """Called back by the states informer and PLEG, on their threads (``next`` on a
+        counter is atomic, so two concurrent calls still move ``changes``)."""
+        self.changes = next(self._change_counter)
+
+    def current_node_slo(self) -> dict | None:
+        """The merged NodeSLO, asked of the informer again only after ``changes`` moved (it
+        merges a deep copy on each call, and strategies ask every second). Shared by the
+        strategies that call this, so read-only."""
+        changes, held = self.changes, self._node_slo
+        if held is not None and held[0] == changes:
+            return held[1]
+        node_slo = self.informer.get_node_slo()
+        self._node_slo = (changes, node_slo)
+        return node_slo
 
     def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
         """Every tick would repeat the same complaint: say it when it starts or changes;
@@ -143,8 +171,12 @@ class Context:
     def thresholds(self, strategy: str) -> ThresholdConfig | None:
         """The NodeSLO thresholds, or None (logged once per distinct reason) when there is
         no NodeSLO or it is invalid: a strategy then does nothing this tick."""
+        return self.thresholds_of(strategy, self.informer.get_node_slo())
+
+    def thresholds_of(self, strategy: str, node_slo: dict | None) -> ThresholdConfig | None:
+        """``thresholds`` of a merged NodeSLO the strategy read for more than them."""
         try:
-            config = threshold_config(self.informer.get_node_slo())
+            config = threshold_config(node_slo)
         except SLOError as exc:
             self.log_once(strategy, f"NodeSLO rejected, nothing done until it is fixed: {exc}",
                       logging.ERROR)

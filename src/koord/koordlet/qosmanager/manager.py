@@ -86,6 +86,10 @@ class QOSManager:
         except Exception:
             log.exception("QoS strategy %s: teardown failed", strategy.name)
 
+    def cgroups_changed(self) -> None:
+        """PLEG saw a pod or container cgroup directory come or go."""
+        self.ctx.note_change()
+
     def stop(self) -> None:
         self._stop.set()
         for t in self._threads:

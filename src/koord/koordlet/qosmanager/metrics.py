@@ -4,6 +4,8 @@ on ``--addr`` with the rest."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
@@ -26,6 +28,11 @@ class TickGauge:
             child = self._children[labels] = self.gauge.labels(*labels)
         child.set(value)
         self._set.add(labels)
+
+    def keep(self, series: Iterable[tuple[str, ...]]) -> None:
+        """These series stay as a tick before set them: their strategy skipped work that
+        would set the same values again."""
+        self._set.update(series)
 
     def end(self) -> None:
         for labels in [k for k in self._children if k not in self._set]:

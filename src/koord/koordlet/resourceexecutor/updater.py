@@ -14,6 +14,9 @@ Why each piece exists:
   cgroup v1 a child's cfs quota may not exceed its parent's. Going from one consistent
   tree to another therefore widens top-down first (cpuset union of old and new, larger
   quota, -1 counting as the largest) and narrows bottom-up to the exact values after.
+- **Write sequence.** Every write is numbered and each file remembers its last number, so
+  a strategy that skips reading files it found as wanted can ask whether any of them was
+  written here since (``written_since``); writers outside this process it re-reads for.
 - **Back-off on EINVAL.** A kernel that rejects a value keeps rejecting it; retrying every
   tick costs CPU and floods the log. The same value on the same file is retried only
   after a doubling delay; a different value is tried at once.
@@ -26,13 +29,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from koord.hookapi import format_cpuset, parse_cpuset
 
-from .executor import MEMORY_MAX, CgroupError, CgroupExecutor
+from .executor import MAX_CACHED_PATHS, MEMORY_MAX, CgroupError, CgroupExecutor
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +118,17 @@ class ResourceExecutor(CgroupExecutor):
         self.cache_ttl = cache_ttl
         self._clock = clock
         self._lock = threading.RLock()
-        self._cache: dict[tuple[Path, str], tuple[str, float]] = {}
+        self._cache: dict[Path, dict[str, tuple[str, float]]] = {}
+        """File -> resource -> (canonical value, when written or found); by file, so a write
+        drops its file's entries without a scan of every cached file (v2's cpu.max holds two
+        resources)."""
         self._backoff: dict[Path, _Backoff] = {}
         self._last_prune = clock()
+        self._write_seq = 0
+        self._written: dict[Path, int] = {}
+        """File -> the number of its last write; bounded like the path cache (cleared past
+        MAX_CACHED_PATHS, ``_written_floor`` then stands for every file)."""
+        self._written_floor = 0
 
     # ---- single updates -----------------------------------------------------------------
 
@@ -139,25 +150,53 @@ class ResourceExecutor(CgroupExecutor):
             except CgroupError as exc:
                 raise CgroupError(f"{exc}{' for ' + u.owner if u.owner else ''}",
                                   errno=exc.errno) from None
-            self._cache[(path, u.resource)] = (canonical, now)
+            self._cache.setdefault(path, {})[u.resource] = (canonical, now)
             if written:
                 log.info("resource executor: wrote %s", u)
             return written
 
     def _fresh(self, path: Path, resource: str, canonical: str, now: float) -> bool:
         """The cache says this value was written (or found) less than force_update_seconds ago."""
-        hit = self._cache.get((path, resource))
+        hit = self._cache.get(path, {}).get(resource)
         return hit is not None and hit[0] == canonical and now - hit[1] < self.force_update_seconds
 
     def cached(self, u: Update) -> bool:
         """``update(u)`` would be skipped now: the steady state of a periodic writer."""
-        try:
-            path = self.path(u.cgroup_dir, u.resource)
-            canonical = self._validate(path, u.resource, u.value)
-        except CgroupError:
-            return False
+        return not self.uncached([u])
+
+    def uncached(self, updates: Iterable[Update]) -> list[Update]:
+        """The updates ``update`` would not skip now, in order. One lock and one validation
+        per distinct value for the whole batch: a periodic writer checks a tree of a hundred
+        dirs getting the same value every second."""
+        canonical: dict[tuple[str, type, int | str], str] = {}
+        out = []
         with self._lock:
-            return self._fresh(path, u.resource, canonical, self._clock())
+            now = self._clock()
+            for u in updates:
+                key = (u.resource, type(u.value), u.value)
+                try:
+                    path = self.path(u.cgroup_dir, u.resource)
+                    if key not in canonical:
+                        canonical[key] = self._validate(path, u.resource, u.value)
+                except CgroupError:  # update() reports it
+                    out.append(u)
+                    continue
+                if not self._fresh(path, u.resource, canonical[key], now):
+                    out.append(u)
+        return out
+
+    @property
+    def write_seq(self) -> int:
+        """The number of the last write this executor made (0 before any): kept by a caller
+        that later asks ``written_since``."""
+        return self._write_seq
+
+    def written_since(self, paths: Iterable[Path], seq: int) -> bool:
+        """Whether this executor wrote any of ``paths`` after its write number ``seq`` (also
+        when it no longer remembers that far back)."""
+        with self._lock:
+            written, floor = self._written, self._written_floor
+            return any(written.get(p, floor) > seq for p in paths)
 
     # ---- tree -----------------------------------------------------------------------------
 
@@ -206,7 +245,7 @@ class ResourceExecutor(CgroupExecutor):
         """
         result = BatchResult()
         # Dirs already at their value (cached) take no part: nothing to widen or narrow.
-        levels = [[u for u in level if not self.cached(u)] for level in levels]
+        levels = [self.uncached(level) for level in levels]
         for level in levels:
             for u in level:
                 try:
@@ -229,8 +268,7 @@ class ResourceExecutor(CgroupExecutor):
         """Every write of this executor (hooks' included) ends here: back-off and cache."""
         with self._lock:
             now = self._clock()
-            for key in [k for k in self._cache if k[0] == path]:
-                del self._cache[key]
+            self._cache.pop(path, None)
             held = self._backoff.get(path)
             if held is not None and held.text == text and now < held.until:
                 raise CgroupError(
@@ -247,10 +285,18 @@ class ResourceExecutor(CgroupExecutor):
                                       errno=exc.errno) from None
                 raise
             self._backoff.pop(path, None)
+            if len(self._written) >= MAX_CACHED_PATHS:
+                self._written.clear()
+                self._written_floor = self._write_seq
+            self._write_seq += 1
+            self._written[path] = self._write_seq
 
     def _prune(self, now: float) -> None:
         if now - self._last_prune < self.cache_ttl / 4:
             return
         self._last_prune = now
-        for key in [k for k, (_, ts) in self._cache.items() if now - ts >= self.cache_ttl]:
-            del self._cache[key]
+        for path, entries in list(self._cache.items()):
+            for resource in [r for r, (_, ts) in entries.items() if now - ts >= self.cache_ttl]:
+                del entries[resource]
+            if not entries:
+                del self._cache[path]
