@@ -125,6 +125,53 @@ def test_invalid_samples_rejected_whole_batch(cache, sample, words):
     assert cache.query(mc.NODE_CPU_USAGE, 0, 10) == []
 
 
+def tick(ts, *samples):
+    out = mc.Samples(ts)
+    for kind, labels, value in samples:
+        out.add(kind, labels, value)
+    return out
+
+
+@pytest.mark.parametrize("bad, words", [
+    ((mc.NODE_CPU_USAGE, {}, float("nan")), "finite"),  # a known series
+    ((mc.NODE_CPU_USAGE, {}, True), "finite"),
+    ((mc.NODE_CPU_USAGE, {}, "1"), "finite"),
+    ((mc.POD_CPU_USAGE, {mc.POD_UID: 5}, 1.0), "non-empty string"),  # a new series
+    ((mc.POD_CPU_USAGE, {mc.POD_UID: "a"}, float("inf")), "finite"),
+    (("no_such_kind", {}, 1.0), "unknown metric kind"),
+])
+def test_a_bad_sample_in_any_tick_stores_none_of_them(cache, bad, words):
+    cache.append_ticks([tick(1.0, (mc.NODE_CPU_USAGE, {}, 1.0))])
+    with pytest.raises(MetricCacheError, match=words):
+        cache.append_ticks([tick(2.0, (mc.NODE_CPU_USAGE, {}, 2.0)), tick(3.0, (mc.NODE_CPU_USAGE, {}, 3.0), bad)])
+    assert cache.query(mc.NODE_CPU_USAGE, 0, 10) == [(1.0, 1.0)]
+    assert cache.series_labels(mc.POD_CPU_USAGE) == []
+
+
+@pytest.mark.parametrize("ts, words", [(float("nan"), "finite"), (-1.0, "negative"), (None, "finite")])
+def test_a_bad_tick_time_is_refused(cache, ts, words):
+    with pytest.raises(MetricCacheError, match=words):
+        cache.append_ticks([tick(ts, (mc.NODE_CPU_USAGE, {}, 1.0))])
+
+
+def test_ticks_store_keyed_samples_as_samples(cache):
+    key = mc.series_key(mc.POD_CPU_USAGE, {mc.POD_UID: "a"})
+    first, second = mc.Samples(1.0), mc.Samples(2)
+    first.add_keyed(key, 0.5)
+    second.add_keyed(key, 3)  # an int time and value are numbers too
+    second.add(mc.NODE_CPU_USAGE, {}, 1.5)
+    cache.append_ticks([first, second, mc.Samples(3.0)])
+    assert cache.query(mc.POD_CPU_USAGE, 0, 10, {mc.POD_UID: "a"}) == [(1.0, 0.5), (2.0, 3.0)]
+    assert list(second) == [Sample(mc.POD_CPU_USAGE, {mc.POD_UID: "a"}, 2, 3),
+                            Sample(mc.NODE_CPU_USAGE, {}, 2, 1.5)]
+
+
+@pytest.mark.parametrize("labels", [["a"], {1: "a", "b": "c"}, None])
+def test_labels_that_cannot_be_a_key_are_named(labels):
+    with pytest.raises(MetricCacheError, match="not a mapping"):
+        mc.Samples(1.0).add(mc.POD_CPU_USAGE, labels, 1.0)
+
+
 @pytest.mark.parametrize("kind, labels", [("nope", None), (mc.POD_CPU_USAGE, {"container_id": "x"})])
 def test_invalid_queries(cache, kind, labels):
     with pytest.raises(MetricCacheError):

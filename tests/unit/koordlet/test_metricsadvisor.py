@@ -32,7 +32,9 @@ class Flaky(Collector):
         self.calls += 1
         if self.calls % 2:
             raise RuntimeError("boom")
-        return [mc.Sample(mc.NODE_CPU_USAGE, {}, now, self.calls)]
+        out = mc.Samples(now)
+        out.add(mc.NODE_CPU_USAGE, {}, self.calls)
+        return out
 
 
 def test_collector_thread_survives_exceptions_and_logs_once(tmp_path, caplog):
@@ -97,3 +99,24 @@ def test_flags():
     other.add_argument("--sys-root-dir", default="/x")
     add_flags(other)  # a koordlet that already has the flag keeps its own
     assert other.parse_args([]).sys_root_dir == "/x"
+
+
+def test_a_failing_store_does_not_end_the_collectors_thread(tmp_path, caplog, monkeypatch):
+    cache = mc.MetricCache(None)
+    advisor = MetricsAdvisor(AdvisorConfig(proc_root=tmp_path, sys_root=tmp_path, cgroup_root=tmp_path),
+                             FakeStatesInformer(), cache)
+    flaky = Flaky(advisor.env)
+    advisor.collectors = [flaky]
+    stores = []
+
+    def broken(ticks):
+        stores.append(ticks)
+        raise RuntimeError("store bug")
+    monkeypatch.setattr(cache, "append_ticks", broken)
+    advisor.start()
+    try:
+        wait_for(lambda: len(stores) >= 3, "three stores tried", 10)
+    finally:
+        advisor.stop()
+    errors = [r for r in caplog.records if "store bug" in r.getMessage()]
+    assert len(errors) == 1 and errors[0].levelno == logging.ERROR and "next one runs" in errors[0].getMessage()

@@ -133,7 +133,7 @@ def test_system_resource_needs_fresh_inputs(make_env, missing):
         env.shared.set_pods("PodResource", Point(0.5, 512, 80.0 if missing == "stale-pods" else 100.0))
     if missing != "apps":
         env.shared.set_host_apps(Point(0, 0, 100.0))
-    assert SystemResourceCollector(env).collect(101.0) == []
+    assert list(SystemResourceCollector(env).collect(101.0)) == []
 
 
 # ---- BE ----------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def test_pod_resource_page_cache_when_enabled(make_env):
 def test_pod_resource_waits_for_sync(make_env):
     env = make_env(pods=[pod_with_container()])
     env.pods.synced = False
-    assert PodResourceCollector(env).collect(1.0) == []
+    assert list(PodResourceCollector(env).collect(1.0)) == []
 
 
 def test_hostile_pod_files_logged_once_per_cause(make_env, caplog):
@@ -312,8 +312,23 @@ def test_container_garbage_logged_with_container_name(make_env, caplog):
 def test_pod_cgroup_escaping_the_root_is_refused(make_env, caplog):
     pod = pod_meta("ns", "evil", "u9", "../../etc")
     env = make_env(pods=[pod])
-    assert PodResourceCollector(env).collect(1.0) == []
+    assert list(PodResourceCollector(env).collect(1.0)) == []
     assert "leaves the cgroup root" in caplog.text
+
+
+def test_pod_targets_follow_the_informer_and_are_reused_while_it_stands(make_env):
+    a, b = pod_with_container("a"), pod_with_container("b")
+    stopped = pod_meta("default", "pod-s", "s", "kubepods/pods", running=False)
+    env = make_env(pods=[a, stopped, b])
+    targets = env.pod_targets()
+    assert [(t.id, t.who) for t in targets] == [
+        ("a", "pod default/pod-a"), (a.containers[0].id, "pod default/pod-a container main"),
+        ("b", "pod default/pod-b"), (b.containers[0].id, "pod default/pod-b container main")]
+    assert env.pod_targets() is targets  # the same pods: the same list
+    env.pods.pods = [b]
+    assert [t.id for t in env.pod_targets()] == ["b", b.containers[0].id]
+    env.pods.pods = [a, b]  # as many pods as before, other objects
+    assert [t.id for t in env.pod_targets()][::2] == ["a", "b"]
 
 
 # ---- throttling --------------------------------------------------------------------------
@@ -331,7 +346,7 @@ def test_pod_throttled_ratio(make_env, version):
 
     c = PodThrottledCollector(env)
     write(10, 2)
-    assert c.collect(1.0) == []
+    assert list(c.collect(1.0)) == []
     write(20, 7)
     got = by_kind(c.collect(2.0))
     assert got[mc.POD_CPU_THROTTLED][0].value == 0.5
@@ -438,7 +453,7 @@ def test_host_application_samples_and_totals(make_env):
 
 def test_host_application_without_node_slo_still_reports_zero(make_env):
     env = make_env(node_slo=None)
-    assert HostApplicationCollector(env).collect(5.0) == []
+    assert list(HostApplicationCollector(env).collect(5.0)) == []
     assert env.shared.host_apps == Point(0.0, 0.0, 5.0)
 
 

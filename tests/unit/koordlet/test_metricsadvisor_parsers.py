@@ -84,12 +84,40 @@ def test_meminfo_roundtrip(values):
          "active_file": 6}, (104857600, 104857611)),
 ])
 def test_cgroup_memory_without_page_cache(version, stat, want):
-    assert p.cgroup_memory_bytes(stat, version) == want
+    text = "".join(f"{k} {v}\n" for k, v in stat.items())
+    assert p.parse_memory_stat(text, version) == want
+    assert p.parse_memory_stat(text.encode(), version) == want
 
 
 def test_cgroup_memory_missing_key_named():
     with pytest.raises(ValueError, match="active_anon"):
-        p.cgroup_memory_bytes({"inactive_anon": 1}, 2)
+        p.parse_memory_stat("inactive_anon 1\n", 2)
+
+
+BYTES_PARSERS = [p.parse_int, p.parse_throttle, lambda d: p.parse_memory_stat(d, 1),
+                 lambda d: p.parse_memory_stat(d, 2), lambda d: p.cgroup_cpu_ns(d, 1),
+                 lambda d: p.cgroup_cpu_ns(d, 2)]
+
+
+def _outcome(parser, data):
+    try:
+        return parser(data)
+    except ValueError:
+        return ValueError
+
+
+@pytest.mark.parametrize("parser", BYTES_PARSERS)
+@given(text=ANY_TEXT | st.sampled_from(["5\n", "123456789012345678\n", "1234567890123456789\n", "5", "\n5\n",
+                                        "nr_periods 1\nnr_throttled 2\n", "\u0661\n"]))
+def test_bytes_as_read_parse_as_their_text(parser, text):
+    """The collectors parse the bytes a read gave: the same answer (or ValueError) as the text."""
+    data = text.encode("utf-8", "surrogatepass")
+    assert _outcome(parser, data) == _outcome(parser, text)
+
+
+def test_bytes_not_utf8_are_a_value_error():
+    with pytest.raises(ValueError, match="UTF-8"):
+        p.parse_int(b"\xff\n")
 
 
 @given(st.dictionaries(st.from_regex(r"[a-z_]{1,20}", fullmatch=True), st.integers(0, 2**63 - 1), max_size=40))
@@ -209,13 +237,13 @@ KEYED_TEXT = st.lists(st.tuples(
        keys=st.sampled_from([("total_active_anon", "active_anon"), ("active_anon",), ("nr_periods", "nr_throttled")]))
 def test_keyed_fast_path_agrees_with_the_regex_scan(text, keys):
     """find_keyed answers only what scan_keyed would answer; otherwise it defers (None)."""
-    fast = p.find_keyed(text, keys)
+    fast = p.find_keyed(text.encode("utf-8", "surrogatepass"), keys)
     try:
         slow: dict | None = p.scan_keyed(text, keys)
     except ValueError:
         slow = None
     if fast is not None:
-        assert fast == slow
+        assert slow is not None and fast == tuple(slow[k] for k in keys)
     try:
         assert p.parse_flat_keyed(text, keys) == slow
     except ValueError:
@@ -234,3 +262,24 @@ def test_keyed_fast_path_agrees_with_the_regex_scan(text, keys):
 ])
 def test_keyed_cases(text, want):
     assert p.parse_flat_keyed(text, ("total_active_anon", "active_anon")) == want
+
+
+def test_open_files_read_all_gives_each_file_or_its_problem(tmp_path):
+    """One batch read: a missing, a too large and a vanished-then-recreated file each give
+    their own answer in place, and the readable ones are read."""
+    files = OpenFiles()
+    ok, big, gone = tmp_path / "ok", tmp_path / "big", tmp_path / "gone"
+    ok.write_text("1\n")
+    big.write_text("x" * 100)
+    gone.write_text("2\n")
+    got = files.read_all([str(ok), str(tmp_path / "missing"), str(big), str(gone)], 10)
+    assert got[0] == b"1\n" and got[3] == b"2\n"
+    assert isinstance(got[1], FileProblem) and got[1].missing
+    assert isinstance(got[2], FileProblem) and "larger than 10 bytes" in got[2].reason
+    gone.unlink()
+    gone.write_text("3\n")  # a new file by the same name: the open one still reads the old
+    assert files.read_all([str(ok), str(gone)], 10) == [b"1\n", b"2\n"]
+    ok.write_text("4\n")  # rewritten in place: read anew
+    assert files.read_all([str(ok)], 10) == [b"4\n"]
+    with pytest.raises(FileProblem, match="missing"):
+        files.read(str(tmp_path / "missing"), 10)

@@ -178,7 +178,7 @@ def test_collector_off_without_monitoring_flags(tmp_path: Path) -> None:
     make_resctrl_tree(tmp_path / "sys/fs")
     make_cpuinfo(tmp_path / "proc", flags=("cat_l3", "mba"))
     config = AdvisorConfig(proc_root=tmp_path / "proc", sys_fs_root=tmp_path / "sys/fs", resctrl_collector=True)
-    assert ResctrlCollector(Env(config, FakeStatesInformer(), MetricCache(None))).collect(1.0) == []
+    assert list(ResctrlCollector(Env(config, FakeStatesInformer(), MetricCache(None))).collect(1.0)) == []
 
 
 @given(st.dictionaries(st.sampled_from(["enable", "catRangeStartPercent", "catRangeEndPercent", "mbaPercent", "x"]),

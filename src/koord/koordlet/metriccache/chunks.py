@@ -31,12 +31,15 @@ class Series:
     in_order: bool = True
 
     def add(self, ts_ms: int, value: float) -> None:
-        if ts_ms <= self.newest and ts_ms in self.ts:
+        if ts_ms > self.newest:  # the common case: the next sample in time
+            self.newest = ts_ms
+            self.ts.append(ts_ms)
+            self.values.append(value)
+            return
+        if ts_ms in self.ts:
             self.values[self.ts.index(ts_ms)] = value  # the same instant again: the newer value wins
             return
-        if ts_ms < self.newest:
-            self.in_order = False
-        self.newest = max(self.newest, ts_ms)
+        self.in_order = False  # a late sample
         self.ts.append(ts_ms)
         self.values.append(value)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import math
@@ -84,26 +85,64 @@ class MetricCacheError(Exception):
     """The metric cache cannot open, or a sample or query is invalid; the message says which."""
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class Sample:
+    """One sample, for callers storing a few at a time (tests, tools); a collector's tick
+    builds ``Samples`` instead."""
+
     kind: str
     labels: Mapping[str, str]
     timestamp: float  # unix seconds
     value: float
 
-    def __init__(self, kind: str, labels: Mapping[str, str], timestamp: float, value: float) -> None:
-        # The generated frozen __init__ makes four object.__setattr__ calls; a collector
-        # tick builds over a thousand samples, so they are set at once (still frozen after).
-        self.__dict__.update(kind=kind, labels=labels, timestamp=timestamp, value=value)
+
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+"""A series' identity: its kind and its labels as sorted (name, value) pairs."""
 
 
-_Key = tuple[str, tuple[tuple[str, str], ...]]
+def series_key(kind: str, labels: Mapping[str, str]) -> SeriesKey:
+    """MetricCacheError when the labels cannot be a key (not a mapping of sortable names)."""
+    try:
+        items = tuple(labels.items())
+        # Most series have one label (a pod uid, a container id): nothing to sort.
+        return kind, items if len(items) < 2 else tuple(sorted(items))
+    except (TypeError, AttributeError):
+        raise MetricCacheError(f"sample of {kind!r}: labels {labels!r} are not a mapping of "
+                               "names to strings") from None
 
 
-def _key(kind: str, labels: Mapping[str, str]) -> _Key:
-    items = tuple(labels.items())
-    # Most series have one label (a pod uid, a container id): nothing to sort.
-    return kind, items if len(items) < 2 else tuple(sorted(items))
+class Samples:
+    """One tick's samples, all taken at ``timestamp``: series keys and values side by side.
+
+    What a collector builds every second for a thousand series: a caller that knows its
+    series makes each key once with ``series_key`` and reuses it, so a sample costs two
+    list appends, and the metric cache checks a known series' value and nothing else.
+    Iterating gives ``Sample`` objects (for tests and logs)."""
+
+    __slots__ = ("keys", "timestamp", "values")
+
+    def __init__(self, timestamp: float) -> None:
+        self.timestamp = timestamp
+        self.keys: list[SeriesKey] = []
+        self.values: list[float] = []
+
+    def add(self, kind: str, labels: Mapping[str, str], value: float) -> None:
+        self.keys.append(series_key(kind, labels))
+        self.values.append(value)
+
+    def add_keyed(self, key: SeriesKey, value: float) -> None:
+        self.keys.append(key)
+        self.values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[Sample]:
+        for (kind, labels), value in zip(self.keys, self.values, strict=True):
+            yield Sample(kind, dict(labels), self.timestamp, value)
+
+    def __repr__(self) -> str:
+        return f"Samples(at {self.timestamp}, {len(self.keys)} samples)"
 
 
 @contextlib.contextmanager
@@ -187,7 +226,7 @@ class MetricCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
-        self._series: dict[_Key, Series] = {}
+        self._series: dict[SeriesKey, Series] = {}
         self._by_id: dict[int, Series] = {}
         self._by_kind: dict[str, list[Series]] = {}
         self._last_gc = -math.inf
@@ -342,74 +381,82 @@ class MetricCache:
                 series.add(ts, value)
 
     def _add_series(self, kind: str, series: Series) -> None:
-        self._series[_key(kind, series.labels)] = series
+        self._series[series_key(kind, series.labels)] = series
         self._by_id[series.id] = series
         self._by_kind.setdefault(kind, []).append(series)
 
     # ---- append -------------------------------------------------------------------------
 
     def append(self, samples: Iterable[Sample]) -> None:
-        """Stores a batch in one transaction: all of it, or (on an invalid sample) none.
+        """Stores a batch in one transaction: all of it, or (on an invalid sample) none."""
+        ticks: list[Samples] = []
+        for sample in samples:
+            if not ticks or ticks[-1].timestamp != sample.timestamp:
+                ticks.append(Samples(sample.timestamp))
+            ticks[-1].add(sample.kind, sample.labels, sample.value)
+        self.append_ticks(ticks)
+
+    def append_ticks(self, ticks: Sequence[Samples]) -> None:
+        """Stores ticks' samples in one transaction: all of them or, when a sample does not
+        fit its kind (MetricCacheError naming it), none.
 
         A collectors' tick brings over a thousand samples a second, nearly all of series
-        already known, with float times and values: those take the first branch below (a
-        dict lookup and a range check); anything else is validated in full."""
-        batch = samples if type(samples) is list else list(samples)
-        if not batch:
-            return
+        already known, with float values: those cost a dict lookup and a range check here
+        and are stored without building an object per sample; anything else is validated
+        in full."""
         known = self._series
-        keys: list[_Key] = []
-        for sample in batch:
-            ts, value = sample.timestamp, sample.value
-            try:
-                key = _key(sample.kind, sample.labels)
-                series = known.get(key)
-            except (TypeError, AttributeError):  # unsortable or unhashable labels
-                key, series = (sample.kind, ()), None
-            if series is None:
-                validate_sample(sample)
-            elif not (type(ts) is float and type(value) is float and 0 <= ts < math.inf
-                      and -math.inf < value < math.inf):
-                _check_number(sample)  # its labels already passed as this series'
-            keys.append(key)
+        count = 0
+        for tick in ticks:
+            ts = tick.timestamp
+            if not (type(ts) is float and 0 <= ts < math.inf):
+                for key, value in zip(tick.keys, tick.values, strict=True):
+                    _check_number(Sample(key[0], dict(key[1]), ts, value))
+            for key, value in zip(tick.keys, tick.values, strict=True):
+                if not (type(value) is float and -math.inf < value < math.inf) or key not in known:
+                    sample = Sample(key[0], dict(key[1]), ts, value)
+                    if key in known:
+                        _check_number(sample)  # its labels already passed as this series'
+                    else:
+                        validate_sample(sample)
+            count += len(tick.keys)
+        if not count:
+            return
         with self._lock:
             db = self._conn()
-            created: list[_Key] = []
-            rows = []
-            last_ts, last_ms = -1.0, 0
+            created: list[SeriesKey] = []
+            stored: list[tuple[int, list[Series], list[float]]] = []
             try:
                 with _transaction(db):
-                    for key, sample in zip(keys, batch, strict=True):
-                        if sample.timestamp != last_ts:  # a tick's samples share one time
-                            last_ts, last_ms = sample.timestamp, _ms(sample.timestamp)
-                        found = known.get(key)
-                        sid = found.id if found is not None else self._new_series(db, key, sample.labels, created)
-                        rows.append((sid, last_ms, float(sample.value)))
-                    db.executemany("INSERT INTO head VALUES (?, ?, ?)", rows)
+                    for tick in ticks:
+                        ms = _ms(tick.timestamp)
+                        series = [known.get(key) or self._new_series(db, key, created) for key in tick.keys]
+                        db.executemany("INSERT INTO head VALUES (?, ?, ?)",
+                                       zip([s.id for s in series], itertools.repeat(ms), tick.values))
+                        stored.append((ms, series, tick.values))
             except sqlite3.Error as exc:
                 for key in created:  # the rollback undid their rows; nothing else changed
                     self._forget_series(key)
                 self._failed_writes += 1
                 # No "metric cache:" prefix: callers name the cache in their own message.
-                raise MetricCacheError(f"append of {len(batch)} samples failed: {exc}") from None
+                raise MetricCacheError(f"append of {count} samples failed: {exc}") from None
             if self._failed_writes:
                 log.info("metric cache: writes succeed again after %d failed appends",
                          self._failed_writes)
                 self._failed_writes = 0
-            for sid, ts_ms, value in rows:
-                self._by_id[sid].add(ts_ms, value)
+            for ms, series, values in stored:
+                for one, value in zip(series, values, strict=True):
+                    one.add(ms, value)
             self._maintain()
 
-    def _new_series(self, db: sqlite3.Connection, key: _Key, labels: Mapping[str, str],
-                    created: list[_Key]) -> int:
-        kind = key[0]
+    def _new_series(self, db: sqlite3.Connection, key: SeriesKey, created: list[SeriesKey]) -> Series:
+        kind, labels = key[0], dict(key[1])
         cur = db.execute("INSERT INTO series (kind, labels) VALUES (?, ?)", (kind, _labels_json(labels)))
-        sid = int(cur.lastrowid or 0)
-        self._add_series(kind, Series(sid, dict(labels)))
+        series = Series(int(cur.lastrowid or 0), labels)
+        self._add_series(kind, series)
         created.append(key)
-        return sid
+        return series
 
-    def _forget_series(self, key: _Key) -> None:
+    def _forget_series(self, key: SeriesKey) -> None:
         series = self._series.pop(key)
         del self._by_id[series.id]
         self._by_kind[key[0]].remove(series)
@@ -586,7 +633,7 @@ class MetricCache:
             db = self._conn()
             if want and len(want) == len(SCHEMA[kind]):  # every label given: one series at most
                 try:
-                    one = self._series.get(_key(kind, want))
+                    one = self._series.get(series_key(kind, want))
                 except TypeError:  # an unhashable or unsortable value names no series
                     one = None
                 matching = [] if one is None else [one]

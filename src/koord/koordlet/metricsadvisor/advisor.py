@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..metriccache import MetricCache, MetricCacheError, Sample
+from ..metriccache import MetricCache, MetricCacheError, Samples
 from .collectors import all_collectors
 from .config import AdvisorConfig
-from .framework import Collector, Env, PodSource
+from .framework import Collector, Env, PodSource, Problems
 from .parsers import FileProblem
 
 log = logging.getLogger("koordlet.metricsadvisor")
@@ -32,6 +32,7 @@ class MetricsAdvisor:
         self.collectors = [c for c in all_collectors(self.env) if c.enabled()]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._problems = Problems(log)
 
     def start(self) -> None:
         if self.config.collect_res_used_interval < 1.0:
@@ -63,25 +64,25 @@ class MetricsAdvisor:
         When the store refuses the batch, each collector's part is stored on its own, so
         one collector's bad sample cannot cost the others their tick."""
         parts = [(c, self._collect(c)) for c in collectors]
-        batch = [sample for _, samples in parts for sample in samples]
-        if not batch:
+        ticks = [samples for _, samples in parts if samples]
+        if not ticks:
             return
         try:
-            self.env.cache.append(batch)
+            self.env.cache.append_ticks(ticks)
             return
         except MetricCacheError:
             pass
         for collector, samples in parts:
             try:
                 if samples:
-                    self.env.cache.append(samples)
+                    self.env.cache.append_ticks([samples])
                 collector.problems.clear("store")
             except MetricCacheError as exc:
                 collector.problems.report("store", "collector %s: %s", collector.name, exc)
 
-    def _collect(self, collector: Collector) -> list[Sample]:
+    def _collect(self, collector: Collector) -> Samples | None:
         try:
-            samples = list(collector.collect(self.env.clock()))
+            samples = collector.collect(self.env.clock())
             collector.problems.clear("tick")
             return samples
         except FileProblem as exc:
@@ -90,12 +91,17 @@ class MetricsAdvisor:
             collector.problems.report(("bug", type(exc).__name__, str(exc)),
                                       "collector %s failed: %r; it keeps running", collector.name, exc,
                                       level=logging.ERROR, exc_info=True)
-        return []
+        return None
 
     def _run(self, interval: float, collectors: list[Collector]) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
-            self.tick(collectors)
+            try:
+                self.tick(collectors)
+            except Exception as exc:  # noqa: BLE001 - a bug in storing a tick must not end the thread
+                self._problems.report(("bug", type(exc).__name__, str(exc)),
+                                      "collectors' tick failed: %r; the next one runs as usual", exc,
+                                      level=logging.ERROR, exc_info=True)
             # Fixed rate, not fixed delay: a slow tick does not shift every later one.
             next_at += interval
             delay = next_at - time.monotonic()

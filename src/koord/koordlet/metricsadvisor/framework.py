@@ -1,18 +1,20 @@
-"""What every collector shares: paths, the pod source, the metric cache, the latest node
-and pod totals (for the system collector), counters for rates, and log-once problems."""
+"""What every collector shares: paths, the pod source and its cgroups, the metric cache, the
+latest node and pod totals (for the system collector), counters for rates, and log-once
+problems."""
 
 from __future__ import annotations
 
 import logging
+import operator
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from ..metriccache import MetricCache, Sample
+from ..metriccache import MetricCache, Samples
 from ..resourceexecutor.executor import MAX_CACHED_PATHS, CgroupError, CgroupExecutor
 from ..resources import KubeQoS
 from ..statesinformer.meta import CGROUPFS, SYSTEMD, ContainerMeta, PodMeta, pod_cgroup_dir
@@ -62,22 +64,24 @@ class Problems:
 
 
 class Rates:
-    """Per-second rates of monotonically increasing counters. ``what`` names the counter in a
-    log line (a callable is called only then). The first value of a key only primes it; a
-    counter that went backwards (a recreated cgroup, a wrapped counter) gives no sample, is
-    logged once per key, and primes again; entries not updated for ``ttl`` seconds are
-    forgotten, so a pod that comes back starts fresh."""
+    """Per-second rates of monotonically increasing counters. ``what`` names the counter's
+    owner in a log line (a callable is called only then), ``counter`` the counter. The first
+    value of a key only primes it; a counter that went backwards (a recreated cgroup, a
+    wrapped counter) gives no sample, is logged once per key, and primes again; entries not
+    updated for ``ttl`` seconds are forgotten, so a pod that comes back starts fresh."""
 
-    def __init__(self, ttl: float, problems: Problems | None = None) -> None:
+    def __init__(self, ttl: float, problems: Problems | None = None, counter: str = "") -> None:
         self._prev: dict[Hashable, tuple[Any, float]] = {}
         self._ttl = ttl
         self._problems = problems
+        self._counter = counter
         self._last_prune = 0.0
 
     def _backwards(self, key: Hashable, what: str | Callable[[], str], old: object, new: object) -> None:
         if self._problems is not None:
+            owner = (what() if callable(what) else what) or str(key)
             self._problems.report(("backwards", key), "%s went backwards (%s -> %s); no sample, counting anew",
-                                  (what() if callable(what) else what) or key, old, new)
+                                  f"{owner}: {self._counter}" if self._counter else owner, old, new)
 
     def rate(self, key: Hashable, value: float, now: float, what: str | Callable[[], str] = "") -> float | None:
         """(value - previous) / (now - previous time); None on the first value of a key."""
@@ -100,8 +104,8 @@ class Rates:
         self._prev[key] = (values, now)
         if prev is None or now - prev[1] > self._ttl:
             return None
-        diff = tuple(a - b for a, b in zip(values, prev[0], strict=True))
-        if any(d < 0 for d in diff):
+        diff = tuple(map(operator.sub, values, prev[0]))
+        if diff and min(diff) < 0:
             self._backwards(key, what, prev[0], values)
             return None
         return diff
@@ -145,6 +149,19 @@ class SharedState:
             return self.node, dict(self.pods), self.host_apps
 
 
+@dataclass(frozen=True)
+class CgroupTarget:
+    """A running pod's or container's cgroup, as the pod collectors read it every tick."""
+
+    pod: PodMeta
+    container: ContainerMeta | None
+    cgroup_dir: str
+    id: str
+    """The pod's uid or the container's id: its series' label, and its counters' key."""
+    who: str
+    """"pod ns/name" or "pod ns/name container c", for log lines."""
+
+
 class Env:
     """Everything a collector needs, built once by the advisor."""
 
@@ -158,6 +175,7 @@ class Env:
         self.shared = SharedState()
         self.files = OpenFiles()
         self._file_names: dict[tuple[str, str], str] = {}
+        self._targets: tuple[list[PodMeta], list[CgroupTarget]] = ([], [])
 
     @property
     def proc(self) -> Path:
@@ -177,20 +195,64 @@ class Env:
         """The informer's pods (shared, read-only objects)."""
         return self.pods.get_all_pods()
 
-    def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], T]) -> T:
-        """``parser`` on the text of a cgroup file; FileProblem naming the file when it cannot
-        be read or parsed. The hot path of every collector: about 1200 calls a second at 100
-        pods, so the file is named by a str looked up once per (dir, resource)."""
+    def pod_targets(self) -> list[CgroupTarget]:
+        """Every running pod with a cgroup dir, each followed by its running containers with
+        an id and a cgroup dir. Built again only when the informer's pods changed (it hands
+        out the same immutable objects until a sync changes them); the same list otherwise,
+        which a collector may key what it derives from the targets by."""
+        pods = self.pods.get_all_pods()
+        held = self._targets
+        if len(held[0]) == len(pods) and all(map(operator.is_, held[0], pods)):
+            return held[1]
+        targets = []
+        for pod in pods:
+            if not pod.running or not pod.cgroup_dir:
+                continue
+            who = f"pod {pod.namespace}/{pod.name}"
+            targets.append(CgroupTarget(pod, None, pod.cgroup_dir, pod.uid, who))
+            targets.extend(CgroupTarget(pod, c, c.cgroup_dir, c.id, f"{who} container {c.name}")
+                           for c in pod.containers if c.running and c.id and c.cgroup_dir)
+        self._targets = (pods, targets)  # one assignment: a reader on another thread sees either
+        return targets
+
+    def file_name(self, cgroup_dir: str, resource: str) -> str:
+        """The path of a cgroup file as a str, looked up once per (dir, resource) (a Path
+        hashes in Python code); FileProblem when the resource has no file here."""
         name = self._file_names.get((cgroup_dir, resource))
         if name is None:
             if len(self._file_names) >= MAX_CACHED_PATHS:
                 self._file_names.clear()
             name = self._file_names[(cgroup_dir, resource)] = str(self.cgroup_file(cgroup_dir, resource))
+        return name
+
+    def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], T]) -> T:
+        """``parser`` on the text of a cgroup file; FileProblem naming the file when it cannot
+        be read or parsed."""
+        name = self.file_name(cgroup_dir, resource)
         text = self.files.read(name, SMALL_FILE_BYTES)
         try:
             return parser(text)
         except ValueError as exc:
             raise FileProblem(Path(name), str(exc)) from None
+
+    def parse_problem(self, target: CgroupTarget, resource: str, exc: ValueError) -> FileProblem:
+        """A target's file read but not parsed, as a FileProblem naming the file."""
+        return FileProblem(Path(self.file_name(target.cgroup_dir, resource)), str(exc))
+
+    def read_cgroups(self, targets: list[CgroupTarget], resource: str) -> list[bytes | FileProblem]:
+        """One file of every target as read (its bytes) or the FileProblem that stopped it,
+        in order: a tick's hundreds of reads in one call (see ``OpenFiles.read_all``)."""
+        names = []
+        problems: dict[int, FileProblem] = {}
+        for i, target in enumerate(targets):
+            try:
+                names.append(self.file_name(target.cgroup_dir, resource))
+            except FileProblem as exc:
+                problems[i] = exc
+        if not problems:
+            return self.files.read_all(names, SMALL_FILE_BYTES)
+        read = iter(self.files.read_all(names, SMALL_FILE_BYTES))
+        return [problems[i] if i in problems else next(read) for i in range(len(targets))]
 
     def kube_qos_dir(self, qos: str) -> str:
         """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir``: the parent of any
@@ -217,27 +279,12 @@ class Collector:
     def enabled(self) -> bool:
         return True
 
-    def collect(self, now: float) -> Iterable[Sample]:
+    def collect(self, now: float) -> Samples:
         raise NotImplementedError
 
-    def pod_cgroups(self) -> Iterator[tuple[PodMeta, ContainerMeta | None]]:
-        """(pod, None) for every running pod with a cgroup dir, then (pod, container) for
-        each of its running containers with an id and a cgroup dir."""
-        for pod in self.env.all_pods():
-            if not pod.running or not pod.cgroup_dir:
-                continue
-            yield pod, None
-            for container in pod.containers:
-                if container.running and container.id and container.cgroup_dir:
-                    yield pod, container
-
-    @staticmethod
-    def who(pod: PodMeta, container: ContainerMeta | None) -> str:
-        return f"pod {pod.namespace}/{pod.name}" + (f" container {container.name}" if container else "")
-
-    def pod_problem(self, pod: PodMeta, container: ContainerMeta | None, exc: FileProblem) -> None:
+    def target_problem(self, target: CgroupTarget, exc: FileProblem) -> None:
         """One log line per pod (and container), file and reason; a vanished cgroup is normal
         while a pod stops, so it is logged at debug level."""
         level = logging.DEBUG if exc.missing else logging.WARNING
-        self.problems.report((pod.uid, container and container.id, str(exc.path), exc.reason),
-                             "%s: %s: %s; no sample", self.who(pod, container), exc.path, exc.reason, level=level)
+        self.problems.report((target.id, str(exc.path), exc.reason),
+                             "%s: %s: %s; no sample", target.who, exc.path, exc.reason, level=level)

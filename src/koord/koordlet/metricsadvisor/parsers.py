@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -104,12 +105,24 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
-def parse_int(text: str) -> int:
-    """A file holding one non-negative integer (cpuacct.usage)."""
-    token = text.strip()
+def parse_int(data: str | bytes) -> int:
+    """A file holding one non-negative integer (cpuacct.usage), as text or as read."""
+    if isinstance(data, bytes):
+        # What a cgroup read gives: digits and a newline (18 digits always fit).
+        if 1 < len(data) <= 19 and data[-1] == 10 and data[:-1].isdigit():
+            return int(data)
+        data = _text(data)
+    token = data.strip()
     if len(token) <= 18 and token.isdigit() and token.isascii():  # 18 digits always fit
         return int(token)
     return _counter(token, "value")
+
+
+def _text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
 
 
 def parse_flat_keyed(text: str, keys: Collection[str] | None = None) -> dict[str, int]:
@@ -117,8 +130,8 @@ def parse_flat_keyed(text: str, keys: Collection[str] | None = None) -> dict[str
     (the other lines are skipped unread), each of which must be present."""
     out: dict[str, int] = {}
     if keys is not None:
-        found = find_keyed(text, keys)
-        return found if found is not None else scan_keyed(text, keys)
+        keys = tuple(keys)
+        return dict(zip(keys, counters(text, keys), strict=True))
     for line in _lines(text):
         if not line.strip():
             continue
@@ -127,6 +140,17 @@ def parse_flat_keyed(text: str, keys: Collection[str] | None = None) -> dict[str
             raise ValueError(f"line {line[:60]!r}: want 'key value'")
         out[parts[0]] = _counter(parts[1], parts[0])
     return out
+
+
+def counters(data: str | bytes, keys: tuple[str, ...]) -> tuple[int, ...]:
+    """The values of the ``keys`` lines of a "key value" file, in the keys' order, from its
+    text or its bytes as read; ValueError naming the keys missing or malformed."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    found = find_keyed(raw, keys)
+    if found is not None:
+        return found
+    scanned = scan_keyed(_text(data) if isinstance(data, bytes) else data, keys)
+    return tuple(scanned[k] for k in keys)
 
 
 def scan_keyed(text: str, keys: Collection[str]) -> dict[str, int]:
@@ -141,35 +165,40 @@ def scan_keyed(text: str, keys: Collection[str]) -> dict[str, int]:
     return out
 
 
-def find_keyed(text: str, keys: Collection[str]) -> dict[str, int] | None:
-    """The fast path of ``parse_flat_keyed`` for the files the collectors read every second:
-    one scan for the lines that start with a wanted key and a space, whose literal newline
-    the regex engine finds without trying every character (``scan_keyed``'s ``^...$`` in
-    multiline mode does, and costs ten times more on a kernel's memory.stat). The last such
-    line of each key counts, as in ``scan_keyed``. None when anything is unusual (a tab, a
-    key missing, a value that is not a plain in-range counter): ``scan_keyed`` then decides
-    and says what is wrong, so both paths accept and reject exactly the same texts."""
-    if "\t" in text:
+def find_keyed(data: bytes, keys: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The fast path of ``counters`` for the files the collectors read every second: one
+    scan of the bytes as read for the lines that start with a wanted key and a space, whose
+    literal newline the regex engine finds without trying every character (``scan_keyed``'s
+    ``^...$`` in multiline mode does, and costs ten times more on a kernel's memory.stat).
+    The last such line of each key counts, as in ``scan_keyed``. None when anything is
+    unusual (a tab, a key missing, a value that is not a plain in-range counter):
+    ``scan_keyed`` then decides and says what is wrong, so both paths accept and reject
+    exactly the same texts."""
+    if b"\t" in data:
         return None
-    if type(keys) is not tuple:
-        keys = tuple(keys)
-    found = dict(_key_lines(keys).findall("\n" + text))
+    pattern, tokens_of = _key_lines(keys)
+    found = dict(pattern.findall(b"\n" + data))
     if len(found) != len(keys):
         return None
-    tokens = found.values()
-    digits = "".join(tokens)
-    if not (digits.isascii() and digits.isdigit()):
+    tokens = tokens_of(found)
+    digits = b"".join(tokens)
+    if not digits.isdigit():  # ASCII digits only, for bytes
         return None
-    out = {key: int(token) for key, token in found.items()}
-    if max(map(len, tokens)) > 18 and max(out.values()) > _MAX_COUNTER:  # 18 digits always fit
+    out = tuple(map(int, tokens))
+    if len(digits) > 18 and max(map(len, tokens)) > 18 and max(out) > _MAX_COUNTER:  # 18 digits always fit
         return None
     return out
 
 
 @functools.lru_cache(maxsize=32)
-def _key_lines(keys: tuple[str, ...]) -> re.Pattern[str]:
-    """A wanted key at the start of a line, a space, and the rest of the line."""
-    return re.compile("\n(" + "|".join(re.escape(k) for k in keys) + ") ([^\n]*)")
+def _key_lines(keys: tuple[str, ...]) -> tuple[re.Pattern[bytes], Callable[[dict[bytes, bytes]], tuple[bytes, ...]]]:
+    """A wanted key at the start of a line, a space, and the rest of the line (not empty);
+    and what takes the found lines' values in the keys' order."""
+    names = [k.encode("utf-8", "surrogatepass") for k in keys]
+    pattern = re.compile(b"\n(" + b"|".join(re.escape(n) for n in names) + b") ([^\n]+)")
+    if len(names) == 1:
+        return pattern, lambda found: (found[names[0]],)
+    return pattern, operator.itemgetter(*names)
 
 
 @functools.lru_cache(maxsize=32)
@@ -245,43 +274,29 @@ _V1_KEYS = ("total_inactive_anon", "total_active_anon", "total_unevictable", "to
 _V2_KEYS = ("inactive_anon", "active_anon", "unevictable", "inactive_file", "active_file")
 
 
-def parse_memory_stat(text: str, version: int) -> tuple[int, int]:
-    """memory.stat -> (usage without page cache, with page cache); see cgroup_memory_bytes."""
-    return cgroup_memory_bytes(parse_flat_keyed(text, _V1_KEYS if version == 1 else _V2_KEYS), version)
+def parse_memory_stat(data: str | bytes, version: int) -> tuple[int, int]:
+    """memory.stat -> (usage without page cache, with page cache): inactive_anon +
+    active_anon + unevictable, plus active_file + inactive_file (v1: the total_ keys)."""
+    inactive_anon, active_anon, unevictable, inactive_file, active_file = counters(
+        data, _V1_KEYS if version == 1 else _V2_KEYS)
+    without = inactive_anon + active_anon + unevictable
+    return without, without + inactive_file + active_file
 
 
 _THROTTLE_KEYS = ("nr_periods", "nr_throttled")
 
 
-def parse_throttle(text: str) -> tuple[int, int]:
+def parse_throttle(data: str | bytes) -> tuple[int, int]:
     """cpu.stat -> (nr_periods, nr_throttled), either version."""
-    return throttle_counters(parse_flat_keyed(text, _THROTTLE_KEYS))
+    periods, throttled = counters(data, _THROTTLE_KEYS)
+    return periods, throttled
 
 
-def cgroup_memory_bytes(stat: Mapping[str, int], version: int) -> tuple[int, int]:
-    """(usage without page cache, with page cache) from memory.stat: inactive_anon +
-    active_anon + unevictable, plus active_file + inactive_file (v1: the total_ keys)."""
-    keys = _V1_KEYS if version == 1 else _V2_KEYS
-    try:
-        without = stat[keys[0]] + stat[keys[1]] + stat[keys[2]]
-        return without, without + stat[keys[3]] + stat[keys[4]]
-    except KeyError:
-        raise ValueError(f"no {', '.join(k for k in keys if k not in stat)} in memory.stat") from None
-
-
-def cgroup_cpu_ns(text: str, version: int) -> int:
+def cgroup_cpu_ns(data: str | bytes, version: int) -> int:
     """CPU time used in ns: v1 cpuacct.usage, v2 cpu.stat usage_usec x 1000."""
     if version == 1:
-        return parse_int(text)
-    return parse_flat_keyed(text, ("usage_usec",))["usage_usec"] * 1000
-
-
-def throttle_counters(stat: Mapping[str, int]) -> tuple[int, int]:
-    """(nr_periods, nr_throttled) from cpu.stat, either version."""
-    try:
-        return stat["nr_periods"], stat["nr_throttled"]
-    except KeyError as exc:
-        raise ValueError(f"no {exc.args[0]} in cpu.stat") from None
+        return parse_int(data)
+    return counters(data, ("usage_usec",))[0] * 1000
 
 
 def parse_cpu_quota(text: str, version: int, period_text: str | None = None) -> tuple[int, int]:

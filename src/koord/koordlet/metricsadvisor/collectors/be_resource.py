@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from ...metriccache import Sample
+from ...metriccache import Samples
 from ...metriccache import kinds as k
 from ...runtimehooks.hooks import HookError
 from ...runtimehooks.plugins.batchresource import BATCH_CPU, parse_extended_resource_spec
@@ -110,8 +110,8 @@ class BEResourceCollector(Collector):
         period_text = read_bounded(self.env.cgroup_file(self.be_dir, "cpu_period"))
         return parse(quota_file, lambda t: parse_cpu_quota(t, 1, period_text))
 
-    def collect(self, now: float) -> list[Sample]:
-        samples: list[Sample] = []
+    def collect(self, now: float) -> Samples:
+        out = Samples(now)
         version = self.env.cgroups.version
         try:
             ns = self.env.read_cgroup(self.be_dir, "cpuacct_usage", lambda t: cgroup_cpu_ns(t, version))
@@ -120,19 +120,19 @@ class BEResourceCollector(Collector):
         else:
             rate = self.rates.rate("be", ns, now, f"CPU time of {self.be_dir}")
             if rate is not None:
-                samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_USAGE), now, rate / 1e6))
+                out.add(k.NODE_BE, _be_labels(k.BE_ALLOCATION_USAGE), rate / 1e6)
         try:
             limit = real_limit_milli(self._cpuset_sizes(), *self._quota())
         except FileProblem as exc:
             self.problems.report(("limit", exc.reason), "BE real limit: %s; no sample", exc)
         else:
             if limit is not None:
-                samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REAL_LIMIT), now, limit))
+                out.add(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REAL_LIMIT), limit)
         if self.env.pods.has_synced():
             request = sum(self._batch_cpu_request(pod) for pod in self.env.all_pods()
                           if pod.running and pod.koord_qos == "BE")
-            samples.append(Sample(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REQUEST), now, request))
-        return samples
+            out.add(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REQUEST), request)
+        return out
 
     def _batch_cpu_request(self, pod: PodMeta) -> int:
         """A BE pod's batch-cpu requests: from the container's requests when the pod source

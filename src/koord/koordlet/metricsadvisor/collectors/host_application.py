@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ...metriccache import Sample
+from ...metriccache import Samples
 from ...metriccache import kinds as k
 from ..framework import Collector, Env, Point, Rates
 from ..parsers import FileProblem, cgroup_cpu_ns, parse_memory_stat
@@ -65,8 +65,8 @@ class HostApplicationCollector(Collector):
             return []
         return [a for a in apps if isinstance(a, Mapping)]
 
-    def collect(self, now: float) -> list[Sample]:
-        samples: list[Sample] = []
+    def collect(self, now: float) -> Samples:
+        out = Samples(now)
         total_cpu = total_mem = 0.0
         version = self.env.cgroups.version
         for app in self.apps():
@@ -86,13 +86,13 @@ class HostApplicationCollector(Collector):
                 self.problems.report(("app", name, exc.reason), "host application %s: %s; no sample", name, exc,
                                      level=logging.INFO if exc.missing else logging.WARNING)
                 continue
-            samples += [Sample(k.HOST_APPLICATION_MEMORY_USAGE, labels, now, memory),
-                        Sample(k.HOST_APPLICATION_MEMORY_USAGE_WITH_PAGE_CACHE, labels, now, with_cache)]
+            out.add(k.HOST_APPLICATION_MEMORY_USAGE, labels, memory)
+            out.add(k.HOST_APPLICATION_MEMORY_USAGE_WITH_PAGE_CACHE, labels, with_cache)
             total_mem += memory
             rate = self.rates.rate(name, ns, now, f"host application {name}: CPU time")
             if rate is not None:
-                samples.append(Sample(k.HOST_APPLICATION_CPU_USAGE, labels, now, rate / 1e9))
+                out.add(k.HOST_APPLICATION_CPU_USAGE, labels, rate / 1e9)
                 total_cpu += rate / 1e9
         self.rates.prune(now)
         self.env.shared.set_host_apps(Point(total_cpu, total_mem, now))
-        return samples
+        return out

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ...metriccache import Sample
+from ...metriccache import Samples
 from ...metriccache import kinds as k
 from ..framework import Collector
 from ..parsers import PROC_FILE_BYTES, FileProblem, parse, parse_cpu_list, parse_cpuinfo, parse_int, parse_meminfo
@@ -81,8 +81,8 @@ class NodeInfoCollector(Collector):
                           "memory_total_bytes": meminfo.get("MemTotal", 0) * 1024})
         return {"nodes": nodes}
 
-    def collect(self, now: float) -> list[Sample]:
+    def collect(self, now: float) -> Samples:
         info = self.cpu_info()
         self.env.cache.set_kv(k.NODE_CPU_INFO, info)
         self.env.cache.set_kv(k.NODE_NUMA_INFO, self.numa_info(info["processors"]))
-        return []
+        return Samples(now)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from ...metriccache import Sample
+from ...metriccache import Samples
 from ...metriccache import kinds as k
 from ..framework import Collector, Env, Point, Rates
 from ..parsers import (
@@ -52,27 +52,27 @@ class NodeResourceCollector(Collector):
                     self.problems.report(("numa", str(exc.path)), "%s; no NUMA sample for it", exc)
         return out
 
-    def collect(self, now: float) -> list[Sample]:
-        samples: list[Sample] = []
+    def collect(self, now: float) -> Samples:
+        out = Samples(now)
         stat = parse(self.env.proc / "stat", parse_proc_stat, PROC_FILE_BYTES)
         meminfo = parse(self.env.proc / "meminfo", parse_meminfo)
         try:
             memory, with_cache = node_memory_bytes(meminfo)
         except ValueError as exc:
             raise FileProblem(self.env.proc / "meminfo", str(exc)) from None
-        samples += [Sample(k.NODE_MEMORY_USAGE, {}, now, memory),
-                    Sample(k.NODE_MEMORY_USAGE_WITH_PAGE_CACHE, {}, now, with_cache)]
+        out.add(k.NODE_MEMORY_USAGE, {}, memory)
+        out.add(k.NODE_MEMORY_USAGE_WITH_PAGE_CACHE, {}, with_cache)
         ticks = self.rates.rate("cpu", stat["cpu"].busy, now, "/proc/stat cpu busy ticks")
         if ticks is not None:
             cores = ticks / self.ticks_per_second
-            samples.append(Sample(k.NODE_CPU_USAGE, {}, now, cores))
+            out.add(k.NODE_CPU_USAGE, {}, cores)
             self.env.shared.set_node(Point(cores, memory, now))
         for node_id, cpus in self._numa_cpus().items():
             labels = {k.NUMA_NODE_ID: node_id}
             busy = sum(stat[f"cpu{c}"].busy for c in cpus if f"cpu{c}" in stat)
             numa_ticks = self.rates.rate(("numa", node_id), busy, now, f"/proc/stat busy ticks of NUMA node {node_id}")
             if numa_ticks is not None:
-                samples.append(Sample(k.NODE_NUMA_CPU_USAGE, labels, now, numa_ticks / self.ticks_per_second))
+                out.add(k.NODE_NUMA_CPU_USAGE, labels, numa_ticks / self.ticks_per_second)
             path = self.env.sys / "devices/system/node" / f"node{node_id}" / "meminfo"
             try:
                 used = numa_memory_bytes(parse(path, parse_meminfo))
@@ -82,5 +82,5 @@ class NodeResourceCollector(Collector):
             except FileProblem as exc:
                 self.problems.report(("numa-mem", str(path)), "%s; no NUMA memory sample", exc)
                 continue
-            samples.append(Sample(k.NODE_NUMA_MEMORY_USAGE, labels, now, used))
-        return samples
+            out.add(k.NODE_NUMA_MEMORY_USAGE, labels, used)
+        return out

@@ -8,13 +8,23 @@ with page cache. The pods' totals go to the shared state for the system collecto
 
 from __future__ import annotations
 
-from ...metriccache import Sample
+from ...metriccache import Samples, SeriesKey, series_key
 from ...metriccache import kinds as k
-from ..framework import Collector, Env, Point, Rates
-from ..parsers import FileProblem, cgroup_cpu_ns, parse_memory_stat
+from ..framework import CgroupTarget, Collector, Env, Point, Rates
+from ..parsers import cgroup_cpu_ns, parse_memory_stat
 
 _POD_KINDS = (k.POD_CPU_USAGE, k.POD_MEMORY_USAGE, k.POD_MEMORY_USAGE_WITH_PAGE_CACHE)
 _CONTAINER_KINDS = (k.CONTAINER_CPU_USAGE, k.CONTAINER_MEMORY_USAGE, k.CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE)
+
+
+def _keys(target: CgroupTarget) -> tuple[SeriesKey, SeriesKey, SeriesKey]:
+    """The target's (CPU, memory, memory with page cache) series."""
+    if target.container is None:
+        kinds, labels = _POD_KINDS, {k.POD_UID: target.id}
+    else:
+        kinds, labels = _CONTAINER_KINDS, {k.CONTAINER_ID: target.id}
+    cpu, memory, with_cache = (series_key(kind, labels) for kind in kinds)
+    return cpu, memory, with_cache
 
 
 class PodResourceCollector(Collector):
@@ -22,43 +32,50 @@ class PodResourceCollector(Collector):
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
-        version = env.cgroups.version
-        self._cpu_ns = lambda text: cgroup_cpu_ns(text, version)
-        self._memory = lambda text: parse_memory_stat(text, version)
+        self.rates = Rates(ttl=20 * self.interval, problems=self.problems, counter="CPU time")
+        self._keys: tuple[list[CgroupTarget], list[tuple[SeriesKey, SeriesKey, SeriesKey]]] = ([], [])
 
-    def collect(self, now: float) -> list[Sample]:
+    def collect(self, now: float) -> Samples:
         """Every running pod's and container's samples; a pod whose files cannot be read
         is logged (once) and left out of this tick. The loop runs for every cgroup every
-        second, so it calls the reader and the rates directly."""
+        second: the files are read in two calls, and each target's series keys are made
+        once per pod list."""
+        out = Samples(now)
         if not self.env.pods.has_synced():
-            return []
-        cache_too = self.env.config.enable_pagecache_collector
-        read, rate = self.env.read_cgroup, self.rates.rate
-        samples: list[Sample] = []
+            return out
+        env, version = self.env, self.env.cgroups.version
+        cache_too = env.config.enable_pagecache_collector
+        targets = env.pod_targets()
+        if self._keys[0] is not targets:
+            self._keys = (targets, [_keys(t) for t in targets])
+        cpus = env.read_cgroups(targets, "cpuacct_usage")
+        memories = env.read_cgroups(targets, "memory_stat")
+        rate, add = self.rates.rate, out.add_keyed
         total_cpu = total_mem = 0.0
-        for pod, container in self.pod_cgroups():
-            if container is None:
-                (cpu_kind, memory_kind, cache_kind), labels = _POD_KINDS, {k.POD_UID: pod.uid}
-                cgroup_dir, key = pod.cgroup_dir, ("pod", pod.uid)
-            else:
-                (cpu_kind, memory_kind, cache_kind), labels = _CONTAINER_KINDS, {k.CONTAINER_ID: container.id}
-                cgroup_dir, key = container.cgroup_dir, ("container", container.id)
-            try:
-                ns = read(cgroup_dir, "cpuacct_usage", self._cpu_ns)
-                memory, with_cache = read(cgroup_dir, "memory_stat", self._memory)
-            except FileProblem as exc:
-                self.pod_problem(pod, container, exc)
+        for target, (cpu_key, memory_key, cache_key), cpu, mem in zip(targets, self._keys[1], cpus, memories,
+                                                                       strict=True):
+            if type(cpu) is not bytes or type(mem) is not bytes:
+                self.target_problem(target, cpu if type(cpu) is not bytes else mem)  # type: ignore[arg-type]
                 continue
-            ns_per_second = rate(key, ns, now, lambda: f"{self.who(pod, container)}: CPU time")  # noqa: B023
-            samples.append(Sample(memory_kind, labels, now, memory))
+            try:
+                ns = cgroup_cpu_ns(cpu, version)
+            except ValueError as exc:
+                self.target_problem(target, env.parse_problem(target, "cpuacct_usage", exc))
+                continue
+            try:
+                memory, with_cache = parse_memory_stat(mem, version)
+            except ValueError as exc:
+                self.target_problem(target, env.parse_problem(target, "memory_stat", exc))
+                continue
+            ns_per_second = rate(target.id, ns, now, target.who)
+            add(memory_key, float(memory))
             if cache_too:
-                samples.append(Sample(cache_kind, labels, now, with_cache))
+                add(cache_key, float(with_cache))
             if ns_per_second is not None:
-                samples.append(Sample(cpu_kind, labels, now, ns_per_second / 1e9))
-            if container is None:
+                add(cpu_key, ns_per_second / 1e9)
+            if target.container is None:
                 total_mem += memory
                 total_cpu += 0.0 if ns_per_second is None else ns_per_second / 1e9
         self.rates.prune(now)
-        self.env.shared.set_pods(self.name, Point(total_cpu, total_mem, now))
-        return samples
+        env.shared.set_pods(self.name, Point(total_cpu, total_mem, now))
+        return out

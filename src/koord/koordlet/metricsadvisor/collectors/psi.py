@@ -4,9 +4,9 @@ has it, "full". Off, too, when the pod cgroups have no pressure files (the kerne
 
 from __future__ import annotations
 
-from ...metriccache import Sample
+from ...metriccache import Samples
 from ...metriccache import kinds as k
-from ..framework import Collector
+from ..framework import CgroupTarget, Collector
 from ..parsers import FileProblem, parse_psi
 
 _RESOURCES = (("cpu", "cpu_pressure"), ("mem", "memory_pressure"), ("io", "io_pressure"))
@@ -22,26 +22,24 @@ class PSICollector(Collector):
     def enabled(self) -> bool:
         return self.env.config.psi_collector
 
-    def _samples(self, kind: str, id_label: dict[str, str], cgroup_dir: str, now: float) -> list[Sample]:
-        out = []
-        for resource, file in _RESOURCES:
-            values = self.env.read_cgroup(cgroup_dir, file, parse_psi)
+    def _add(self, out: Samples, target: CgroupTarget) -> None:
+        """The target's samples, all or (FileProblem) none."""
+        kind, id_label = ((k.POD_PSI, {k.POD_UID: target.id}) if target.container is None
+                          else (k.CONTAINER_PSI, {k.CONTAINER_ID: target.id}))
+        found = [(resource, self.env.read_cgroup(target.cgroup_dir, file, parse_psi))
+                 for resource, file in _RESOURCES]
+        for resource, values in found:
             for degree, avg10 in values.items():
-                labels = {**id_label, k.PSI_RESOURCE: resource, k.PSI_PRECISION: "10", k.PSI_DEGREE: degree}
-                out.append(Sample(kind, labels, now, avg10))
-        return out
+                out.add(kind, {**id_label, k.PSI_RESOURCE: resource, k.PSI_PRECISION: "10", k.PSI_DEGREE: degree},
+                        avg10)
 
-    def collect(self, now: float) -> list[Sample]:
+    def collect(self, now: float) -> Samples:
+        out = Samples(now)
         if not self.env.pods.has_synced():
-            return []
-        samples: list[Sample] = []
-        for pod, container in self.pod_cgroups():
+            return out
+        for target in self.env.pod_targets():
             try:
-                if container is None:
-                    samples += self._samples(k.POD_PSI, {k.POD_UID: pod.uid}, pod.cgroup_dir, now)
-                else:
-                    samples += self._samples(k.CONTAINER_PSI, {k.CONTAINER_ID: container.id},
-                                             container.cgroup_dir, now)
+                self._add(out, target)
             except FileProblem as exc:
-                self.pod_problem(pod, container, exc)
-        return samples
+                self.target_problem(target, exc)
+        return out

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
-from ...metriccache import Aggregation, MetricCache, Sample
+from ...metriccache import Aggregation, MetricCache, Samples
 from ...metriccache import kinds as k
 from ...resctrlfs import ResctrlError, ResctrlFS, cpu_info
 from ..framework import Collector
@@ -38,19 +38,19 @@ class ResctrlCollector(Collector):
     def enabled(self) -> bool:
         return self.env.config.resctrl_collector
 
-    def collect(self, now: float) -> list[Sample]:
+    def collect(self, now: float) -> Samples:
+        out = Samples(now)
         fs = ResctrlFS(self.env.config.sys_fs_root)
         try:
             flags = cpu_info(self.env.proc).flags
         except ResctrlError as exc:
             self.problems.report("cpuinfo", "resctrl collector: %s", exc)
-            return []
+            return out
         missing = [f for f in MONITORING_FLAGS if f not in flags]
         if missing or not fs.mounted():
             why = f"CPU flags lack {', '.join(missing)}" if missing else f"{fs.root} not mounted"
             self.problems.report("unsupported", "resctrl collector: %s; nothing collected", why)
-            return []
-        samples: list[Sample] = []
+            return out
         for group in GROUPS:
             try:
                 data = fs.mon_data(group)
@@ -61,12 +61,11 @@ class ResctrlCollector(Collector):
             for cache_id, values in data.items():
                 labels = {k.QOS: group, k.CACHE_ID: str(cache_id)}
                 if "llc_occupancy" in values:
-                    samples.append(Sample(k.RESCTRL_LLC, labels, now, float(values["llc_occupancy"])))
+                    out.add(k.RESCTRL_LLC, labels, float(values["llc_occupancy"]))
                 for mb_type in MB_FILES:
                     if mb_type in values:
-                        samples.append(Sample(k.RESCTRL_MB, {**labels, k.RESCTRL_MB_TYPE: mb_type}, now,
-                                              float(values[mb_type])))
-        return samples
+                        out.add(k.RESCTRL_MB, {**labels, k.RESCTRL_MB_TYPE: mb_type}, float(values[mb_type]))
+        return out
 
 
 class ResctrlPrometheus(PromCollector):

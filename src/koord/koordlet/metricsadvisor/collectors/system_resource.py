@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from ...metriccache import Sample
+from ...metriccache import Samples
 from ...metriccache import kinds as k
 from ..framework import Collector
 
@@ -17,7 +17,7 @@ from ..framework import Collector
 class SystemResourceCollector(Collector):
     name = "SystemResource"
 
-    def collect(self, now: float) -> list[Sample]:
+    def collect(self, now: float) -> Samples:
         node, pods, host_apps = self.env.shared.snapshot()
         outdated = self.env.config.collect_sys_metric_outdated_interval
         inputs = {"node": node, "host applications": host_apps, **{f"pods ({n})": p for n, p in pods.items()}}
@@ -27,10 +27,12 @@ class SystemResourceCollector(Collector):
             if point is None or now - point.timestamp > outdated:
                 self.problems.report(("stale", what), "no recent %s usage (within %.0fs); no system usage",
                                      what, outdated, level=logging.INFO)
-                return []
+                return Samples(now)
             self.problems.clear(("stale", what))
         assert node is not None and host_apps is not None
         cpu = node.cpu - sum(p.cpu for p in pods.values()) - host_apps.cpu
         memory = node.memory - sum(p.memory for p in pods.values()) - host_apps.memory
-        return [Sample(k.SYS_CPU_USAGE, {}, now, max(cpu, 0.0)),
-                Sample(k.SYS_MEMORY_USAGE, {}, now, max(memory, 0.0))]
+        out = Samples(now)
+        out.add(k.SYS_CPU_USAGE, {}, max(cpu, 0.0))
+        out.add(k.SYS_MEMORY_USAGE, {}, max(memory, 0.0))
+        return out
