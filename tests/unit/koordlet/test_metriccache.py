@@ -505,6 +505,30 @@ def test_aggregate_by_and_aggregates_equal_one_query_each(points, lo, span):
         c.close()
 
 
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 400),
+                          st.floats(0, 1e6, allow_nan=False)), max_size=60),
+       st.integers(0, 60), st.integers(0, 400), st.integers(0, 400))
+def test_last_by_gives_aggregate_by_last(points, cut_at, lo, span):
+    """last_by's direct look at each series' head answers what aggregate_by's LAST does,
+    with late samples, chunks newer than a head, and windows ending before the newest sample;
+    for a kind of two labels too (where it asks aggregate_by)."""
+    c = MetricCache(None, chunk_seconds=1e9)
+    try:
+        for i, (uid, ts, value) in enumerate(points):
+            c.append([pod(uid, 1000 + ts, value), Sample(mc.NODE_BE, {mc.BE_RESOURCE: uid, mc.BE_ALLOCATION: "x"},
+                                                         1000 + ts, value)])
+            if i == cut_at:
+                c.flush()
+        start, end = 1000 + lo, 1000 + lo + span
+        for kind, label in ((mc.POD_CPU_USAGE, mc.POD_UID), (mc.NODE_BE, mc.BE_RESOURCE)):
+            by = c.aggregate_by(kind, label, start, end, [Aggregation.LAST])
+            assert c.last_by(kind, label, ["a", "b", "c", "d"], start, end) == {
+                uid: got[Aggregation.LAST] for uid, got in by.items()}
+    finally:
+        c.close()
+
+
 def test_aggregate_by_rejects_a_label_the_kind_has_not(cache):
     with pytest.raises(MetricCacheError, match="unknown labels"):
         cache.aggregate_by(mc.NODE_CPU_USAGE, mc.POD_UID, 0, 1, [Aggregation.AVG])

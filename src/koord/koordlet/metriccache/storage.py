@@ -621,6 +621,37 @@ class MetricCache:
             out[value] = found
         return out
 
+    def last_by(self, kind: str, label: str, values: Iterable[str], start: float, end: float) -> dict[str, float]:
+        """Per value of ``label``, the newest sample within [start, end] of its series: what
+        ``aggregate_by`` gives as LAST, for the values that have one.
+
+        The QoS strategies ask this every second about every pod or container. When
+        ``label`` is the kind's only label, each value has one series, looked up by its key;
+        its newest sample is the head's last when the head is in time order, newer than any
+        chunk and that sample lies in the window. Any value the head cannot answer so is
+        left to ``aggregate_by``."""
+        _check_query(kind, {label: ""})
+        if SCHEMA[kind] != (label,):
+            found = self.aggregate_by(kind, label, start, end, (Aggregation.LAST,))
+            return {v: found[v][Aggregation.LAST] for v in values if v in found}
+        lo, hi = _ms(start), _ms(end)
+        out: dict[str, float] = {}
+        rest = []
+        with self._lock:
+            series, chunks_newest = self._series, self._chunks_newest
+            for value in values:
+                one = series.get((kind, ((label, value),)))
+                if one is None:
+                    continue  # no series: no sample
+                if one.in_order and one.ts and lo <= one.newest <= hi and one.newest > chunks_newest:
+                    out[value] = one.values[-1]
+                else:
+                    rest.append(value)
+        if rest:
+            found = self.aggregate_by(kind, label, start, end, (Aggregation.LAST,))
+            out.update((v, found[v][Aggregation.LAST]) for v in rest if v in found)
+        return out
+
     def _series_points(self, kind: str, start: float, end: float, labels: Mapping[str, str] | None
                        ) -> dict[int, tuple[dict[str, str], list[tuple[Sequence[int], Sequence[float]]]]]:
         """By series id, the labels and the (ms times, values) parts within [start, end] of
@@ -634,7 +665,7 @@ class MetricCache:
             if want and len(want) == len(SCHEMA[kind]):  # every label given: one series at most
                 try:
                     one = self._series.get(series_key(kind, want))
-                except TypeError:  # an unhashable or unsortable value names no series
+                except (TypeError, MetricCacheError):  # an unhashable or unsortable value names no series
                     one = None
                 matching = [] if one is None else [one]
             else:

@@ -156,9 +156,7 @@ class Context:
         """``last(kind, {label: value})`` for each of ``values`` that has one, in one pass over
         the series (one query per pod would scan every pod's series each time)."""
         now = self.clock()
-        found = self.metric_cache.aggregate_by(kind, label, now - 2 * self.config.collect_interval,
-                                               now, (Aggregation.LAST,))
-        return {v: found[v][Aggregation.LAST] for v in values if Aggregation.LAST in found.get(v, {})}
+        return self.metric_cache.last_by(kind, label, values, now - 2 * self.config.collect_interval, now)
 
     def node_slo(self, strategy: str) -> dict | None:
         """The merged NodeSLO, or None (logged once) before there is one: the strategy then

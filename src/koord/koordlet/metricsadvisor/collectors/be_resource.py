@@ -27,7 +27,6 @@ from ..parsers import (
     parse,
     parse_cpu_list,
     parse_cpu_quota,
-    parse_text,
     read_bounded,
 )
 
@@ -56,48 +55,52 @@ class BEResourceCollector(Collector):
     def __init__(self, env: Env) -> None:
         super().__init__(env)
         self.rates = Rates(ttl=20 * self.interval, problems=self.problems)
-        self._walked: tuple[float, list[Path]] | None = None
+        self._walked: tuple[float, list[str]] | None = None
         # A cpuset file's text -> its CPU count: a hundred files a second hold a few
         # distinct lists, parsed once each (bounded: cleared past _MAX_CPUSET_TEXTS).
-        self._cpuset_size: dict[str, int] = {}
+        self._cpuset_size: dict[bytes, int] = {}
 
     @property
     def be_dir(self) -> str:
         return self.env.kube_qos_dir("besteffort")
 
-    def _cpuset_files(self, top: Path) -> list[Path]:
+    def _cpuset_files(self, top: Path) -> list[str]:
         """The cpuset file of the besteffort dir and of every dir below it. The tree is
         walked every ``_WALK_SECONDS`` (listing a hundred dirs of twenty files each cost
         more than the rest of the tick); the files are read every tick."""
         now = time.monotonic()
-        if self._walked is not None and self._walked[1][:1] == [top] and now - self._walked[0] < _WALK_SECONDS:
+        if self._walked is not None and self._walked[1][:1] == [str(top)] and now - self._walked[0] < _WALK_SECONDS:
             return self._walked[1]
-        found: list[Path] = []
+        found: list[str] = []
         for walked, (dirpath, _dirs, files) in enumerate(os.walk(top.parent)):
             if walked >= _MAX_WALK_DIRS:
                 self.problems.report("walk", "more than %d dirs below %s; BE cpuset from the first ones",
                                      _MAX_WALK_DIRS, top.parent)
                 break
             if top.name in files:
-                found.append(Path(dirpath) / top.name)
+                found.append(os.path.join(dirpath, top.name))
         self._walked = (now, found)
         return found
 
     def _cpuset_sizes(self) -> list[int]:
-        """Sizes of the besteffort dir's cpuset and of every dir below it."""
+        """Sizes of the besteffort dir's cpuset and of every dir below it (read in one call)."""
         sizes: list[int] = []
-        for path in self._cpuset_files(self.env.cgroup_file(self.be_dir, "cpuset_cpus_effective")):
-            try:
-                text = self.env.files.read(path, SMALL_FILE_BYTES)
-                size = self._cpuset_size.get(text)
-                if size is None:
-                    if len(self._cpuset_size) >= _MAX_CPUSET_TEXTS:
-                        self._cpuset_size.clear()
-                    size = self._cpuset_size[text] = len(parse_text(path, text, parse_cpu_list))
-            except FileProblem as exc:
-                if not exc.missing:
-                    self.problems.report(("cpuset", str(exc.path)), "%s; ignored for the BE cpuset", exc)
+        paths = self._cpuset_files(self.env.cgroup_file(self.be_dir, "cpuset_cpus_effective"))
+        for path, data in zip(paths, self.env.files.read_all(paths, SMALL_FILE_BYTES), strict=True):
+            if isinstance(data, FileProblem):
+                if not data.missing:
+                    self.problems.report(("cpuset", str(data.path)), "%s; ignored for the BE cpuset", data)
                 continue
+            size = self._cpuset_size.get(data)
+            if size is None:
+                if len(self._cpuset_size) >= _MAX_CPUSET_TEXTS:
+                    self._cpuset_size.clear()
+                try:
+                    size = self._cpuset_size[data] = len(parse_cpu_list(data.decode("utf-8")))
+                except (UnicodeDecodeError, ValueError) as exc:
+                    reason = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+                    self.problems.report(("cpuset", path), "%s: %s; ignored for the BE cpuset", path, reason)
+                    continue
             if size:  # an empty v1 cpuset inherits nothing: it is not a limit
                 sizes.append(size)
         return sizes
