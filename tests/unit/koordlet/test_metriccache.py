@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -330,6 +331,63 @@ def test_history_survives_close_and_reopen(tmp_path):
     c.append([pod("a", now - 4, 2.5)])  # the series id is reused, not duplicated
     assert c.aggregate(mc.POD_CPU_USAGE, now - 10, now, Aggregation.COUNT, {mc.POD_UID: "a"}) == 2
     c.close()
+
+
+def test_a_head_of_one_row_per_sample_from_an_older_file_is_read_and_cut(tmp_path):
+    """A file written before ticks were stored as one row keeps its head: read at open,
+    answered with the new ticks, and moved into chunks by the next cut."""
+    c = MetricCache(tmp_path)
+    now = time.time()
+    c.append([pod("a", now - 5, 1.5)])
+    c.close()
+    db = sqlite3.connect(tmp_path / "metrics.db")
+    sid = db.execute("SELECT id FROM series").fetchone()[0]
+    db.execute("DELETE FROM head_ticks")
+    db.execute("INSERT INTO head VALUES (?, ?, ?)", (sid, round((now - 5) * 1000), 1.5))
+    db.commit()
+    db.close()
+    c = MetricCache(tmp_path)
+    c.append([pod("a", now - 4, 2.5)])
+    want = [(pytest.approx(now - 5, abs=1e-3), 1.5), (pytest.approx(now - 4, abs=1e-3), 2.5)]
+    assert c.query(mc.POD_CPU_USAGE, now - 10, now) == want
+    c.flush()
+    c.close()
+    c = MetricCache(tmp_path)
+    assert c.query(mc.POD_CPU_USAGE, now - 10, now) == want
+    assert c._conn().execute("SELECT count(*) FROM head").fetchone()[0] == 0
+    c.close()
+
+
+def test_an_unreadable_stored_tick_is_skipped_and_named(tmp_path, caplog):
+    c = MetricCache(tmp_path)
+    now = time.time()
+    for i, value in enumerate((1.0, 2.0, 3.0)):
+        c.append([pod("a", now - 5 + i, value)])
+    c.close()
+    db = sqlite3.connect(tmp_path / "metrics.db")
+    db.execute("UPDATE head_ticks SET vals = x'00' WHERE rowid = (SELECT min(rowid) + 1 FROM head_ticks)")
+    db.commit()
+    db.close()
+    c = MetricCache(tmp_path)
+    assert [v for _, v in c.query(mc.POD_CPU_USAGE, now - 10, now)] == [1.0, 3.0]
+    assert "unreadable" in caplog.text and "skipped" in caplog.text
+    c.close()
+
+
+@given(st.lists(st.tuples(st.integers(1, 2**40), st.floats(allow_nan=False)), max_size=50))
+def test_tick_encoding_roundtrip(samples):
+    ids, values = [i for i, _ in samples], [v for _, v in samples]
+    got_ids, got_values = mc.chunks.decode_tick(*mc.chunks.encode_tick(ids, values))
+    assert (list(got_ids), list(got_values)) == (ids, values)
+
+
+@given(st.binary(max_size=64), st.binary(max_size=64) | st.integers() | st.none())
+def test_garbage_ticks_rejected(ids, values):
+    try:
+        got_ids, got_values = mc.chunks.decode_tick(ids, values)
+    except ValueError:
+        return
+    assert len(got_ids) == len(got_values)
 
 
 _WRITER = """

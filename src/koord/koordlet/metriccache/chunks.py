@@ -1,4 +1,5 @@
-"""The metric cache's in-memory head of a series and its on-disk chunk codec.
+"""The metric cache's in-memory head of a series, its on-disk chunk codec, and the codec of
+one tick's samples as the head stores them.
 
 A chunk is one series' points over a time span as a zlib blob: a header (first ts in ms,
 sample count), ms deltas as int64, then the values as float64. About 6 bytes a sample on
@@ -93,3 +94,20 @@ def decode_chunk(blob: bytes) -> tuple[list[int], array]:
     vals = array("d")
     vals.frombytes(raw[_CHUNK_HEADER.size + 8 * (count - 1):])
     return list(itertools.accumulate(deltas, initial=first)), vals
+
+
+def encode_tick(series_ids: Sequence[int], values: Sequence[float]) -> tuple[bytes, bytes]:
+    """A tick's series ids and values as two arrays (int64, float64) of the same length."""
+    return array("q", series_ids).tobytes(), array("d", values).tobytes()
+
+
+def decode_tick(ids_blob: bytes, values_blob: bytes) -> tuple[array, array]:
+    """The inverse of encode_tick; ValueError when the blobs are not one."""
+    if not isinstance(ids_blob, bytes) or not isinstance(values_blob, bytes):
+        raise ValueError("not blobs")
+    if len(ids_blob) % 8 or len(ids_blob) != len(values_blob):
+        raise ValueError(f"{len(ids_blob)} bytes of series ids for {len(values_blob)} bytes of values")
+    ids, values = array("q"), array("d")
+    ids.frombytes(ids_blob)
+    values.frombytes(values_blob)
+    return ids, values

@@ -6,11 +6,15 @@ to ~1000 series. Stored one row per sample clustered by series, every tick dirti
 per series (measured: 20 ms of CPU and 7 MB written per tick). So samples are kept the
 way Prometheus' TSDB keeps them, as a head plus chunks:
 
-- ``head``: every sample as it arrives, appended in arrival order (a handful of pages per
-  tick) and mirrored in memory per series, which is what queries read for recent data;
+- ``head_ticks``: every tick's samples as they arrive, one row per tick (its time, its
+  series ids and its values as two arrays: one insert a second, not one per sample), and
+  mirrored in memory per series, which is what queries read for recent data;
 - ``chunks``: every ``chunk_seconds`` the head is cut into one compressed blob per series
   (ms deltas + float64 values, zlib) keyed by (series, time span), so a window query
-  on one pod reads only that pod's few rows; the head table is then emptied.
+  on one pod reads only that pod's few rows; the head is then emptied.
+
+Files written before ``head_ticks`` hold their head as one row per sample in ``head``: read
+at open like the ticks, and emptied with them.
 
 ``series`` maps kind + sorted labels to a small integer id once; ``kv`` holds JSON values.
 Bounds: chunks older than the retention are dropped, and while the used pages exceed the
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import json
 import logging
 import math
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .aggregate import Aggregation, aggregate, aggregate_values
-from .chunks import Series, chunk_window, decode_chunk, encode_chunk
+from .chunks import Series, chunk_window, decode_chunk, decode_tick, encode_chunk, encode_tick
 from .kinds import SCHEMA
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,11 @@ CREATE TABLE IF NOT EXISTS head (
     series_id INTEGER NOT NULL,
     ts INTEGER NOT NULL,
     value REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS head_ticks (
+    ts INTEGER NOT NULL,
+    series BLOB NOT NULL,
+    vals BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS chunks (
     series_id INTEGER NOT NULL,
@@ -375,10 +383,21 @@ class MetricCache:
             self._add_series(kind, Series(sid, parsed))
         newest = db.execute("SELECT max(max_ts) FROM chunks").fetchone()[0]
         self._chunks_newest = -1 if newest is None else int(newest)
+        by_id = self._by_id
         for sid, ts, value in db.execute("SELECT series_id, ts, value FROM head ORDER BY rowid"):
-            series = self._by_id.get(sid)
+            series = by_id.get(sid)
             if series is not None:
                 series.add(ts, value)
+        for ts, sids, values in db.execute("SELECT ts, series, vals FROM head_ticks ORDER BY rowid"):
+            try:
+                decoded = decode_tick(sids, values)
+            except ValueError as exc:
+                log.error("metric cache: the samples stored at %s ms are unreadable (%s); skipped", ts, exc)
+                continue
+            for sid, value in zip(*decoded, strict=True):
+                series = by_id.get(sid)
+                if series is not None:
+                    series.add(ts, value)
 
     def _add_series(self, kind: str, series: Series) -> None:
         self._series[series_key(kind, series.labels)] = series
@@ -430,8 +449,8 @@ class MetricCache:
                     for tick in ticks:
                         ms = _ms(tick.timestamp)
                         series = [known.get(key) or self._new_series(db, key, created) for key in tick.keys]
-                        db.executemany("INSERT INTO head VALUES (?, ?, ?)",
-                                       zip([s.id for s in series], itertools.repeat(ms), tick.values))
+                        db.execute("INSERT INTO head_ticks VALUES (?, ?, ?)",
+                                   (ms, *encode_tick([s.id for s in series], tick.values)))
                         stored.append((ms, series, tick.values))
             except sqlite3.Error as exc:
                 for key in created:  # the rollback undid their rows; nothing else changed
@@ -473,6 +492,7 @@ class MetricCache:
             with _transaction(db):
                 db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)", rows)
                 db.execute("DELETE FROM head")
+                db.execute("DELETE FROM head_ticks")
         except sqlite3.Error as exc:
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
             return
@@ -543,11 +563,10 @@ class MetricCache:
         left without samples.
 
         Which series are left is asked of the chunks' index only for the series whose
-        in-memory head is empty (the head table holds exactly what the in-memory heads
-        hold): asking SQLite about every series scans the whole head table, which has no
-        series index, once per series. ``thorough`` (at open) asks about every series, so
+        in-memory head is empty (the head tables hold exactly what the in-memory heads
+        hold). ``thorough`` (at open, and after a failed expiry) asks about every series, so
         rows nothing in memory stands for (a series whose labels could not be read) go too.
-        The head table is scanned only when some in-memory head held older samples."""
+        The head tables are touched only when some in-memory head held older samples."""
         thorough = thorough or self._diverged
         head_expired = False
         for series in self._by_id.values():  # first: the empty heads are then known
@@ -557,9 +576,13 @@ class MetricCache:
                 db.execute("DELETE FROM chunks WHERE max_ts < ?", (cutoff_ms,))
                 if head_expired or thorough:
                     db.execute("DELETE FROM head WHERE ts < ?", (cutoff_ms,))
+                    db.execute("DELETE FROM head_ticks WHERE ts < ?", (cutoff_ms,))
                 if thorough:
-                    db.execute("DELETE FROM series WHERE id NOT IN (SELECT series_id FROM chunks) "
-                               "AND id NOT IN (SELECT series_id FROM head)")
+                    keep = {sid for sid, series in self._by_id.items() if series.ts}
+                    keep.update(sid for (sid,) in db.execute("SELECT DISTINCT series_id FROM chunks"))
+                    keep.update(sid for (sid,) in db.execute("SELECT DISTINCT series_id FROM head"))
+                    gone = [(sid,) for (sid,) in db.execute("SELECT id FROM series").fetchall() if sid not in keep]
+                    db.executemany("DELETE FROM series WHERE id = ?", gone)
                 else:
                     db.executemany("DELETE FROM series WHERE id = ? AND NOT EXISTS "
                                    "(SELECT 1 FROM chunks WHERE series_id = ?)",

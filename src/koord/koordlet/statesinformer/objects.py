@@ -33,8 +33,10 @@ KIND_NAMES = {NODE: "Node", NODE_SLO: "NodeSLO", NODE_METRIC: "NodeMetric"}
 
 Sink = Callable[[str, "dict | None"], None]
 
-SETTLE_SECONDS = 0.1
-"""Editors and ``kubectl cp`` write a file in several steps; wait for the burst to end."""
+SETTLE_SECONDS = 0.5
+"""Editors and ``kubectl cp`` write a file in several steps; wait for the burst to end. Also
+how often the watcher looks for events (each look wakes a thread and takes the GIL): a
+NodeSLO edit is applied 0.5 to 1 s after it."""
 
 POLL_SECONDS = 1.0
 """Re-read anyway this often: catches a directory that appears late or is replaced."""
