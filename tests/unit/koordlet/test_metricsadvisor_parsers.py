@@ -257,8 +257,11 @@ def test_keyed_fast_path_agrees_with_the_regex_scan(text, keys):
     ("active_anon 5\ntotal_active_anon 7", {"total_active_anon": 7, "active_anon": 5}),
     # 3: a prefix of another key is not it
     ("total_active_anon 7\nactive_anon_x 1\nactive_anon 2\n", {"total_active_anon": 7, "active_anon": 2}),
-    # 4: a tab separator is left to the regex scan, which takes it
+    # 4: a tab separator
     ("total_active_anon\t7\nactive_anon 2\n", {"total_active_anon": 7, "active_anon": 2}),
+    # 5: an earlier line of a key is not read, even when it is garbage
+    ("total_active_anon 99999999999999999999\ntotal_active_anon 7\nactive_anon 2\n",
+     {"total_active_anon": 7, "active_anon": 2}),
 ])
 def test_keyed_cases(text, want):
     assert p.parse_flat_keyed(text, ("total_active_anon", "active_anon")) == want

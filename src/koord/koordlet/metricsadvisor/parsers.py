@@ -155,10 +155,10 @@ def counters(data: str | bytes, keys: tuple[str, ...]) -> tuple[int, ...]:
 
 def scan_keyed(text: str, keys: Collection[str]) -> dict[str, int]:
     """Only the wanted lines, found by one regex scan (memory.stat has ~40 lines, 3-5 wanted);
-    the last line of a key counts. ValueError naming the keys missing or malformed."""
-    out: dict[str, int] = {}
-    for key, value in _keyed_lines(tuple(keys)).findall(text):
-        out[key] = _counter(value, key)
+    the last line of a key counts (an earlier one is not read). ValueError naming the keys
+    missing or malformed."""
+    last = dict(_keyed_lines(tuple(keys)).findall(text))
+    out = {key: _counter(value, key) for key, value in last.items()}
     missing = [k for k in keys if k not in out]
     if missing:
         raise ValueError(f"no well-formed {', '.join(sorted(missing))} line")
@@ -167,15 +167,13 @@ def scan_keyed(text: str, keys: Collection[str]) -> dict[str, int]:
 
 def find_keyed(data: bytes, keys: tuple[str, ...]) -> tuple[int, ...] | None:
     """The fast path of ``counters`` for the files the collectors read every second: one
-    scan of the bytes as read for the lines that start with a wanted key and a space, whose
-    literal newline the regex engine finds without trying every character (``scan_keyed``'s
-    ``^...$`` in multiline mode does, and costs ten times more on a kernel's memory.stat).
-    The last such line of each key counts, as in ``scan_keyed``. None when anything is
-    unusual (a tab, a key missing, a value that is not a plain in-range counter):
-    ``scan_keyed`` then decides and says what is wrong, so both paths accept and reject
-    exactly the same texts."""
-    if b"\t" in data:
-        return None
+    scan of the bytes as read for the lines that start with a wanted key and a space or a
+    tab, whose literal newline the regex engine finds without trying every character
+    (``scan_keyed``'s ``^...$`` in multiline mode does, and costs ten times more on a
+    kernel's memory.stat). The last such line of each key counts, as in ``scan_keyed``.
+    None when anything is unusual (a key missing, a value that is not a plain in-range
+    counter right after one separator): ``scan_keyed`` then decides and says what is wrong,
+    so both paths accept and reject exactly the same texts."""
     pattern, tokens_of = _key_lines(keys)
     found = dict(pattern.findall(b"\n" + data))
     if len(found) != len(keys):
@@ -192,10 +190,10 @@ def find_keyed(data: bytes, keys: tuple[str, ...]) -> tuple[int, ...] | None:
 
 @functools.lru_cache(maxsize=32)
 def _key_lines(keys: tuple[str, ...]) -> tuple[re.Pattern[bytes], Callable[[dict[bytes, bytes]], tuple[bytes, ...]]]:
-    """A wanted key at the start of a line, a space, and the rest of the line (not empty);
-    and what takes the found lines' values in the keys' order."""
+    """A wanted key at the start of a line, a space or a tab, and the rest of the line (not
+    empty); and what takes the found lines' values in the keys' order."""
     names = [k.encode("utf-8", "surrogatepass") for k in keys]
-    pattern = re.compile(b"\n(" + b"|".join(re.escape(n) for n in names) + b") ([^\n]+)")
+    pattern = re.compile(b"\n(" + b"|".join(re.escape(n) for n in names) + b")[ \t]([^\n]+)")
     if len(names) == 1:
         return pattern, lambda found: (found[names[0]],)
     return pattern, operator.itemgetter(*names)
