@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 _CHUNK_HEADER = struct.Struct("<qI")  # first ts (ms), sample count
 
 
-@dataclass
+@dataclass(slots=True)
 class Series:
     """One series' head: its samples not yet cut into a chunk, in arrival order (which is
     time order unless a sample arrived late: ``in_order`` says, so windows can bisect)."""

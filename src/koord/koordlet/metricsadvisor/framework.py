@@ -149,7 +149,7 @@ class SharedState:
             return self.node, dict(self.pods), self.host_apps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CgroupTarget:
     """A running pod's or container's cgroup, as the pod collectors read it every tick."""
 
