@@ -11,6 +11,7 @@ import pytest
 from koord.koordlet import metriccache as mc
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metricsadvisor import AdvisorConfig
+from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
 from koord.koordlet.metricsadvisor.collectors import (
     BEResourceCollector,
     HostApplicationCollector,
@@ -353,6 +354,38 @@ def test_pod_throttled_ratio(make_env, version):
     assert got[mc.CONTAINER_CPU_THROTTLED][0].value == 0.5
     got = by_kind(c.collect(3.0))  # no period passed
     assert got[mc.POD_CPU_THROTTLED][0].value == 0.0
+
+
+@pytest.mark.parametrize("version, files_per_target", [(1, 3), (2, 2)])
+def test_a_tick_reads_each_cgroup_file_once(make_env, version, files_per_target):
+    """The pod collectors of one advisor tick share what they read: on cgroup v2 CPU time and
+    throttling both come from cpu.stat, read once; outside a tick nothing is kept."""
+    pod = pod_with_container()
+    env = make_env(version, pods=[pod])
+    advisor = MetricsAdvisor(env.config, env.pods, env.cache)
+    advisor.env = env
+    env.clock = lambda: 100.0 + len(done)
+    done: list[int] = []
+    collectors = [PodResourceCollector(env), PodThrottledCollector(env)]
+    read: list[str] = []
+    real = env.files.read_all
+    env.files.read_all = lambda paths, limit: read.extend(paths) or real(paths, limit)  # type: ignore[method-assign]
+    for t, (ns, periods, throttled) in enumerate([(0, 10, 2), (10**9, 20, 7)]):
+        for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
+            write_usage(env.config.cgroup_root, rel, version, cpu_ns=ns, memory_stat=memory_stat_text(version, MiB),
+                        nr_periods=periods, nr_throttled=throttled)
+        read.clear()
+        if t == 0:
+            for c in collectors:
+                c.collect(env.clock())  # no tick: each reads for itself
+            assert len(read) == 2 * 3
+        else:
+            advisor.tick(collectors)
+        done.append(t)
+    assert len(read) == 2 * files_per_target and len(set(read)) == len(read)
+    now = 10**10
+    assert env.cache.last_by(mc.CONTAINER_CPU_THROTTLED, mc.CONTAINER_ID, ["cid-u1"], 0, now) == {"cid-u1": 0.5}
+    assert env.cache.last_by(mc.CONTAINER_CPU_USAGE, mc.CONTAINER_ID, ["cid-u1"], 0, now) == {"cid-u1": 1.0}
 
 
 # ---- PSI ---------------------------------------------------------------------------------

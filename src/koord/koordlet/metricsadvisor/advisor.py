@@ -63,7 +63,11 @@ class MetricsAdvisor:
         node and pod ones it subtracts) and one store of all their samples; raises nothing.
         When the store refuses the batch, each collector's part is stored on its own, so
         one collector's bad sample cannot cost the others their tick."""
-        parts = [(c, self._collect(c)) for c in collectors]
+        self.env.begin_tick()
+        try:
+            parts = [(c, self._collect(c)) for c in collectors]
+        finally:
+            self.env.end_tick()
         ticks = [samples for _, samples in parts if samples]
         if not ticks:
             return

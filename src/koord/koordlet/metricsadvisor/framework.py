@@ -176,6 +176,7 @@ class Env:
         self.files = OpenFiles()
         self._file_names: dict[tuple[str, str], str] = {}
         self._targets: tuple[list[PodMeta], list[CgroupTarget]] = ([], [])
+        self._tick = threading.local()
 
     @property
     def proc(self) -> Path:
@@ -239,6 +240,15 @@ class Env:
         """A target's file read but not parsed, as a FileProblem naming the file."""
         return FileProblem(Path(self.file_name(target.cgroup_dir, resource)), str(exc))
 
+    def begin_tick(self) -> None:
+        """A tick starts on this thread: until ``end_tick``, a file ``read_cgroups`` read for
+        one collector is handed to the next one that asks for it (on cgroup v2, CPU time and
+        throttling are both in ``cpu.stat``: read once a tick, not twice)."""
+        self._tick.reads = {}
+
+    def end_tick(self) -> None:
+        self._tick.reads = None
+
     def read_cgroups(self, targets: list[CgroupTarget], resource: str) -> list[bytes | FileProblem]:
         """One file of every target as read (its bytes) or the FileProblem that stopped it,
         in order: a tick's hundreds of reads in one call (see ``OpenFiles.read_all``)."""
@@ -249,10 +259,20 @@ class Env:
                 names.append(self.file_name(target.cgroup_dir, resource))
             except FileProblem as exc:
                 problems[i] = exc
+        reads = getattr(self._tick, "reads", None)
+        if reads is not None and names:
+            held = reads.get(names[-1])
+            if held is not None and held[0] == names:
+                read = held[1]
+            else:
+                read = self.files.read_all(names, SMALL_FILE_BYTES)
+                reads[names[-1]] = (names, read)
+        else:
+            read = self.files.read_all(names, SMALL_FILE_BYTES)
         if not problems:
-            return self.files.read_all(names, SMALL_FILE_BYTES)
-        read = iter(self.files.read_all(names, SMALL_FILE_BYTES))
-        return [problems[i] if i in problems else next(read) for i in range(len(targets))]
+            return read
+        found = iter(read)
+        return [problems[i] if i in problems else next(found) for i in range(len(targets))]
 
     def kube_qos_dir(self, qos: str) -> str:
         """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir``: the parent of any
