@@ -7,8 +7,9 @@
    ``--seconds``; reports the process's CPU (% of one core) and RSS. The counters in the tree
    do not move, so CPU rates are 0 but every file is read and parsed as on a real node.
 2. Store: ``--hours`` of samples as the collectors write them at 1 s (per pod and container:
-   CPU, memory, throttling; node, system and BE series) appended tick by tick into an on-disk
-   metric cache with a simulated clock; reports append CPU per tick and the size on disk.
+   CPU, memory, throttling; node, system and BE series; one ``Samples`` a tick with the
+   series keys made once) appended tick by tick into an on-disk metric cache with a
+   simulated clock; reports append CPU per tick and the size on disk.
 3. Query: a 30-minute p95 of each pod's CPU (one query per pod), repeated; reports p50/p99
    latency, and one 30-minute p95 over all pods merged.
 """
@@ -90,30 +91,36 @@ def bench_store_and_query(work: Path, pods: list[PodMeta], hours: float) -> None
     append_cpu = 0.0
     samples_total = 0
     mem = {p.uid: rng.randrange(50, 500) * MiB for p in pods}
+    # Series keys made once per pod and container, as the pod collectors make them.
+    pod_keys = {p.uid: [mc.series_key(kind, {mc.POD_UID: p.uid})
+                        for kind in (mc.POD_CPU_USAGE, mc.POD_MEMORY_USAGE, mc.POD_CPU_THROTTLED)] for p in pods}
+    container_keys = {c.id: [mc.series_key(kind, {mc.CONTAINER_ID: c.id})
+                             for kind in (mc.CONTAINER_CPU_USAGE, mc.CONTAINER_MEMORY_USAGE,
+                                          mc.CONTAINER_CPU_THROTTLED)] for p in pods for c in p.containers}
     for tick in range(ticks):
         now[0] = start + tick
-        t = now[0]
-        batch = [mc.Sample(mc.NODE_CPU_USAGE, {}, t, rng.uniform(0.5, 1.5)),
-                 mc.Sample(mc.NODE_MEMORY_USAGE, {}, t, 8 * 1024 * MiB + rng.randrange(0, 100) * MiB),
-                 mc.Sample(mc.NODE_MEMORY_USAGE_WITH_PAGE_CACHE, {}, t, 12 * 1024 * MiB),
-                 mc.Sample(mc.SYS_CPU_USAGE, {}, t, rng.uniform(0.1, 0.2)),
-                 mc.Sample(mc.SYS_MEMORY_USAGE, {}, t, 1024 * MiB)]
+        batch = mc.Samples(now[0])
+        batch.add(mc.NODE_CPU_USAGE, {}, rng.uniform(0.5, 1.5))
+        batch.add(mc.NODE_MEMORY_USAGE, {}, float(8 * 1024 * MiB + rng.randrange(0, 100) * MiB))
+        batch.add(mc.NODE_MEMORY_USAGE_WITH_PAGE_CACHE, {}, float(12 * 1024 * MiB))
+        batch.add(mc.SYS_CPU_USAGE, {}, rng.uniform(0.1, 0.2))
+        batch.add(mc.SYS_MEMORY_USAGE, {}, float(1024 * MiB))
         for alloc in (mc.BE_ALLOCATION_USAGE, mc.BE_ALLOCATION_REQUEST, mc.BE_ALLOCATION_REAL_LIMIT):
-            batch.append(mc.Sample(mc.NODE_BE, {mc.BE_RESOURCE: "cpu", mc.BE_ALLOCATION: alloc}, t, 2000))
+            batch.add(mc.NODE_BE, {mc.BE_RESOURCE: "cpu", mc.BE_ALLOCATION: alloc}, 2000.0)
         for p in pods:
             if rng.random() < 0.01:
                 mem[p.uid] += rng.randrange(-4, 5) * MiB
-            pl = {mc.POD_UID: p.uid}
-            batch += [mc.Sample(mc.POD_CPU_USAGE, pl, t, rng.uniform(0, 0.3)),
-                      mc.Sample(mc.POD_MEMORY_USAGE, pl, t, mem[p.uid]),
-                      mc.Sample(mc.POD_CPU_THROTTLED, pl, t, 0.0)]
+            cpu, memory, throttled = pod_keys[p.uid]
+            batch.add_keyed(cpu, rng.uniform(0, 0.3))
+            batch.add_keyed(memory, float(mem[p.uid]))
+            batch.add_keyed(throttled, 0.0)
             for c in p.containers:
-                cl = {mc.CONTAINER_ID: c.id}
-                batch += [mc.Sample(mc.CONTAINER_CPU_USAGE, cl, t, rng.uniform(0, 0.1)),
-                          mc.Sample(mc.CONTAINER_MEMORY_USAGE, cl, t, mem[p.uid] // 3),
-                          mc.Sample(mc.CONTAINER_CPU_THROTTLED, cl, t, 0.0)]
+                cpu, memory, throttled = container_keys[c.id]
+                batch.add_keyed(cpu, rng.uniform(0, 0.1))
+                batch.add_keyed(memory, float(mem[p.uid] // 3))
+                batch.add_keyed(throttled, 0.0)
         c0 = time.process_time()
-        cache.append(batch)
+        cache.append_ticks([batch])
         append_cpu += time.process_time() - c0
         samples_total += len(batch)
     print(f"store: {hours:g} h of 1s samples, {samples_total / ticks:.0f} per tick, {samples_total} in all: "
