@@ -137,6 +137,7 @@ def tick(ts, *samples):
     ((mc.NODE_CPU_USAGE, {}, float("nan")), "finite"),  # a known series
     ((mc.NODE_CPU_USAGE, {}, True), "finite"),
     ((mc.NODE_CPU_USAGE, {}, "1"), "finite"),
+    ((mc.NODE_CPU_USAGE, {}, 10**400), "finite"),
     ((mc.POD_CPU_USAGE, {mc.POD_UID: 5}, 1.0), "non-empty string"),  # a new series
     ((mc.POD_CPU_USAGE, {mc.POD_UID: "a"}, float("inf")), "finite"),
     (("no_such_kind", {}, 1.0), "unknown metric kind"),
@@ -153,6 +154,8 @@ def test_a_bad_sample_in_any_tick_stores_none_of_them(cache, bad, words):
 def test_a_bad_tick_time_is_refused(cache, ts, words):
     with pytest.raises(MetricCacheError, match=words):
         cache.append_ticks([tick(ts, (mc.NODE_CPU_USAGE, {}, 1.0))])
+    cache.append_ticks([tick(ts), tick(2.0, (mc.NODE_CPU_USAGE, {}, 1.0))])  # an empty tick stores nothing
+    assert cache.query(mc.NODE_CPU_USAGE, 0, 10) == [(2.0, 1.0)]
 
 
 def test_ticks_store_keyed_samples_as_samples(cache):

@@ -179,7 +179,11 @@ def _check_number(sample: Sample) -> None:
     if type(ts) is float and type(value) is float and 0 <= ts < math.inf and -math.inf < value < math.inf:
         return  # what every collector sends, checked without the loop below (NaN fails here)
     for what, number in (("timestamp", sample.timestamp), ("value", sample.value)):
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+        try:
+            finite = not isinstance(number, bool) and isinstance(number, (int, float)) and math.isfinite(number)
+        except OverflowError:  # an int beyond any float
+            finite = False
+        if not finite:
             raise MetricCacheError(f"sample {sample!r}: {what} must be a finite number")
     if sample.timestamp < 0:
         raise MetricCacheError(f"sample {sample!r}: negative timestamp")
@@ -447,6 +451,8 @@ class MetricCache:
             try:
                 with _transaction(db):
                     for tick in ticks:
+                        if not tick.keys:
+                            continue
                         ms = _ms(tick.timestamp)
                         series = [known.get(key) or self._new_series(db, key, created) for key in tick.keys]
                         db.execute("INSERT INTO head_ticks VALUES (?, ?, ?)",
