@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..metriccache import MetricCache, Samples
 from ..resourceexecutor.executor import MAX_CACHED_PATHS, CgroupError, CgroupExecutor
@@ -162,6 +162,20 @@ class CgroupTarget:
     """"pod ns/name" or "pod ns/name container c", for log lines."""
 
 
+class PerTarget(Generic[T]):
+    """What a collector derives from each target (its series keys), made again only when
+    ``Env.pod_targets`` hands out a new list."""
+
+    def __init__(self, make: Callable[[CgroupTarget], T]) -> None:
+        self._make = make
+        self._held: tuple[list[CgroupTarget], list[T]] = ([], [])
+
+    def __call__(self, targets: list[CgroupTarget]) -> list[T]:
+        if self._held[0] is not targets:
+            self._held = (targets, [self._make(t) for t in targets])
+        return self._held[1]
+
+
 class Env:
     """Everything a collector needs, built once by the advisor."""
 
@@ -236,10 +250,6 @@ class Env:
         except ValueError as exc:
             raise FileProblem(Path(name), str(exc)) from None
 
-    def parse_problem(self, target: CgroupTarget, resource: str, exc: ValueError) -> FileProblem:
-        """A target's file read but not parsed, as a FileProblem naming the file."""
-        return FileProblem(Path(self.file_name(target.cgroup_dir, resource)), str(exc))
-
     def begin_tick(self) -> None:
         """A tick starts on this thread: until ``end_tick``, a file ``read_cgroups`` read for
         one collector is handed to the next one that asks for it (on cgroup v2, CPU time and
@@ -273,6 +283,21 @@ class Env:
             return read
         found = iter(read)
         return [problems[i] if i in problems else next(found) for i in range(len(targets))]
+
+    def parse_cgroups(self, targets: list[CgroupTarget], resource: str,
+                      parser: Callable[[bytes], T]) -> list[T | FileProblem]:
+        """``parser`` on one file of every target as read (``read_cgroups``), in order; a
+        file that could not be read or parsed gives the FileProblem naming it instead."""
+        out: list[T | FileProblem] = []
+        for target, data in zip(targets, self.read_cgroups(targets, resource), strict=True):
+            if isinstance(data, FileProblem):
+                out.append(data)
+                continue
+            try:
+                out.append(parser(data))
+            except ValueError as exc:
+                out.append(FileProblem(Path(self.file_name(target.cgroup_dir, resource)), str(exc)))
+        return out
 
     def kube_qos_dir(self, qos: str) -> str:
         """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir``: the parent of any

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ...metriccache import Samples, SeriesKey, series_key
 from ...metriccache import kinds as k
-from ..framework import CgroupTarget, Collector, Env, Point, Rates
-from ..parsers import cgroup_cpu_ns, parse_memory_stat
+from ..framework import CgroupTarget, Collector, Env, PerTarget, Point, Rates
+from ..parsers import FileProblem, cgroup_cpu_ns, parse_memory_stat
 
 _POD_KINDS = (k.POD_CPU_USAGE, k.POD_MEMORY_USAGE, k.POD_MEMORY_USAGE_WITH_PAGE_CACHE)
 _CONTAINER_KINDS = (k.CONTAINER_CPU_USAGE, k.CONTAINER_MEMORY_USAGE, k.CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE)
@@ -33,7 +33,7 @@ class PodResourceCollector(Collector):
     def __init__(self, env: Env) -> None:
         super().__init__(env)
         self.rates = Rates(ttl=20 * self.interval, problems=self.problems, counter="CPU time")
-        self._keys: tuple[list[CgroupTarget], list[tuple[SeriesKey, SeriesKey, SeriesKey]]] = ([], [])
+        self._keys = PerTarget(_keys)
 
     def collect(self, now: float) -> Samples:
         """Every running pod's and container's samples; a pod whose files cannot be read
@@ -46,35 +46,26 @@ class PodResourceCollector(Collector):
         env, version = self.env, self.env.cgroups.version
         cache_too = env.config.enable_pagecache_collector
         targets = env.pod_targets()
-        if self._keys[0] is not targets:
-            self._keys = (targets, [_keys(t) for t in targets])
-        cpus = env.read_cgroups(targets, "cpuacct_usage")
-        memories = env.read_cgroups(targets, "memory_stat")
+        cpus = env.parse_cgroups(targets, "cpuacct_usage", lambda data: cgroup_cpu_ns(data, version))
+        memories = env.parse_cgroups(targets, "memory_stat", lambda data: parse_memory_stat(data, version))
         rate, add = self.rates.rate, out.add_keyed
         total_cpu = total_mem = 0.0
-        for target, (cpu_key, memory_key, cache_key), cpu, mem in zip(targets, self._keys[1], cpus, memories,
-                                                                       strict=True):
-            if type(cpu) is not bytes or type(mem) is not bytes:
-                self.target_problem(target, cpu if type(cpu) is not bytes else mem)  # type: ignore[arg-type]
+        for target, (cpu_key, memory_key, cache_key), ns, memory in zip(targets, self._keys(targets), cpus,
+                                                                         memories, strict=True):
+            if isinstance(ns, FileProblem):
+                self.target_problem(target, ns)
                 continue
-            try:
-                ns = cgroup_cpu_ns(cpu, version)
-            except ValueError as exc:
-                self.target_problem(target, env.parse_problem(target, "cpuacct_usage", exc))
-                continue
-            try:
-                memory, with_cache = parse_memory_stat(mem, version)
-            except ValueError as exc:
-                self.target_problem(target, env.parse_problem(target, "memory_stat", exc))
+            if isinstance(memory, FileProblem):
+                self.target_problem(target, memory)
                 continue
             ns_per_second = rate(target.id, ns, now, target.who)
-            add(memory_key, float(memory))
+            add(memory_key, float(memory[0]))
             if cache_too:
-                add(cache_key, float(with_cache))
+                add(cache_key, float(memory[1]))
             if ns_per_second is not None:
                 add(cpu_key, ns_per_second / 1e9)
             if target.container is None:
-                total_mem += memory
+                total_mem += memory[0]
                 total_cpu += 0.0 if ns_per_second is None else ns_per_second / 1e9
         self.rates.prune(now)
         env.shared.set_pods(self.name, Point(total_cpu, total_mem, now))

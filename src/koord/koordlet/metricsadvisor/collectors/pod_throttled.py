@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ...metriccache import Samples, SeriesKey, series_key
 from ...metriccache import kinds as k
-from ..framework import CgroupTarget, Collector, Env, Rates
-from ..parsers import parse_throttle
+from ..framework import CgroupTarget, Collector, Env, PerTarget, Rates
+from ..parsers import FileProblem, parse_throttle
 
 
 def _key(target: CgroupTarget) -> SeriesKey:
@@ -21,7 +21,7 @@ class PodThrottledCollector(Collector):
     def __init__(self, env: Env) -> None:
         super().__init__(env)
         self.rates = Rates(ttl=20 * self.interval, problems=self.problems, counter="cpu.stat periods/throttled")
-        self._keys: tuple[list[CgroupTarget], list[SeriesKey]] = ([], [])
+        self._keys = PerTarget(_key)
 
     def collect(self, now: float) -> Samples:
         """Every running pod's and container's ratio (after its priming tick); the loop
@@ -31,17 +31,11 @@ class PodThrottledCollector(Collector):
         if not self.env.pods.has_synced():
             return out
         targets = self.env.pod_targets()
-        if self._keys[0] is not targets:
-            self._keys = (targets, [_key(t) for t in targets])
         delta, add = self.rates.delta, out.add_keyed
-        for target, key, data in zip(targets, self._keys[1], self.env.read_cgroups(targets, "cpu_stat"), strict=True):
-            if type(data) is not bytes:
-                self.target_problem(target, data)  # type: ignore[arg-type]
-                continue
-            try:
-                counters = parse_throttle(data)
-            except ValueError as exc:
-                self.target_problem(target, self.env.parse_problem(target, "cpu_stat", exc))
+        for target, key, counters in zip(targets, self._keys(targets),
+                                         self.env.parse_cgroups(targets, "cpu_stat", parse_throttle), strict=True):
+            if isinstance(counters, FileProblem):
+                self.target_problem(target, counters)
                 continue
             diff = delta(target.id, counters, now, target.who)
             if diff is not None:
