@@ -252,8 +252,7 @@ class NodeMetricReporter:
         status = status_of(report)
         ok = self.writer.write(node_metric, status)
         if self.metrics is not None:
-            self.metrics.record_usage(report.node, report.system, report.pods, report.containers)
-            self.metrics.record_pods(pods)
+            self.metrics.record_report_rows(report.node, report.system, report.pods, report.containers, pods)
             self.metrics.record_report(ok)
         if ok:
             log.debug("NodeMetric written to %s: %d pods", self.writer.describe(),

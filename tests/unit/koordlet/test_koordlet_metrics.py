@@ -1,0 +1,67 @@
+"""The gauges each NodeMetric report replaces, as /metrics serves them."""
+
+from __future__ import annotations
+
+import pytest
+
+from koord.koordlet.metrics import KoordletMetrics
+from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
+
+
+def pod(name: str, uid: str, containers: tuple[ContainerMeta, ...]) -> PodMeta:
+    return PodMeta("ns", name, uid, {}, {}, "Burstable", "LS", None, f"kubepods/burstable/pod{uid}", "s", True,
+                   containers)
+
+
+WEB = pod("web", "u1", (ContainerMeta("app", "c1", "d", True, {"cpu": 500, "memory": 2**28},
+                                      {"cpu": 1000, "memory": 2**29}),
+                        ContainerMeta("side", "c2", "d", True, {"kubernetes.io/batch-cpu": 250}, {})))
+JOB = pod("job", "u2", (ContainerMeta("run", "c3", "d", True, {"memory": 2**20}, {}),))
+POD = {"node": "n1", "pod_uid": "u1", "pod_name": "web", "pod_namespace": "ns"}
+APP = {**POD, "container_id": "c1", "container_name": "app"}
+SIDE = {**POD, "container_id": "c2", "container_name": "side"}
+
+
+def report(metrics: KoordletMetrics, pods: list[PodMeta]) -> None:
+    metrics.record_report_rows((1.5, 2.0**30), (0.25, 2.0**28),
+                               [(p, (0.1, 2.0**20)) for p in pods],
+                               [(p, c.id, c.name, (0.05, 2.0**19)) for p in pods for c in p.containers], pods)
+
+
+@pytest.mark.parametrize("name,labels,want", [
+    ("koordlet_node_metric_node_usage", {"node": "n1", "resource": "cpu", "unit": "core"}, 1.5),
+    ("koordlet_node_metric_node_usage", {"node": "n1", "resource": "memory", "unit": "byte"}, 2.0**30),
+    ("koordlet_node_metric_system_usage", {"node": "n1", "resource": "cpu", "unit": "core"}, 0.25),
+    ("koordlet_pod_resource_usage", {**POD, "resource": "cpu", "unit": "core"}, 0.1),
+    ("koordlet_pod_resource_usage", {**POD, "resource": "memory", "unit": "byte"}, 2.0**20),
+    ("koordlet_container_resource_usage", {**APP, "resource": "cpu", "unit": "core"}, 0.05),
+    ("koordlet_container_resource_requests", {**APP, "resource": "cpu", "unit": "core"}, 0.5),
+    ("koordlet_container_resource_requests", {**APP, "resource": "memory", "unit": "byte"}, 2**28),
+    ("koordlet_container_resource_limits", {**APP, "resource": "cpu", "unit": "core"}, 1.0),
+    ("koordlet_container_resource_requests", {**SIDE, "resource": "kubernetes.io/batch-cpu", "unit": "core"},
+     0.25),
+    ("koordlet_container_resource_limits", {**SIDE, "resource": "cpu", "unit": "core"}, None),
+])
+def test_a_report_is_served_as_gauges(name, labels, want):
+    metrics = KoordletMetrics("n1")
+    report(metrics, [WEB, JOB])
+    assert metrics.registry.get_sample_value(name, labels) == want
+
+
+def test_the_next_report_replaces_every_series_so_pods_that_left_disappear():
+    metrics = KoordletMetrics("n1")
+    report(metrics, [WEB, JOB])
+    report(metrics, [JOB])
+    value = metrics.registry.get_sample_value
+    assert value("koordlet_pod_resource_usage", {**POD, "resource": "cpu", "unit": "core"}) is None
+    assert value("koordlet_container_resource_requests", {**APP, "resource": "cpu", "unit": "core"}) is None
+    assert value("koordlet_container_resource_requests",
+                 {**POD, "pod_uid": "u2", "pod_name": "job", "container_id": "c3", "container_name": "run",
+                  "resource": "memory", "unit": "byte"}) == 2**20
+
+
+def test_before_any_report_the_families_are_served_empty():
+    from prometheus_client import generate_latest
+    text = generate_latest(KoordletMetrics("n1").registry).decode()
+    assert "# TYPE koordlet_container_resource_requests gauge" in text
+    assert "koordlet_container_resource_requests{" not in text
