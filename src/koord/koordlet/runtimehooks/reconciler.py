@@ -35,6 +35,7 @@ UID) the requests get its labels and annotations; for a pod it does not know yet
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import zlib
@@ -129,8 +130,10 @@ class Reconciler:
         self._known_pods: dict[str, PodHookRequest] = {}
         """Sandbox id -> the request of the last round, for PostStopPodSandbox."""
         self._containers: dict[str, tuple[bytes, ContainerHookRequest]] = {}
-        """Created and running containers' verbose status (as received) and the record made of
-        it, by id (see REFRESH_ROUNDS); a container no longer listed is dropped."""
+        """Created and running containers' verbose status (a digest of it as received) and the
+        record made of it, by id (see REFRESH_ROUNDS); a container no longer listed is dropped.
+        A digest, not the status: containerd's verbose info holds the container's whole OCI
+        spec (kilobytes a container), which kept for every container adds up on a busy node."""
         self._pod_requests: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]] = {}
         """Sandbox id -> (CRI record, pods source's pod, the request made of them) of the last round."""
         self._reuse_answers = all(p.answers_from_request_and_rules for p in self.plugins)
@@ -330,9 +333,10 @@ class Reconciler:
             raw = self._channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus",
                                             request_serializer=cri.ContainerStatusRequest.SerializeToString)(
                 request, timeout=CRI_TIMEOUT)
-            if cached is None or raw != cached[0]:
+            digest = hashlib.blake2b(raw, digest_size=16).digest()
+            if cached is None or digest != cached[0]:
                 status = cri.ContainerStatusResponse.FromString(raw)
-                cached = raw, fromcri.container_record_from_status(status, container_id)[1]
+                cached = digest, fromcri.container_record_from_status(status, container_id)[1]
                 self._containers[container_id] = cached
         return cached[1]
 
