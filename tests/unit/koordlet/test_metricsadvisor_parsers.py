@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from koord.koordlet.metricsadvisor import parsers as p
-from koord.koordlet.metricsadvisor.openfiles import OpenFiles
+from koord.koordlet.metricsadvisor.openfiles import FIRST_READ, OpenFiles
 from koord.koordlet.metricsadvisor.parsers import FileProblem
 
 ANY_TEXT = st.text(max_size=400) | st.lists(
@@ -207,6 +207,22 @@ def test_open_files_read_the_current_content_and_stay_bounded(tmp_path):
     assert len(files) == 1
     files.close()
     assert len(files) == 0
+
+
+@pytest.mark.parametrize("size", [FIRST_READ - 1, FIRST_READ, FIRST_READ + 1, 3 * FIRST_READ, 64 * 1024])
+def test_open_files_read_past_the_first_read_up_to_the_limit(tmp_path, size):
+    """An open file is read with a small buffer first; one that fills it is read again
+    whole, so a file of any size up to the limit comes back complete, and one byte more
+    is too large."""
+    path = tmp_path / "f"
+    path.write_bytes(b"7" * size)
+    files = OpenFiles()
+    for _ in range(2):  # opened by the first read, read by pread after
+        assert files.read_all([path], 64 * 1024) == [b"7" * size]
+    path.write_bytes(b"7" * (64 * 1024 + 1))
+    with pytest.raises(FileProblem, match="larger than 65536 bytes"):
+        files.read(path, 64 * 1024)
+    files.close()
 
 
 def test_open_files_report_missing_too_large_and_unreadable(tmp_path):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 import os
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -166,37 +165,33 @@ def scan_keyed(text: str, keys: Collection[str]) -> dict[str, int]:
 
 
 def find_keyed(data: bytes, keys: tuple[str, ...]) -> tuple[int, ...] | None:
-    """The fast path of ``counters`` for the files the collectors read every second: one
-    scan of the bytes as read for the lines that start with a wanted key and a space or a
-    tab, whose literal newline the regex engine finds without trying every character
-    (``scan_keyed``'s ``^...$`` in multiline mode does, and costs ten times more on a
-    kernel's memory.stat). The last such line of each key counts, as in ``scan_keyed``.
-    None when anything is unusual (a key missing, a value that is not a plain in-range
-    counter right after one separator): ``scan_keyed`` then decides and says what is wrong,
-    so both paths accept and reject exactly the same texts."""
-    pattern, tokens_of = _key_lines(keys)
-    found = dict(pattern.findall(b"\n" + data))
-    if len(found) != len(keys):
+    """The fast path of ``counters`` for the files the collectors read every second: for
+    each key, the last line that starts with it and one space (``rfind`` of newline, key,
+    space: a memory search, not a regex over every line), whose rest must be the digits of
+    a counter. None when anything is unusual (a tab anywhere, a key missing, its last line
+    not a plain in-range counter right after one space): ``scan_keyed`` then decides and
+    says what is wrong, so both paths accept and reject exactly the same texts."""
+    if b"\t" in data:  # a tab may separate a later line of a key: the scan decides
         return None
-    tokens = tokens_of(found)
-    digits = b"".join(tokens)
-    if not digits.isdigit():  # ASCII digits only, for bytes
-        return None
-    out = tuple(map(int, tokens))
-    if len(digits) > 18 and max(map(len, tokens)) > 18 and max(out) > _MAX_COUNTER:  # 18 digits always fit
-        return None
-    return out
+    buf = b"\n" + data
+    out = []
+    for needle in _line_starts(keys):
+        i = buf.rfind(needle)
+        if i < 0:
+            return None
+        i += len(needle)
+        j = buf.find(b"\n", i)
+        token = buf[i:j] if j >= 0 else buf[i:]
+        if len(token) > 18 or not token.isdigit():  # ASCII digits only, for bytes; 18 always fit
+            return None
+        out.append(int(token))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=32)
-def _key_lines(keys: tuple[str, ...]) -> tuple[re.Pattern[bytes], Callable[[dict[bytes, bytes]], tuple[bytes, ...]]]:
-    """A wanted key at the start of a line, a space or a tab, and the rest of the line (not
-    empty); and what takes the found lines' values in the keys' order."""
-    names = [k.encode("utf-8", "surrogatepass") for k in keys]
-    pattern = re.compile(b"\n(" + b"|".join(re.escape(n) for n in names) + b")[ \t]([^\n]+)")
-    if len(names) == 1:
-        return pattern, lambda found: (found[names[0]],)
-    return pattern, operator.itemgetter(*names)
+def _line_starts(keys: tuple[str, ...]) -> tuple[bytes, ...]:
+    """Newline, key and a space: where a wanted line starts (the text gets a leading newline)."""
+    return tuple(b"\n" + k.encode("utf-8", "surrogatepass") + b" " for k in keys)
 
 
 @functools.lru_cache(maxsize=32)
