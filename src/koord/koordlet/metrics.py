@@ -40,6 +40,12 @@ Usage = tuple[float, float]
 """(cores, bytes)"""
 
 
+def _add_usage(family: GaugeMetricFamily, labels: list[str], usage: Usage) -> None:
+    """(cores, bytes) as the family's cpu and memory samples."""
+    family.add_metric([*labels, "cpu", UNIT_CORE], usage[0])
+    family.add_metric([*labels, "memory", UNIT_BYTE], usage[1])
+
+
 class ReportGauges(PromCollector):
     """The gauges each NodeMetric report replaces: the report's rows, as samples at scrape
     time. ``update`` swaps them in one assignment, so a scrape sees one report or the next."""
@@ -61,16 +67,11 @@ class ReportGauges(PromCollector):
         node, system, pods, containers, all_pods = self._report
         for family, usage in ((node_usage, node), (system_usage, system)):
             if usage is not None:
-                family.add_metric([self.node, "cpu", UNIT_CORE], usage[0])
-                family.add_metric([self.node, "memory", UNIT_BYTE], usage[1])
-        for pod, (cores, n_bytes) in pods:
-            base = [self.node, pod.uid, pod.name, pod.namespace]
-            pod_usage.add_metric([*base, "cpu", UNIT_CORE], cores)
-            pod_usage.add_metric([*base, "memory", UNIT_BYTE], n_bytes)
-        for pod, cid, cname, (cores, n_bytes) in containers:
-            base = [self.node, pod.uid, pod.name, pod.namespace, cid, cname]
-            container_usage.add_metric([*base, "cpu", UNIT_CORE], cores)
-            container_usage.add_metric([*base, "memory", UNIT_BYTE], n_bytes)
+                _add_usage(family, [self.node], usage)
+        for pod, usage in pods:
+            _add_usage(pod_usage, [self.node, pod.uid, pod.name, pod.namespace], usage)
+        for pod, cid, cname, usage in containers:
+            _add_usage(container_usage, [self.node, pod.uid, pod.name, pod.namespace, cid, cname], usage)
         for pod in all_pods:
             for c in pod.containers:
                 base = [self.node, pod.uid, pod.name, pod.namespace, c.id, c.name]

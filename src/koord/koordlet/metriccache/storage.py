@@ -669,7 +669,7 @@ class MetricCache:
         with self._lock:
             series, chunks_newest = self._series, self._chunks_newest
             for value in values:
-                one = series.get((kind, ((label, value),)))
+                one = series.get(series_key(kind, {label: value}))
                 if one is None:
                     continue  # no series: no sample
                 if one.in_order and one.ts and lo <= one.newest <= hi and one.newest > chunks_newest:
