@@ -21,7 +21,8 @@ The set-up a node with ``--pods`` pods of ``--containers`` containers each gives
 koordlet runs as its own process (``python -m koord.koordlet``) at its default flags. After
 ``--warmup`` seconds its CPU time (user + system, of the process and its waited-for children,
 from /proc/<pid>/stat) is measured over ``--seconds`` and printed as a share of one core,
-with its RSS at the end and the busiest second (a NodeMetric report lands in any 60 s).
+with its RSS at the end (and at the start and peak of the window) and the busiest second
+(a NodeMetric report lands in any 60 s).
 ``--profile FILE`` records koordlet's stacks with py-spy (``pip install py-spy``) during the
 measured window, as collapsed stacks for a flame graph (``--format raw``); sampling costs
 koordlet a little, so measure without it. ``--threads`` adds each thread's share of one core over
@@ -271,11 +272,13 @@ def main() -> None:
         ticks0 = thread_ticks(proc.pid)
         cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
         per_second, last_cpu, last_t = [], cpu0, t0
+        rss_start, rss_peak = rss_mib(proc.pid), 0.0
         while time.monotonic() - t0 < a.seconds:
             time.sleep(1.0)
             c, t = cpu_seconds(proc.pid), time.monotonic()
             per_second.append((c - last_cpu) / (t - last_t))
             last_cpu, last_t = c, t
+            rss_peak = max(rss_peak, rss_mib(proc.pid))
         cpu = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
         rss = rss_mib(proc.pid)
         window = time.monotonic() - t0
@@ -287,7 +290,8 @@ def main() -> None:
         reports = json.dumps(yaml.safe_load(files["node-metric"].read_text()).get("status", {})).count('"podUsage"')
         print(f"koordlet, {a.pods} pods x {a.containers} containers{'' if a.no_cri else ' (also in CRI)'}, "
               f"{a.seconds:.0f} s after {a.warmup:.0f} s warm-up: CPU {cpu * 100:.2f}% of one core, "
-              f"RSS {rss:.1f} MiB; busiest second {max(per_second) * 100:.0f}%, "
+              f"RSS {rss:.1f} MiB (window start {rss_start:.1f}, peak {rss_peak:.1f}); "
+              f"busiest second {max(per_second) * 100:.0f}%, "
               f"median second {sorted(per_second)[len(per_second) // 2] * 100:.1f}%; "
               f"NodeMetric lists {reports} pods")
         if a.threads:

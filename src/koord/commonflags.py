@@ -5,7 +5,6 @@ upstream Koordinator release whose behaviour, flags and objects they follow) and
 from __future__ import annotations
 
 import argparse
-from importlib import metadata
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -23,6 +22,10 @@ UPSTREAM_COMMIT = "a7a1b76bbf81abd26f9c377de1f31a60dd965f6e"
 
 
 def package_version() -> str:
+    # Imported here: only --version asks, and importlib.metadata (with csv and zipfile)
+    # is a megabyte of a node agent's memory for the rest of its life.
+    from importlib import metadata
+
     try:
         return metadata.version("koord-runtime")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed

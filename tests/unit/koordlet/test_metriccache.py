@@ -133,6 +133,14 @@ def tick(ts, *samples):
     return out
 
 
+def test_finite_samples_whose_sum_overflows_are_stored(cache):
+    """The known-series fast path checks a tick's sum; finite values that overflow it are
+    still checked one by one, and stored."""
+    cache.append_ticks([tick(1.0, (mc.NODE_CPU_USAGE, {}, 1.0), (mc.POD_CPU_USAGE, {mc.POD_UID: "a"}, 1.0))])
+    cache.append_ticks([tick(2.0, (mc.NODE_CPU_USAGE, {}, 1e308), (mc.POD_CPU_USAGE, {mc.POD_UID: "a"}, 1e308))])
+    assert cache.query(mc.NODE_CPU_USAGE, 0, 10) == [(1.0, 1.0), (2.0, 1e308)]
+
+
 @pytest.mark.parametrize("bad, words", [
     ((mc.NODE_CPU_USAGE, {}, float("nan")), "finite"),  # a known series
     ((mc.NODE_CPU_USAGE, {}, True), "finite"),
@@ -304,7 +312,17 @@ def test_chunks_and_head_answer_together(tmp_path):
 def test_chunk_encoding_roundtrip(times, values):
     times.sort()
     got_t, got_v = mc.chunks.decode_chunk(mc.chunks.encode_chunk(times, values[:len(times)]))
-    assert (got_t, list(got_v)) == (times, values[:len(times)])
+    assert (list(got_t), list(got_v)) == (times, values[:len(times)])
+
+
+def test_a_chunk_whose_times_overflow_is_rejected():
+    import struct
+    import zlib
+    from array import array
+    blob = zlib.compress(struct.pack("<qI", 2**63 - 10, 2) + array("q", [100]).tobytes()
+                         + array("d", [1.0, 2.0]).tobytes())
+    with pytest.raises(ValueError, match="beyond int64"):
+        mc.chunks.decode_chunk(blob)
 
 
 @given(st.binary(max_size=200))

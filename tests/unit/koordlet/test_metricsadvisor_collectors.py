@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,8 @@ from koord.koordlet.metricsadvisor.collectors import (
     PSICollector,
     SystemResourceCollector,
 )
-from koord.koordlet.metricsadvisor.framework import Env, Point, Problems, Rates
+from koord.koordlet.metricsadvisor.framework import CgroupTarget, Env, Point, Problems, Rates
+from koord.koordlet.metricsadvisor.parsers import FileProblem
 from koord.koordlet.statesinformer.meta import PodMeta
 from koord.testing.cgroupfs import memory_stat_text, write_usage
 from koord.testing.pods import FakeStatesInformer, container_meta, pod_meta
@@ -512,6 +514,50 @@ def test_rates_prime_backwards_and_ttl():
     assert r.rate("a", 150, 3) == 100
     assert r.rate("a", 300, 30) is None  # too old to difference
     assert r.rate("a", 300, 30) is None  # dt == 0
+
+
+def _target(tid: str) -> CgroupTarget:
+    pod = pod_meta("ns", tid, "u-" + tid, "kubepods/x")
+    return CgroupTarget(pod, None, "kubepods/x", tid, f"pod ns/{tid}")
+
+
+@pytest.mark.parametrize("name, ticks, want", [
+    ("first value primes", [(0, 100)], [None]),
+    ("per second", [(0, 100), (2, 300)], [None, 100.0]),
+    ("backwards re-primes", [(0, 100), (1, 50), (2, 150)], [None, None, 100.0]),
+    ("too old to difference", [(0, 100), (30, 300)], [None, None]),
+    ("no time passed", [(0, 100), (0, 300)], [None, None]),
+])
+def test_rates_in_one_call_as_rate(name, ticks, want):
+    """``Rates.rates`` (a tick's counters in one call) gives what ``rate`` gives one by one."""
+    batch, single = Rates(ttl=20), Rates(ttl=20)
+    got = [batch.rates(["a", "b"], [value, 2 * value], now, ["pod a", "pod b"]) for now, value in ticks]
+    assert [a for a, _ in got] == want == [single.rate("a", value, now) for now, value in ticks]
+    assert [b for _, b in got] == [None if a is None else 2 * a for a in want]  # keys kept apart
+
+
+@pytest.mark.parametrize("name, ticks, want", [
+    ("first pair primes", [(0, (10, 1))], [None]),
+    ("differences", [(0, (10, 1)), (1, (20, 4))], [None, (10, 3)]),
+    ("either counter backwards re-primes", [(0, (10, 1)), (1, (20, 0)), (2, (30, 2))], [None, None, (10, 2)]),
+    ("too old to difference", [(0, (10, 1)), (25, (20, 4))], [None, None]),
+])
+def test_deltas_of_counter_pairs(name, ticks, want, caplog):
+    r = Rates(ttl=20, problems=Problems(logging.getLogger("t")), counter="cpu.stat")
+    assert [r.deltas(["a"], [pair], now, ["pod ns/a"])[0] for now, pair in ticks] == want
+    assert ("backwards" in name) == any("pod ns/a: cpu.stat went backwards" in m for m in caplog.messages)
+
+
+def test_readable_drops_and_logs_targets_with_a_problem(make_env, caplog):
+    env = make_env()
+    collector = PodResourceCollector(env)
+    targets = [_target(t) for t in "abc"]
+    problem = FileProblem(Path("/x/memory.stat"), "not UTF-8 text")
+    same = collector.readable(targets, [1, 2, 3], [4, 5, 6])
+    assert same[0] is targets and same[1:] == ([1, 2, 3], [4, 5, 6])
+    assert collector.readable(targets, [1, problem, 3], [4, 5, 6]) == (
+        [targets[0], targets[2]], [1, 3], [4, 6])
+    assert any("pod ns/b: /x/memory.stat: not UTF-8 text" in m for m in caplog.messages)
 
 
 @pytest.mark.parametrize("driver, kube_dir, qos, want", [

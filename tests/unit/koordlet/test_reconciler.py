@@ -4,6 +4,7 @@ fake cgroup v1 tree."""
 import threading
 from pathlib import Path
 
+import pytest
 from cri_api.v1 import api_pb2 as cri
 
 from koord.hookapi import FailurePolicy, HookPoint
@@ -279,3 +280,50 @@ def test_a_refreshed_status_with_the_same_bytes_is_not_parsed_again(fake_cri, tm
         reconciler.reconcile_once()
     assert len(fake_cri.requests("ContainerStatus")) - asked == 3  # each still asked at its refresh
     assert parsed == ["c0"]
+
+
+def test_a_resize_the_pods_source_shows_is_asked_at_the_next_round(fake_cri, tmp_path):
+    """A container whose requests or limits in the pods source (kubelet's /pods) changed
+    has its verbose status asked at the next round, not at its refresh round; an unchanged
+    pods source asks for nothing new."""
+    from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
+    from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
+
+    def listed(cpu_limit: int) -> list[PodMeta]:
+        containers = tuple(ContainerMeta(name=cid, id=cid, cgroup_dir=f"{BE}/{cid}", running=True,
+                                         requests={"cpu": 100}, limits={"cpu": cpu_limit if cid == "c0" else 500})
+                           for cid in ("c0", "c1"))
+        return [PodMeta(namespace="ns", name="batch", uid="uid-p1", labels={QOS: "BE"}, annotations={},
+                        kube_qos="BestEffort", koord_qos="BE", priority=None, cgroup_dir=BE,
+                        sandbox_id="p1", running=True, containers=containers)]
+
+    pods = listed(500)
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    for cid in ("c0", "c1"):
+        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
+        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+    hooks = Hooks(FailurePolicy.IGNORE)
+    plugin = BeQoSPlugin()
+    plugin.register(hooks)
+    reconciler = Reconciler(hooks, CgroupExecutor(tmp_path, version=1), [plugin], fake_cri.endpoint,
+                            interval=3600, current_pods=lambda: pods)
+
+    def asked_in_a_round() -> list[str]:
+        before = len(fake_cri.requests("ContainerStatus"))
+        reconciler.reconcile_once()
+        return sorted(cri.ContainerStatusRequest.FromString(raw).container_id
+                      for raw in fake_cri.requests("ContainerStatus")[before:])
+
+    assert asked_in_a_round() == ["c0", "c1"]  # first seen
+    # Rounds until neither is due for its refresh (ids spread over REFRESH_ROUNDS rounds).
+    for _ in range(REFRESH_ROUNDS):
+        if not asked_in_a_round():
+            break
+    else:
+        pytest.fail("every round asked for a status")
+    fake_cri.containers["c0"].resources.cpu_shares = 4  # kubelet resized c0 ...
+    pods = listed(1000)  # ... and its pod in /pods shows the new limit
+    plugin.seen.clear()
+    assert asked_in_a_round() in (["c0"], ["c0", "c1"])  # c1 only if this is its refresh round
+    c0 = next(ctx for ctx in plugin.seen if getattr(ctx.request, "container_id", "") == "c0")
+    assert c0.request.resources.cpu_shares == 4

@@ -9,7 +9,7 @@ import operator
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -85,30 +85,49 @@ class Rates:
 
     def rate(self, key: Hashable, value: float, now: float, what: str | Callable[[], str] = "") -> float | None:
         """(value - previous) / (now - previous time); None on the first value of a key."""
-        prev = self._prev.get(key)
-        self._prev[key] = (value, now)
-        if prev is None or now - prev[1] > self._ttl:
-            return None
-        dv, dt = value - prev[0], now - prev[1]
-        if dv < 0:
-            self._backwards(key, what, prev[0], value)
-            return None
-        if dt <= 0:
-            return None
-        return dv / dt
+        return self.rates((key,), (value,), now, (what,))[0]
 
-    def delta(self, key: Hashable, values: tuple[float, ...], now: float,
-              what: str | Callable[[], str] = "") -> tuple[float, ...] | None:
-        """Differences of several counters read together (e.g. periods and throttled)."""
-        prev = self._prev.get(key)
-        self._prev[key] = (values, now)
-        if prev is None or now - prev[1] > self._ttl:
-            return None
-        diff = tuple(map(operator.sub, values, prev[0]))
-        if diff and min(diff) < 0:
-            self._backwards(key, what, prev[0], values)
-            return None
-        return diff
+    def rates(self, keys: Sequence[Hashable], values: Sequence[float], now: float,
+              whats: Sequence[str | Callable[[], str]]) -> list[float | None]:
+        """``rate`` of each key's counter, in order, in one call: a tick's hundreds of pod
+        and container counters cost one call, not one each."""
+        prev, ttl = self._prev, self._ttl
+        out: list[float | None] = []
+        append = out.append
+        for key, value, what in zip(keys, values, whats, strict=True):
+            last = prev.get(key)
+            prev[key] = (value, now)
+            if last is None or now - last[1] > ttl:
+                append(None)
+            elif value < last[0]:
+                self._backwards(key, what, last[0], value)
+                append(None)
+            elif now <= last[1]:
+                append(None)
+            else:
+                append((value - last[0]) / (now - last[1]))
+        return out
+
+    def deltas(self, keys: Sequence[Hashable], values: Sequence[tuple[int, int]], now: float,
+               whats: Sequence[str | Callable[[], str]]) -> list[tuple[int, int] | None]:
+        """The differences of each key's pair of counters read together (e.g. periods and
+        throttled) since its previous pair, in order, in one call; None as for ``rate``."""
+        prev, ttl = self._prev, self._ttl
+        out: list[tuple[int, int] | None] = []
+        append = out.append
+        for key, (a, b), what in zip(keys, values, whats, strict=True):
+            last = prev.get(key)
+            prev[key] = ((a, b), now)
+            if last is None or now - last[1] > ttl:
+                append(None)
+                continue
+            da, db = a - last[0][0], b - last[0][1]
+            if da < 0 or db < 0:
+                self._backwards(key, what, last[0], (a, b))
+                append(None)
+            else:
+                append((da, db))
+        return out
 
     def prune(self, now: float) -> None:
         if now - self._last_prune < self._ttl:
@@ -190,6 +209,7 @@ class Env:
         self.files = OpenFiles()
         self._file_names: dict[tuple[str, str], str] = {}
         self._targets: tuple[list[PodMeta], list[CgroupTarget]] = ([], [])
+        self._names_of: dict[str, tuple[list[CgroupTarget], list[str], dict[int, FileProblem]]] = {}
         self._tick = threading.local()
 
     @property
@@ -259,9 +279,12 @@ class Env:
     def end_tick(self) -> None:
         self._tick.reads = None
 
-    def read_cgroups(self, targets: list[CgroupTarget], resource: str) -> list[bytes | FileProblem]:
-        """One file of every target as read (its bytes) or the FileProblem that stopped it,
-        in order: a tick's hundreds of reads in one call (see ``OpenFiles.read_all``)."""
+    def _names(self, targets: list[CgroupTarget], resource: str) -> tuple[list[str], dict[int, FileProblem]]:
+        """The file of ``resource`` of every target (and the targets without one, by index),
+        made again only when ``pod_targets`` hands out a new list."""
+        held = self._names_of.get(resource)
+        if held is not None and held[0] is targets:
+            return held[1], held[2]
         names = []
         problems: dict[int, FileProblem] = {}
         for i, target in enumerate(targets):
@@ -269,6 +292,13 @@ class Env:
                 names.append(self.file_name(target.cgroup_dir, resource))
             except FileProblem as exc:
                 problems[i] = exc
+        self._names_of[resource] = (targets, names, problems)
+        return names, problems
+
+    def read_cgroups(self, targets: list[CgroupTarget], resource: str) -> list[bytes | FileProblem]:
+        """One file of every target as read (its bytes) or the FileProblem that stopped it,
+        in order: a tick's hundreds of reads in one call (see ``OpenFiles.read_all``)."""
+        names, problems = self._names(targets, resource)
         reads = getattr(self._tick, "reads", None)
         if reads is not None and names:
             held = reads.get(names[-1])
@@ -288,8 +318,14 @@ class Env:
                       parser: Callable[[bytes], T]) -> list[T | FileProblem]:
         """``parser`` on one file of every target as read (``read_cgroups``), in order; a
         file that could not be read or parsed gives the FileProblem naming it instead."""
+        read = self.read_cgroups(targets, resource)
+        if set(map(type, read)) <= {bytes}:
+            try:  # every file read and well-formed (the common case): one pass in C
+                return list(map(parser, read))  # type: ignore[arg-type]
+            except ValueError:
+                pass  # the loop below names the file
         out: list[T | FileProblem] = []
-        for target, data in zip(targets, self.read_cgroups(targets, resource), strict=True):
+        for target, data in zip(targets, read, strict=True):
             if isinstance(data, FileProblem):
                 out.append(data)
                 continue
@@ -326,6 +362,21 @@ class Collector:
 
     def collect(self, now: float) -> Samples:
         raise NotImplementedError
+
+    def readable(self, targets: list[CgroupTarget], *columns: list[Any]) -> tuple[list[Any], ...]:
+        """``targets`` and ``columns`` (one item per target, in order) without the targets
+        for which a column holds a FileProblem, each logged (``target_problem``); the same
+        lists when there is none, as on nearly every tick."""
+        if all(FileProblem not in set(map(type, column)) for column in columns):
+            return (targets, *columns)
+        keep = []
+        for i, target in enumerate(targets):
+            problem = next((c[i] for c in columns if isinstance(c[i], FileProblem)), None)
+            if problem is None:
+                keep.append(i)
+            else:
+                self.target_problem(target, problem)
+        return tuple([column[i] for i in keep] for column in (targets, *columns))
 
     def target_problem(self, target: CgroupTarget, exc: FileProblem) -> None:
         """One log line per pod (and container), file and reason; a vanished cgroup is normal

@@ -58,12 +58,14 @@ from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
 log = logging.getLogger(__name__)
 
 CRI_TIMEOUT = 10.0
-REFRESH_ROUNDS = 6
-"""A container's verbose status is asked when it is first seen and then every this many
-rounds (each round refreshes the containers whose id hashes to it, so the calls spread
-evenly), not every round: a node of a hundred pods made it three hundred calls every 10 s.
-What the hooks read from it (the spec's resources, annotations) changes only when kubelet
-resizes a container, which the next refresh picks up. A reused answer (see above) is
+REFRESH_ROUNDS = 30
+"""A container's verbose status is asked when it is first seen, when the pods source shows
+its requests or limits changed (kubelet resized it: the next round picks that up), and
+otherwise every this many rounds (each round refreshes the containers whose id hashes to
+it, so the calls spread evenly), not every round: a node of a hundred pods made it three
+hundred calls every 10 s. What the hooks read from it (the spec's resources, annotations)
+changes only when a container is resized; the periodic refresh is the safety net for a
+resize the pods source does not show (pods from CRI). A reused answer (see above) is
 likewise computed again at a pod's or container's refresh round."""
 KUBELET_LABEL_PREFIX = "io.kubernetes."
 """Labels kubelet adds to a sandbox itself (pod name, namespace, uid): not in the pod object."""
@@ -113,6 +115,12 @@ def _same_metadata(a: PodMeta | None, b: PodMeta | None) -> bool:
     return a is b or (a.labels == b.labels and a.annotations == b.annotations)
 
 
+def _sizes(pods: dict[str, PodMeta]) -> dict[str, object]:
+    """Container id -> its (requests, limits) in the pods source: what changes when kubelet
+    resizes a container."""
+    return {c.id: (c.requests, c.limits) for pod in pods.values() for c in pod.containers if c.id}
+
+
 class Reconciler:
     def __init__(self, hooks: Hooks, executor: CgroupExecutor, plugins: Iterable[RuntimePlugin],
                  cri_endpoint: str, interval: float,
@@ -129,9 +137,10 @@ class Reconciler:
         """Sandbox id -> its record from CRI's verbose status, asked once per sandbox."""
         self._known_pods: dict[str, PodHookRequest] = {}
         """Sandbox id -> the request of the last round, for PostStopPodSandbox."""
-        self._containers: dict[str, tuple[bytes, ContainerHookRequest]] = {}
-        """Created and running containers' verbose status (a digest of it as received) and the
-        record made of it, by id (see REFRESH_ROUNDS); a container no longer listed is dropped.
+        self._containers: dict[str, tuple[bytes, ContainerHookRequest, object]] = {}
+        """Created and running containers' verbose status (a digest of it as received), the
+        record made of it and the container's requests and limits in the pods source when it
+        was asked, by id (see REFRESH_ROUNDS); a container no longer listed is dropped.
         A digest, not the status: containerd's verbose info holds the container's whole OCI
         spec (kilobytes a container), which kept for every container adds up on a busy node."""
         self._pod_requests: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]] = {}
@@ -198,8 +207,9 @@ class Reconciler:
             self._round += 1
             rules = tuple(p.rules for p in self.plugins) if self._reuse_answers else ()
             last_answers, self._answers = self._answers, {}
-            pods = self._reconcile_pods(sandboxes, rules, last_answers, report)
-            self._reconcile_containers(containers, pods, rules, last_answers, report)
+            current = self._current_pods_by_uid(report)
+            pods = self._reconcile_pods(sandboxes, current, rules, last_answers, report)
+            self._reconcile_containers(containers, pods, _sizes(current), rules, last_answers, report)
             self._forget_stopped_pods(pods, report)
             log.debug("reconciler round: %d pods, %d containers, %d writes, %d errors",
                       report.pods, report.containers, len(report.written), len(report.errors))
@@ -291,12 +301,11 @@ class Reconciler:
         """This round refreshes ``key`` (a sandbox or container id): one in REFRESH_ROUNDS, spread by id."""
         return zlib.crc32(key.encode()) % REFRESH_ROUNDS == self._round % REFRESH_ROUNDS
 
-    def _reconcile_pods(self, sandboxes, rules: tuple[object, ...], last_answers: dict[str, _Answer],
-                        report: ReconcileReport) -> dict[str, PodHookRequest]:
+    def _reconcile_pods(self, sandboxes, current: dict[str, PodMeta], rules: tuple[object, ...],
+                        last_answers: dict[str, _Answer], report: ReconcileReport) -> dict[str, PodHookRequest]:
         pods: dict[str, PodHookRequest] = {}
         cri_pods: dict[str, PodHookRequest] = {}
         pod_requests: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]] = {}
-        current = self._current_pods_by_uid(report)
         for sandbox in sandboxes:
             who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"
             try:
@@ -323,12 +332,13 @@ class Reconciler:
         self._pod_requests = pod_requests
         return pods
 
-    def _container_record(self, container_id: str) -> ContainerHookRequest:
-        """The container's record: cached, or from its verbose status when first seen or
-        due for a refresh this round. A status answered with the same bytes as before keeps
-        its record (parsing the verbose info is most of a refresh's cost)."""
+    def _container_record(self, container_id: str, size: object) -> ContainerHookRequest:
+        """The container's record: cached, or from its verbose status when first seen, when
+        ``size`` (its requests and limits in the pods source) is not what it was then, or
+        when due for a refresh this round. A status answered with the same bytes as before
+        keeps its record (parsing the verbose info is most of a refresh's cost)."""
         cached = self._containers.get(container_id)
-        if cached is None or self._due(container_id):
+        if cached is None or cached[2] != size or self._due(container_id):
             request = cri.ContainerStatusRequest(container_id=container_id, verbose=True)
             raw = self._channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus",
                                             request_serializer=cri.ContainerStatusRequest.SerializeToString)(
@@ -336,12 +346,15 @@ class Reconciler:
             digest = hashlib.blake2b(raw, digest_size=16).digest()
             if cached is None or digest != cached[0]:
                 status = cri.ContainerStatusResponse.FromString(raw)
-                cached = digest, fromcri.container_record_from_status(status, container_id)[1]
-                self._containers[container_id] = cached
+                cached = digest, fromcri.container_record_from_status(status, container_id)[1], size
+            else:
+                cached = digest, cached[1], size
+            self._containers[container_id] = cached
         return cached[1]
 
-    def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest], rules: tuple[object, ...],
-                              last_answers: dict[str, _Answer], report: ReconcileReport) -> None:
+    def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest], sizes: dict[str, object],
+                              rules: tuple[object, ...], last_answers: dict[str, _Answer],
+                              report: ReconcileReport) -> None:
         listed = {container.id for container in containers}
         for gone in self._containers.keys() - listed:
             del self._containers[gone]
@@ -351,7 +364,7 @@ class Reconciler:
                 continue
             who = f"pod {pod.pod_meta.namespace}/{pod.pod_meta.name} container {container.metadata.name}"
             try:
-                record = self._container_record(container.id)
+                record = self._container_record(container.id, sizes.get(container.id))
                 inputs = (pod, record, *rules)
                 answer = self._reused(container.id, inputs, last_answers) or self._hooks_answer(
                     container.id, inputs, HookPoint.PRE_CREATE_CONTAINER,

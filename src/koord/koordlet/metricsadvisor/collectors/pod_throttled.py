@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...metriccache import Samples, SeriesKey, series_key
 from ...metriccache import kinds as k
 from ..framework import CgroupTarget, Collector, Env, PerTarget, Rates
-from ..parsers import FileProblem, parse_throttle
+from ..parsers import parse_throttle
 
 
 def _key(target: CgroupTarget) -> SeriesKey:
@@ -24,20 +24,18 @@ class PodThrottledCollector(Collector):
         self._keys = PerTarget(_key)
 
     def collect(self, now: float) -> Samples:
-        """Every running pod's and container's ratio (after its priming tick); the loop
-        runs for every cgroup every second, so the files are read in one call and each
-        target's series key is made once per pod list."""
+        """Every running pod's and container's ratio (after its priming tick); this runs
+        for every cgroup every second, so the files are read and parsed in one call, the
+        differences computed in one, and each target's series key is made once per pod list."""
         out = Samples(now)
         if not self.env.pods.has_synced():
             return out
         targets = self.env.pod_targets()
-        delta, add = self.rates.delta, out.add_keyed
-        for target, key, counters in zip(targets, self._keys(targets),
-                                         self.env.parse_cgroups(targets, "cpu_stat", parse_throttle), strict=True):
-            if isinstance(counters, FileProblem):
-                self.target_problem(target, counters)
-                continue
-            diff = delta(target.id, counters, now, target.who)
+        targets, keys, counters = self.readable(targets, self._keys(targets),
+                                                self.env.parse_cgroups(targets, "cpu_stat", parse_throttle))
+        add = out.add_keyed
+        diffs = self.rates.deltas([t.id for t in targets], counters, now, [t.who for t in targets])
+        for key, diff in zip(keys, diffs, strict=True):
             if diff is not None:
                 add(key, diff[1] / diff[0] if diff[0] > 0 else 0.0)
         self.rates.prune(now)
