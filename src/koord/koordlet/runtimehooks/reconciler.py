@@ -338,7 +338,8 @@ class Reconciler:
         when due for a refresh this round. A status answered with the same bytes as before
         keeps its record (parsing the verbose info is most of a refresh's cost)."""
         cached = self._containers.get(container_id)
-        if cached is None or cached[2] != size or self._due(container_id):
+        due = cached is None or self._due(container_id)
+        if cached is None or due or cached[2] != size:
             request = cri.ContainerStatusRequest(container_id=container_id, verbose=True)
             raw = self._channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus",
                                             request_serializer=cri.ContainerStatusRequest.SerializeToString)(
@@ -347,8 +348,11 @@ class Reconciler:
             if cached is None or digest != cached[0]:
                 status = cri.ContainerStatusResponse.FromString(raw)
                 cached = digest, fromcri.container_record_from_status(status, container_id)[1], size
-            else:
+            elif due:
                 cached = digest, cached[1], size
+            # Else the same bytes for a new size: kubelet updates the runtime after the pod,
+            # so the status is asked again next round, until it changes or the refresh round
+            # takes the size as it is (a resize the runtime never shows, e.g. a memory request).
             self._containers[container_id] = cached
         return cached[1]
 
