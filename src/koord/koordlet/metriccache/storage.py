@@ -483,12 +483,7 @@ class MetricCache:
                 self._failed_writes = 0
             for ms, series, values in stored:
                 for one, value in zip(series, values, strict=True):
-                    if ms > one.newest:  # Series.add's common case, inlined: a thousand a second
-                        one.newest = ms
-                        one.ts.append(ms)
-                        one.values.append(value)
-                    else:
-                        one.add(ms, value)
+                    one.add(ms, value)
             self._maintain()
 
     def _new_series(self, db: sqlite3.Connection, key: SeriesKey, created: list[SeriesKey]) -> Series:

@@ -73,7 +73,7 @@ class OpenFiles:
         no other thread closes (and reuses) a descriptor mid-read."""
         now = self._clock()
         out: list[bytes | FileProblem] = []
-        fds, pread, first = self._fds, os.pread, min(FIRST_READ, limit + 1)
+        fds = self._fds
         with self._lock:
             if now - self._last_sweep >= self.idle_seconds:
                 self._sweep(now)
@@ -81,10 +81,7 @@ class OpenFiles:
                 entry = fds.get(path)
                 if entry is not None:
                     try:
-                        # _pread_bounded, inlined: this line runs a thousand times a second.
-                        data = pread(entry[0], first, 0)
-                        if len(data) == FIRST_READ:
-                            data = pread(entry[0], limit + 1, 0)
+                        data = _pread_bounded(entry[0], limit)
                         entry[1] = now
                         out.append(data if len(data) <= limit else self._too_large(path, limit))
                         continue
