@@ -608,6 +608,31 @@ def test_last_by_gives_aggregate_by_last(points, cut_at, lo, span):
         c.close()
 
 
+@pytest.mark.parametrize("kind, label, labels_of", [
+    (mc.POD_CPU_USAGE, mc.POD_UID, lambda i: {mc.POD_UID: f"p{i}"}),  # one series a value
+    (mc.NODE_BE, mc.BE_RESOURCE, lambda i: {mc.BE_RESOURCE: f"r{i % 7}", mc.BE_ALLOCATION: f"a{i}"}),  # several
+])
+def test_aggregate_by_in_batches_gives_each_values_own_aggregate(monkeypatch, kind, label, labels_of):
+    """With more series than one batch holds (a value's series never split across two),
+    every value still gets what a query of that value alone gives, head and chunks alike."""
+    from koord.koordlet.metriccache import storage
+    monkeypatch.setattr(storage, "_AGGREGATE_BATCH", 3)
+    aggs = list(Aggregation)
+    c = MetricCache(None, chunk_seconds=1e9)
+    try:
+        for ts in range(1000, 1020):
+            c.append([Sample(kind, labels_of(i), ts, float((i * 31 + ts) % 17)) for i in range(40)])
+            if ts == 1010:
+                c.flush()
+        by = c.aggregate_by(kind, label, 1005, 1015, aggs)
+        values = sorted({labels_of(i)[label] for i in range(40)})
+        assert sorted(by) == values
+        for value in values:
+            assert by[value] == {agg: c.aggregate(kind, 1005, 1015, agg, {label: value}) for agg in aggs}
+    finally:
+        c.close()
+
+
 def test_aggregate_by_rejects_a_label_the_kind_has_not(cache):
     with pytest.raises(MetricCacheError, match="unknown labels"):
         cache.aggregate_by(mc.NODE_CPU_USAGE, mc.POD_UID, 0, 1, [Aggregation.AVG])

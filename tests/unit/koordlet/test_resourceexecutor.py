@@ -112,6 +112,14 @@ def test_path_v1_and_v2(tmp_path: Path) -> None:
         v1.path(POD, "cpu_idle_typo")
 
 
+def test_path_not_kept_is_the_same_path_and_leaves_the_cache_as_it_was(tmp_path: Path) -> None:
+    ex = CgroupExecutor(tmp_path, version=1)
+    kept = ex.path(POD, "cpu_shares")
+    assert ex.path(POD, "memory_stat", keep=False) == tmp_path / "memory" / POD / "memory.stat"
+    assert ex.path(POD, "cpu_shares", keep=False) is kept  # a cached one is still handed out
+    assert list(ex._paths) == [(POD, "cpu_shares")]
+
+
 @pytest.mark.parametrize("version, name", [(1, "cpu.cfs_burst_us"), (2, "cpu.max.burst")])
 def test_burst_is_range_checked_before_the_kernel(tmp_path: Path, version: int, name: str) -> None:
     ex = CgroupExecutor(tmp_path, version=version)

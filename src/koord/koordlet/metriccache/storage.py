@@ -58,6 +58,8 @@ GC_INTERVAL_SECONDS = 60.0
 PAGE_CACHE_KIB = 512
 # SQLite caps bound parameters; series ids are queried in chunks below it.
 _IDS_PER_QUERY = 500
+_AGGREGATE_BATCH = 32
+"""Series whose points ``aggregate_by`` decodes and holds at once."""
 
 _SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS series (
@@ -500,26 +502,33 @@ class MetricCache:
         self._by_kind[key[0]].remove(series)
 
     def _cut_chunks(self, db: sqlite3.Connection) -> None:
-        """Moves the whole head into one chunk per series and empties the head table."""
-        rows = []
-        for series in self._by_id.values():
-            if not series.ts:
-                continue
-            if series.in_order:  # as appended: increasing, one per ms (Series.add keeps it so)
-                rows.append((series.id, series.ts[-1], series.ts[0], encode_chunk(series.ts, series.values)))
-                continue
-            points = dict(sorted(zip(series.ts, series.values, strict=True)))  # a late sample: sort
-            rows.append((series.id, max(points), min(points), encode_chunk(points, points.values())))
+        """Moves the whole head into one chunk per series and empties the head table. The
+        rows are made one at a time as SQLite takes them: a hundred pods' thousand blobs
+        made at once were a megabyte-sized spike every cut, and the allocator kept the
+        holes it left between longer-lived objects (the process grew at every cut)."""
+        newest = [self._chunks_newest]
+
+        def rows() -> Iterator[tuple[int, int, int, bytes]]:
+            for series in self._by_id.values():
+                if not series.ts:
+                    continue
+                if series.in_order:  # as appended: increasing, one per ms (Series.add keeps it so)
+                    last, first, blob = series.ts[-1], series.ts[0], encode_chunk(series.ts, series.values)
+                else:
+                    points = dict(sorted(zip(series.ts, series.values, strict=True)))  # a late sample: sort
+                    last, first, blob = max(points), min(points), encode_chunk(points, points.values())
+                newest[0] = max(newest[0], last)
+                yield series.id, last, first, blob
+
         try:
             with _transaction(db):
-                db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)", rows)
+                db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)", rows())
                 db.execute("DELETE FROM head")
                 db.execute("DELETE FROM head_ticks")
         except sqlite3.Error as exc:
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
             return
-        if rows:
-            self._chunks_newest = max(self._chunks_newest, max(row[1] for row in rows))
+        self._chunks_newest = newest[0]
         for series in self._by_id.values():
             series.clear()
 
@@ -625,7 +634,7 @@ class MetricCache:
               labels: Mapping[str, str] | None = None) -> list[tuple[float, float]]:
         """(timestamp, value) of every series of ``kind`` whose labels include ``labels``,
         merged in ascending time order, over [start, end] inclusive."""
-        points = [(t, sid, v) for sid, (_, parts) in self._series_points(kind, start, end, labels).items()
+        points = [(t, sid, v) for sid, parts in self._series_points(kind, start, end, labels).items()
                   for ts, vs in parts for t, v in zip(ts, vs, strict=True)]
         points.sort()
         return [(t / 1000, v) for t, _, v in points]
@@ -639,20 +648,43 @@ class MetricCache:
     def aggregate_by(self, kind: str, label: str, start: float, end: float,
                      aggs: Iterable[Aggregation]) -> dict[str, dict[Aggregation, float]]:
         """Per value of ``label``, each aggregation over [start, end] of its series: what
-        ``aggregate`` gives for ``{label: value}``, for every value at once (one pass and
-        one read of the chunks, where one query per pod would scan all series each time).
+        ``aggregate`` gives for ``{label: value}``, for every value at once (one read of the
+        chunks per batch of series, where one query per pod would scan all series each time).
         Only the newest sample needs time order (the merged order's last of the newest
         instant: the largest (ts, series id, value)); averages and percentiles are computed
-        from the values as they come. Values without samples in the window are absent."""
+        from the values as they come. Values without samples in the window are absent.
+
+        The points of at most about ``_AGGREGATE_BATCH`` series are held at once: a report
+        averages five minutes of every container, megabytes if decoded all together, and
+        the allocator kept the holes such a spike left (the process grew at every report)."""
         _check_query(kind, {label: ""})
         wanted = tuple(aggs)
-        groups: dict[str, list[tuple[int, Sequence[int], Sequence[float]]]] = {}
-        for sid, (labels, parts) in self._series_points(kind, start, end, None).items():
-            value = labels.get(label)
-            if value is not None:
-                groups.setdefault(value, []).extend((sid, ts, vs) for ts, vs in parts if len(ts))
-        out = {}
-        for value, group in groups.items():
+        lo, hi = _ms(start), _ms(end)
+        groups: dict[str, list[Series]] = {}
+        with self._lock:
+            for series in self._by_kind.get(kind, ()):
+                value = series.labels.get(label)
+                if value is not None:
+                    groups.setdefault(value, []).append(series)
+        out: dict[str, dict[Aggregation, float]] = {}
+        batch: list[tuple[str, list[Series]]] = []
+        held = 0
+        for value, members in groups.items():
+            batch.append((value, members))
+            held += len(members)
+            if held >= _AGGREGATE_BATCH:
+                self._aggregate_groups(kind, batch, lo, hi, wanted, out)
+                batch, held = [], 0
+        if batch:
+            self._aggregate_groups(kind, batch, lo, hi, wanted, out)
+        return out
+
+    def _aggregate_groups(self, kind: str, groups: list[tuple[str, list[Series]]], lo: int, hi: int,
+                          wanted: tuple[Aggregation, ...], out: dict[str, dict[Aggregation, float]]) -> None:
+        """``aggregate_by`` of some values (each with its series), into ``out``."""
+        parts_of = self._points(kind, [s for _, members in groups for s in members], lo, hi)
+        for value, members in groups:
+            group = [(s.id, ts, vs) for s in members for ts, vs in parts_of.get(s.id, ()) if len(ts)]
             values = [v for _, _, vs in group for v in vs]
             if not values:
                 continue
@@ -664,7 +696,6 @@ class MetricCache:
                 else:
                     found[agg] = aggregate_values(values, agg)
             out[value] = found
-        return out
 
     def last_by(self, kind: str, label: str, values: Iterable[str], start: float, end: float) -> dict[str, float]:
         """Per value of ``label``, the newest sample within [start, end] of its series: what
@@ -698,15 +729,12 @@ class MetricCache:
         return out
 
     def _series_points(self, kind: str, start: float, end: float, labels: Mapping[str, str] | None
-                       ) -> dict[int, tuple[dict[str, str], list[tuple[Sequence[int], Sequence[float]]]]]:
-        """By series id, the labels and the (ms times, values) parts within [start, end] of
-        each series of ``kind`` whose labels include ``labels``: the head's, then each chunk's."""
+                       ) -> dict[int, list[tuple[Sequence[int], Sequence[float]]]]:
+        """By series id, the (ms times, values) parts within [start, end] of each series of
+        ``kind`` whose labels include ``labels``."""
         _check_query(kind, labels)
         want = dict(labels or {})
-        lo, hi = _ms(start), _ms(end)
-        found: dict[int, tuple[dict[str, str], list[tuple[Sequence[int], Sequence[float]]]]] = {}
         with self._lock:
-            db = self._conn()
             if want and len(want) == len(SCHEMA[kind]):  # every label given: one series at most
                 try:
                     one = self._series.get(series_key(kind, want))
@@ -716,8 +744,19 @@ class MetricCache:
             else:
                 matching = [s for s in self._by_kind.get(kind, ())
                             if all(s.labels.get(k) == v for k, v in want.items())]
-            ids = [s.id for s in matching]
-            blobs: list[tuple[int, bytes]] = []
+        return self._points(kind, matching, _ms(start), _ms(end))
+
+    def _points(self, kind: str, matching: list[Series], lo: int, hi: int
+                ) -> dict[int, list[tuple[Sequence[int], Sequence[float]]]]:
+        """By series id, the (ms times, values) parts within [lo, hi] ms of each of
+        ``matching``: the head's, then each chunk's. The head and the chunks are read
+        under one hold of the lock (a cut moves samples from one to the other); the
+        chunks are decoded after it. A series forgotten meanwhile has nothing left."""
+        ids = [s.id for s in matching]
+        found: dict[int, list[tuple[Sequence[int], Sequence[float]]]] = {}
+        blobs: list[tuple[int, bytes]] = []
+        with self._lock:
+            db = self._conn()
             for i in range(0, len(ids) if lo <= self._chunks_newest else 0, _IDS_PER_QUERY):
                 chunk = ids[i:i + _IDS_PER_QUERY]
                 marks = ",".join("?" * len(chunk))
@@ -725,14 +764,14 @@ class MetricCache:
                     f"SELECT series_id, data FROM chunks WHERE series_id IN ({marks}) "
                     "AND max_ts >= ? AND min_ts <= ?", (*chunk, lo, hi)).fetchall()
             for s in matching:
-                found[s.id] = (s.labels, [s.window(lo, hi)])
+                found[s.id] = [s.window(lo, hi)]
         for sid, blob in blobs:
             try:
                 times, vals = decode_chunk(blob)
             except ValueError as exc:
                 log.error("metric cache: %s series %d: %s; skipped", kind, sid, exc)
                 continue
-            found[sid][1].append(chunk_window(times, vals, lo, hi))
+            found[sid].append(chunk_window(times, vals, lo, hi))
         return found
 
     def series_labels(self, kind: str) -> list[dict[str, str]]:

@@ -220,9 +220,11 @@ class Env:
     def sys(self) -> Path:
         return self.config.sys_root
 
-    def cgroup_file(self, cgroup_dir: str, resource: str) -> Path:
+    def cgroup_file(self, cgroup_dir: str, resource: str, keep: bool = True) -> Path:
+        """The file's Path (cached by the executor unless ``keep`` is False); FileProblem
+        when the resource has no file here."""
         try:
-            return self.cgroups.path(cgroup_dir, resource)  # resolved once, cached there
+            return self.cgroups.path(cgroup_dir, resource, keep)
         except CgroupError as exc:
             raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
 
@@ -257,7 +259,7 @@ class Env:
         if name is None:
             if len(self._file_names) >= MAX_CACHED_PATHS:
                 self._file_names.clear()
-            name = self._file_names[(cgroup_dir, resource)] = str(self.cgroup_file(cgroup_dir, resource))
+            name = self._file_names[(cgroup_dir, resource)] = str(self.cgroup_file(cgroup_dir, resource, keep=False))
         return name
 
     def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], T]) -> T:

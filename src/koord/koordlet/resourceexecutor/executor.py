@@ -204,7 +204,10 @@ class CgroupExecutor:
             return f"{pod}/cri-containerd-{container_id}.scope"
         return f"{pod}/{container_id}"
 
-    def path(self, cgroup_dir: str, resource: str) -> Path:
+    def path(self, cgroup_dir: str, resource: str, keep: bool = True) -> Path:
+        """The file of ``resource`` in ``cgroup_dir``, cached unless ``keep`` is False (for a
+        caller that keeps its own form of it: a Path is half a kilobyte, and the metrics
+        advisor's thousand files a second would hold a megabyte of them here)."""
         key = (cgroup_dir, resource)
         found = self._paths.get(key)
         if found is not None:
@@ -217,6 +220,8 @@ class CgroupExecutor:
             path = self.root / spec.subsystem / rel / spec.v1
         else:
             path = self.root / rel / spec.v2
+        if not keep:
+            return path
         if len(self._paths) >= MAX_CACHED_PATHS:
             self._paths.clear()  # a plain dict: threads racing here at worst resolve one again
         self._paths[key] = path

@@ -80,6 +80,15 @@ class _Answer:
     update: CgroupUpdate | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    """A listed sandbox as a round uses it: its name for log lines and its hook request."""
+
+    who: str
+    request: bytes
+    """A serialized PodHookRequest (see ``Reconciler._cri_pods``)."""
+
+
 @dataclass
 class ReconcileReport:
     """What one round did; ``written`` holds ``<cgroup dir>:<resource>`` per changed file."""
@@ -133,17 +142,22 @@ class Reconciler:
         self._channel = grpc.insecure_channel("unix:" + self.cri_endpoint)
         self._cri = cri_grpc.RuntimeServiceStub(self._channel)
         self.current_pods = current_pods
-        self._cri_pods: dict[str, PodHookRequest] = {}
-        """Sandbox id -> its record from CRI's verbose status, asked once per sandbox."""
-        self._known_pods: dict[str, PodHookRequest] = {}
-        """Sandbox id -> the request of the last round, for PostStopPodSandbox."""
-        self._containers: dict[str, tuple[bytes, ContainerHookRequest, object]] = {}
+        self._cri_pods: dict[str, tuple[bytes, str]] = {}
+        """Sandbox id -> its record from CRI's verbose status (asked once per sandbox) and
+        the pod's uid. Records and requests are kept serialized and parsed only when the
+        hooks run on them (a round that reuses an answer compares them by identity): a
+        parsed message holds an arena of kilobytes, a busy node's worth of them a megabyte,
+        where the bytes are a tenth of that."""
+        self._known_pods: dict[str, _Pod] = {}
+        """Sandbox id -> the pod of the last round, for PostStopPodSandbox."""
+        self._containers: dict[str, tuple[bytes, bytes, object]] = {}
         """Created and running containers' verbose status (a digest of it as received), the
-        record made of it and the container's requests and limits in the pods source when it
-        was asked, by id (see REFRESH_ROUNDS); a container no longer listed is dropped.
-        A digest, not the status: containerd's verbose info holds the container's whole OCI
-        spec (kilobytes a container), which kept for every container adds up on a busy node."""
-        self._pod_requests: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]] = {}
+        record made of it (a serialized ContainerHookRequest) and the container's requests
+        and limits in the pods source when it was asked, by id (see REFRESH_ROUNDS); a
+        container no longer listed is dropped. A digest, not the status: containerd's
+        verbose info holds the container's whole OCI spec (kilobytes a container), which
+        kept for every container adds up on a busy node."""
+        self._pod_requests: dict[str, tuple[bytes, PodMeta | None, bytes]] = {}
         """Sandbox id -> (CRI record, pods source's pod, the request made of them) of the last round."""
         self._reuse_answers = all(p.answers_from_request_and_rules for p in self.plugins)
         self._answers: dict[str, _Answer] = {}
@@ -262,16 +276,27 @@ class Reconciler:
             self._error(report, "pods source", exc)
             return {}
 
-    def _pod_request(self, sandbox_id: str, record: PodHookRequest, pod: PodMeta | None,
-                     made: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]]) -> PodHookRequest:
-        """``with_current_metadata``, the last round's request when made of the same record and
-        of the same labels and annotations (so answers keyed by the request can be reused);
-        noted in ``made``."""
+    def _pod_record(self, sandbox_id: str) -> tuple[bytes, str]:
+        """The sandbox's record from its verbose status (serialized) and the pod's uid."""
+        record = fromcri.pod_record_from_status(self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
+            pod_sandbox_id=sandbox_id, verbose=True), timeout=CRI_TIMEOUT), sandbox_id)
+        if not record.cgroup_parent:
+            raise ValueError(f"sandbox {sandbox_id}: no cgroup parent in the verbose status "
+                             "(is the runtime containerd with the CRI plugin?)")
+        return record.SerializeToString(), record.pod_meta.uid
+
+    def _pod_request(self, sandbox_id: str, record: bytes, pod: PodMeta | None,
+                     made: dict[str, tuple[bytes, PodMeta | None, bytes]]) -> bytes:
+        """``with_current_metadata`` (serialized), the last round's request when made of the
+        same record and of the same labels and annotations (so answers keyed by the request
+        can be reused); noted in ``made``."""
         last = self._pod_requests.get(sandbox_id)
         if last is not None and last[0] is record and _same_metadata(last[1], pod):
             request = last[2]
+        elif pod is None:
+            request = record
         else:
-            request = with_current_metadata(record, pod)
+            request = with_current_metadata(PodHookRequest.FromString(record), pod).SerializeToString()
         made[sandbox_id] = (record, pod, request)
         return request
 
@@ -302,27 +327,22 @@ class Reconciler:
         return zlib.crc32(key.encode()) % REFRESH_ROUNDS == self._round % REFRESH_ROUNDS
 
     def _reconcile_pods(self, sandboxes, current: dict[str, PodMeta], rules: tuple[object, ...],
-                        last_answers: dict[str, _Answer], report: ReconcileReport) -> dict[str, PodHookRequest]:
-        pods: dict[str, PodHookRequest] = {}
-        cri_pods: dict[str, PodHookRequest] = {}
-        pod_requests: dict[str, tuple[PodHookRequest, PodMeta | None, PodHookRequest]] = {}
+                        last_answers: dict[str, _Answer], report: ReconcileReport) -> dict[str, _Pod]:
+        pods: dict[str, _Pod] = {}
+        cri_pods: dict[str, tuple[bytes, str]] = {}
+        pod_requests: dict[str, tuple[bytes, PodMeta | None, bytes]] = {}
         for sandbox in sandboxes:
             who = f"pod {sandbox.metadata.namespace}/{sandbox.metadata.name}"
             try:
                 # A sandbox's config (labels, annotations, cgroup parent) never changes: the
                 # verbose status is asked once per sandbox, not every round.
-                record = self._cri_pods.get(sandbox.id) or fromcri.pod_record_from_status(
-                    self._cri.PodSandboxStatus(cri.PodSandboxStatusRequest(
-                        pod_sandbox_id=sandbox.id, verbose=True), timeout=CRI_TIMEOUT), sandbox.id)
-                if not record.cgroup_parent:
-                    raise ValueError(f"sandbox {sandbox.id}: no cgroup parent in the verbose status "
-                                     "(is the runtime containerd with the CRI plugin?)")
-                cri_pods[sandbox.id] = record
-                pod = pods[sandbox.id] = self._pod_request(sandbox.id, record, current.get(record.pod_meta.uid),
-                                                           pod_requests)
-                inputs = (pod, *rules)
+                record, uid = cri_pods[sandbox.id] = self._cri_pods.get(sandbox.id) or self._pod_record(sandbox.id)
+                request = self._pod_request(sandbox.id, record, current.get(uid), pod_requests)
+                pods[sandbox.id] = _Pod(who, request)
+                inputs = (request, *rules)
                 answer = self._reused(sandbox.id, inputs, last_answers) or self._hooks_answer(
-                    sandbox.id, inputs, HookPoint.PRE_RUN_POD_SANDBOX, PodContext.from_proto(pod), report)
+                    sandbox.id, inputs, HookPoint.PRE_RUN_POD_SANDBOX,
+                    PodContext.from_proto(PodHookRequest.FromString(request)), report)
                 if answer is not None:
                     report.pods += 1
                     self._apply(answer.update, who, report)
@@ -332,7 +352,7 @@ class Reconciler:
         self._pod_requests = pod_requests
         return pods
 
-    def _container_record(self, container_id: str, size: object) -> ContainerHookRequest:
+    def _container_record(self, container_id: str, size: object) -> bytes:
         """The container's record: cached, or from its verbose status when first seen, when
         ``size`` (its requests and limits in the pods source) is not what it was then, or
         when due for a refresh this round. A status answered with the same bytes as before
@@ -347,7 +367,8 @@ class Reconciler:
             digest = hashlib.blake2b(raw, digest_size=16).digest()
             if cached is None or digest != cached[0]:
                 status = cri.ContainerStatusResponse.FromString(raw)
-                cached = digest, fromcri.container_record_from_status(status, container_id)[1], size
+                record = fromcri.container_record_from_status(status, container_id)[1]
+                cached = digest, record.SerializeToString(), size
             elif due:
                 cached = digest, cached[1], size
             # Else the same bytes for a new size: kubelet updates the runtime after the pod,
@@ -356,7 +377,7 @@ class Reconciler:
             self._containers[container_id] = cached
         return cached[1]
 
-    def _reconcile_containers(self, containers, pods: dict[str, PodHookRequest], sizes: dict[str, object],
+    def _reconcile_containers(self, containers, pods: dict[str, _Pod], sizes: dict[str, object],
                               rules: tuple[object, ...], last_answers: dict[str, _Answer],
                               report: ReconcileReport) -> None:
         listed = {container.id for container in containers}
@@ -366,22 +387,23 @@ class Reconciler:
             pod = pods.get(container.pod_sandbox_id)
             if pod is None:
                 continue
-            who = f"pod {pod.pod_meta.namespace}/{pod.pod_meta.name} container {container.metadata.name}"
+            who = f"{pod.who} container {container.metadata.name}"
             try:
                 record = self._container_record(container.id, sizes.get(container.id))
-                inputs = (pod, record, *rules)
+                inputs = (pod.request, record, *rules)
                 answer = self._reused(container.id, inputs, last_answers) or self._hooks_answer(
                     container.id, inputs, HookPoint.PRE_CREATE_CONTAINER,
-                    ContainerContext.from_proto(fromcri.container_hook_request(pod, record)), report)
+                    ContainerContext.from_proto(fromcri.container_hook_request(
+                        PodHookRequest.FromString(pod.request), ContainerHookRequest.FromString(record))), report)
                 if answer is not None:
                     report.containers += 1
                     self._apply(answer.update, who, report)
             except Exception as exc:  # one broken container must not stop the round
                 self._error(report, who, exc)
 
-    def _forget_stopped_pods(self, pods: dict[str, PodHookRequest], report: ReconcileReport) -> None:
+    def _forget_stopped_pods(self, pods: dict[str, _Pod], report: ReconcileReport) -> None:
         for sandbox_id in self._known_pods.keys() - pods.keys():
-            ctx = PodContext.from_proto(self._known_pods[sandbox_id])
+            ctx = PodContext.from_proto(PodHookRequest.FromString(self._known_pods[sandbox_id].request))
             if self._run_hooks(HookPoint.POST_STOP_POD_SANDBOX, ctx, report):
                 report.stopped_pods += 1
         self._known_pods = pods
