@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from koord import mallocopts, rlimits
+from koord import rlimits
 from koord.health import HealthServer
 from koord.hookapi import Registration
 
@@ -407,7 +407,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     upstreamflags.configure_logging(args)
     warn_about_upstream_only(args)
     rlimits.raise_open_file_limit()
-    mallocopts.fix_mmap_threshold()  # before any thread starts
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame) -> None:

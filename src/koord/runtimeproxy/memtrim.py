@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import ctypes.util
 import gc
 import logging
 from collections.abc import Callable
-
-from .. import mallocopts
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +23,24 @@ LARGE_MESSAGE_BYTES = 4 << 20
 """Messages below this come and go within glibc's normal reuse; above it they pile up."""
 
 
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
 ARENA_MAX = 1
 """One malloc arena for the whole process: glibc's malloc_trim gives back the free top of
 the main arena only, so memory freed in a per-thread arena (where grpc's threads put
 message buffers) would stay.  The proxy's Python code runs on one thread anyway."""
 
 
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def _load_malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None on a libc without it (musl)."""
-    trim = getattr(mallocopts.libc(), "malloc_trim", None)
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
     if trim is None:
         return None
     trim.argtypes = [ctypes.c_size_t]
@@ -42,7 +50,12 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 
 def limit_arenas() -> bool:
     """Call before any thread starts (grpc's included); False where glibc's mallopt is missing."""
-    return mallocopts.mallopt(mallocopts.M_ARENA_MAX, ARENA_MAX)
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, ARENA_MAX))
 
 
 class MemoryTrimmer:
