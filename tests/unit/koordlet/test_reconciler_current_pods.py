@@ -51,7 +51,7 @@ CRI_ANNOTATIONS = {OOM_SCORE_ADJ: "100", "kubernetes.io/config.seen": "then"}
 ])
 def test_with_current_metadata(name, current, want_labels, want_annotations) -> None:
     record = cri_record(CRI_LABELS, CRI_ANNOTATIONS)
-    out = with_current_metadata(record, current)
+    out = PodHookRequest.FromString(with_current_metadata(record.SerializeToString(), current))
     assert (dict(out.labels), dict(out.annotations)) == (want_labels, want_annotations)
     assert out.cgroup_parent == "/" + BURSTABLE and out.pod_meta.uid == "uid-p1"
     assert (dict(record.labels), dict(record.annotations)) == (CRI_LABELS, CRI_ANNOTATIONS), "CRI's record kept"
@@ -63,7 +63,8 @@ _keys = st.text(min_size=1, max_size=12)
 @given(st.dictionaries(_keys, st.text(max_size=8), max_size=4), st.dictionaries(_keys, st.text(max_size=8), max_size=4),
        st.dictionaries(_keys, st.text(max_size=8), max_size=4))
 def test_current_metadata_is_the_pods_plus_kubelets_sandbox_labels(cri_labels, labels, annotations) -> None:
-    out = with_current_metadata(cri_record(cri_labels, {"old": "1"}), pod_meta("uid-p1", labels, annotations))
+    out = PodHookRequest.FromString(with_current_metadata(cri_record(cri_labels, {"old": "1"}).SerializeToString(),
+                                                          pod_meta("uid-p1", labels, annotations)))
     kubelet_own = {k: v for k, v in cri_labels.items() if k.startswith("io.kubernetes.")}
     assert dict(out.labels) == {**kubelet_own, **labels}
     assert dict(out.annotations) == annotations

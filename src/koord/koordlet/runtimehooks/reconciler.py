@@ -100,21 +100,21 @@ class ReconcileReport:
     errors: list[str] = field(default_factory=list)
 
 
-def with_current_metadata(record: PodHookRequest, pod: PodMeta | None) -> PodHookRequest:
-    """``record`` (from CRI) with the labels and annotations of ``pod`` (the pods source's view
-    of the same pod), as the proxy would see them were the pod created now: the pod's labels
-    plus the ones kubelet adds to every sandbox, the pod's annotations. ``record`` itself when
-    the source does not know the pod."""
+def with_current_metadata(record: bytes, pod: PodMeta | None) -> bytes:
+    """``record`` (a serialized PodHookRequest from CRI) with the labels and annotations of
+    ``pod`` (the pods source's view of the same pod), as the proxy would see them were the
+    pod created now: the pod's labels plus the ones kubelet adds to every sandbox, the pod's
+    annotations; serialized. ``record`` itself when the source does not know the pod."""
     if pod is None:
         return record
-    out = PodHookRequest()
-    out.CopyFrom(record)
+    out = PodHookRequest.FromString(record)
+    kubelet_own = {k: v for k, v in out.labels.items() if k.startswith(KUBELET_LABEL_PREFIX)}
     out.ClearField("labels")
-    out.labels.update({k: v for k, v in record.labels.items() if k.startswith(KUBELET_LABEL_PREFIX)})
+    out.labels.update(kubelet_own)
     out.labels.update(pod.labels)
     out.ClearField("annotations")
     out.annotations.update(pod.annotations)
-    return out
+    return out.SerializeToString()
 
 
 def _same_metadata(a: PodMeta | None, b: PodMeta | None) -> bool:
@@ -287,16 +287,14 @@ class Reconciler:
 
     def _pod_request(self, sandbox_id: str, record: bytes, pod: PodMeta | None,
                      made: dict[str, tuple[bytes, PodMeta | None, bytes]]) -> bytes:
-        """``with_current_metadata`` (serialized), the last round's request when made of the
+        """``with_current_metadata``, the last round's request when made of the
         same record and of the same labels and annotations (so answers keyed by the request
         can be reused); noted in ``made``."""
         last = self._pod_requests.get(sandbox_id)
         if last is not None and last[0] is record and _same_metadata(last[1], pod):
             request = last[2]
-        elif pod is None:
-            request = record
         else:
-            request = with_current_metadata(PodHookRequest.FromString(record), pod).SerializeToString()
+            request = with_current_metadata(record, pod)
         made[sandbox_id] = (record, pod, request)
         return request
 
