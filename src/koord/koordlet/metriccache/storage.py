@@ -506,9 +506,10 @@ class MetricCache:
         rows are made one at a time as SQLite takes them: a hundred pods' thousand blobs
         made at once were a megabyte-sized spike every cut, and the allocator kept the
         holes it left between longer-lived objects (the process grew at every cut)."""
-        newest = [self._chunks_newest]
+        newest = self._chunks_newest
 
         def rows() -> Iterator[tuple[int, int, int, bytes]]:
+            nonlocal newest
             for series in self._by_id.values():
                 if not series.ts:
                     continue
@@ -517,7 +518,7 @@ class MetricCache:
                 else:
                     points = dict(sorted(zip(series.ts, series.values, strict=True)))  # a late sample: sort
                     last, first, blob = max(points), min(points), encode_chunk(points, points.values())
-                newest[0] = max(newest[0], last)
+                newest = max(newest, last)
                 yield series.id, last, first, blob
 
         try:
@@ -528,7 +529,7 @@ class MetricCache:
         except sqlite3.Error as exc:
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
             return
-        self._chunks_newest = newest[0]
+        self._chunks_newest = newest
         for series in self._by_id.values():
             series.clear()
 
