@@ -224,6 +224,17 @@ class Pleg:
         if found is not None and self._watched.get(found[0]) == wd:
             del self._watched[found[0]]
 
+    def _unwatch(self, directory: Path) -> None:
+        """Stops watching a directory that is gone. cgroupfs does not end the watch of a
+        removed cgroup itself (no IN_IGNORED, unlike tmpfs): left alone, every removed pod
+        would keep a kernel watch, its dead cgroup's inode and a place under
+        ``max_watches`` until PLEG stopped seeing new pods."""
+        wd = self._watched.get(directory)
+        if wd is not None:
+            assert self._inotify is not None
+            self._inotify.rm_watch(wd)  # the IN_IGNORED that follows finds nothing to forget
+            self._forget(wd)
+
     def _rescan(self) -> bool:
         """(Re)watches every QoS dir and the pod dirs in them: at start, after an overflow,
         when a directory on the way to a QoS dir appears, and every rescan interval. A QoS dir
@@ -232,20 +243,31 @@ class Pleg:
         a pod dir not watched before was found: it may have come with its containers unseen."""
         found = False
         hierarchy = self._hierarchy()
+        listed: dict[Path, set[str]] = {}  # QoS dir -> the directories in it now
         for qos_dir in self.qos_dirs():
-            if not self._watch(qos_dir, QOS):
+            names: set[str] | None = None
+            if self._watch(qos_dir, QOS):
+                try:
+                    names = {e.name for e in os.scandir(qos_dir) if e.is_dir(follow_symlinks=False)}
+                except (FileNotFoundError, NotADirectoryError):  # removed; its watch left over
+                    self._unwatch(qos_dir)
+                    listed[qos_dir] = set()
+                except OSError:
+                    continue
+            if names is None:
                 ancestor = qos_dir.parent
                 while ancestor != hierarchy and not ancestor.is_dir() and hierarchy in ancestor.parents:
                     ancestor = ancestor.parent
                 self._watch(ancestor, ANCESTOR)
                 continue
-            try:
-                names = [e.name for e in os.scandir(qos_dir) if e.is_dir(follow_symlinks=False)]
-            except OSError:
-                continue
+            listed[qos_dir] = names
             for name in names:
                 if is_pod_dir(name) and qos_dir / name not in self._watched:
                     found |= self._watch(qos_dir / name, POD)
+        # Pod dirs whose removal went unseen (an overflowed queue): their watches go too.
+        for directory, kind in list(self._watches.values()):
+            if kind == POD and directory.parent in listed and directory.name not in listed[directory.parent]:
+                self._unwatch(directory)
         return found
 
     def _report(self, message: str) -> None:
@@ -283,6 +305,8 @@ class Pleg:
                           "created" if created else "removed")
                 if created:
                     self._watch(directory / name, POD)
+                else:
+                    self._unwatch(directory / name)
             else:
                 log.debug("PLEG: container directory %s/%s %s", directory, name,
                           "created" if created else "removed")

@@ -56,6 +56,11 @@ class KoordletProcess:
         assert self._proc.poll() is None, f"koordlet exited:\n{self.logs()}"
         return self
 
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "koordlet was not started"
+        return self._proc.pid
+
     def kill(self) -> None:
         """SIGKILL, as a crash or an OOM kill: nothing is cleaned up."""
         assert self._proc is not None

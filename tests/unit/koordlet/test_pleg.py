@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from koord.koordlet.pleg import BURST, RATE_PER_SECOND, Pleg, decode_events, is_pod_dir
+from koord.koordlet.pleg import BURST, IN_IGNORED, RATE_PER_SECOND, Inotify, Pleg, decode_events, is_pod_dir
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.testing.wait import wait_for
 
@@ -183,3 +183,66 @@ def test_tree_made_at_once_after_start_is_seen_without_waiting_for_a_rescan(tmp_
                  rescan_interval=3600))
     (base / "kubepods/besteffort/pod1/c1").mkdir(parents=True)
     wait_for(lambda: calls.n >= 1, "the new tree's pod to be reported", 5)
+
+
+class CgroupfsInotify(Inotify):
+    """inotify as on cgroupfs: a removed directory's watch is not ended by the kernel (no
+    IN_IGNORED; tmpfs sends one), only by ``rm_watch``, whose calls are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.removed: list[int] = []
+
+    def read(self) -> list[tuple[int, int, str]]:
+        return [(wd, mask, name) for wd, mask, name in super().read()
+                if not mask & IN_IGNORED or wd in self.removed]
+
+    def rm_watch(self, wd: int) -> None:
+        self.removed.append(wd)
+        super().rm_watch(wd)
+
+
+def cgroupfs_pleg(tmp_path, calls, **kwargs) -> Pleg:
+    pleg = Pleg(CgroupExecutor(tmp_path, driver="cgroupfs"), [calls], **kwargs)
+    pleg._inotify = CgroupfsInotify()
+    pleg._rescan()
+    return pleg
+
+
+def test_a_removed_pod_dirs_watch_is_ended_when_its_removal_is_seen(tmp_path):
+    base = tree(tmp_path, 1, LAYOUTS[0][2])
+    pods = [base / f"kubepods/besteffort/pod{i}" for i in range(3)]
+    for pod in pods:
+        pod.mkdir()
+    pleg = cgroupfs_pleg(tmp_path, Calls())
+    try:
+        wds = [pleg._watched[pod] for pod in pods]
+        pods[0].rmdir()
+        pods[2].rmdir()
+        wait_for(lambda: pleg._handle(pleg._inotify.read()) or pleg._inotify.removed, "the removals", 5)
+        assert pleg._inotify.removed == [wds[0], wds[2]]
+        assert pods[1] in pleg._watched and pods[0] not in pleg._watched and pods[2] not in pleg._watched
+    finally:
+        pleg._inotify.close()
+
+
+def test_a_rescan_ends_the_watches_of_pod_dirs_and_qos_dirs_that_are_gone(tmp_path):
+    """Removals not seen as events (the kernel's queue overflowed) are found by the rescan."""
+    base = tree(tmp_path, 1, LAYOUTS[0][2])
+    (base / "kubepods/besteffort/pod1").mkdir()
+    (base / "kubepods/burstable/pod2").mkdir()
+    pleg = cgroupfs_pleg(tmp_path, Calls())
+    try:
+        watched = dict(pleg._watched)
+        (base / "kubepods/besteffort/pod1").rmdir()
+        (base / "kubepods/burstable/pod2").rmdir()
+        (base / "kubepods/burstable").rmdir()
+        pleg._rescan()  # the events are never read
+        assert sorted(pleg._inotify.removed) == sorted(watched[base / d] for d in (
+            "kubepods/besteffort/pod1", "kubepods/burstable/pod2", "kubepods/burstable"))
+        assert sorted(pleg._watched) == [base / "kubepods", base / "kubepods/besteffort"]
+        (base / "kubepods/burstable/pod3").mkdir(parents=True)
+        pleg._rescan()
+        assert base / "kubepods/burstable/pod3" in pleg._watched  # the QoS dir made again: watched again
+    finally:
+        pleg._inotify.close()
