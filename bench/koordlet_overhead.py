@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/koordlet_overhead.py [--pods 100] [--containers 3] [--seconds 60]
                                                 [--warmup 20] [--no-cri] [--profile FILE] [--threads]
+                                                [--churn N]
 
 The set-up a node with ``--pods`` pods of ``--containers`` containers each gives koordlet:
 
@@ -27,6 +28,9 @@ with its RSS at the end (and at the start and peak of the window) and the busies
 measured window, as collapsed stacks for a flame graph (``--format raw``); sampling costs
 koordlet a little, so measure without it. ``--threads`` adds each thread's share of one core over
 the window (``/proc/<pid>/task/*/stat``; Python's thread names from ``py-spy dump``).
+``--churn N`` replaces the N oldest pods with new ones every 10 s (new uids, container ids
+and cgroups; gone from kubelet's list and the CRI), as a node running short jobs sees, and
+prints the RSS every minute: what koordlet keeps per pod must go with the pod.
 """
 
 from __future__ import annotations
@@ -59,50 +63,83 @@ class Node:
 
     def __init__(self, root: Path, pods: int, containers: int) -> None:
         self.root = root
+        self.containers = containers
         self.rng = random.Random(1)
         self.items: list[dict] = []
         self.cgroups: list[str] = ["kubepods", "kubepods/burstable", "kubepods/besteffort"]
+        self.cpu_ns: dict[str, int] = {}
+        self.periods: dict[str, int] = {}
+        self.made = 0
+        self.fake: FakeCRI | None = None
         for qos_dir in self.cgroups:
             make_fake_v1_cgroup(root, qos_dir)
-        for i in range(pods):
-            be = i % 4 == 3
-            uid = f"00000000-0000-0000-0000-{i:012d}"
-            qos = "besteffort" if be else "burstable"
-            pod_dir = f"kubepods/{qos}/pod{uid}"
-            make_fake_v1_cgroup(root, pod_dir)
-            self.cgroups.append(pod_dir)
-            specs, statuses, ids = [], [], []
-            for j in range(containers):
-                cid = f"{i:032x}{j:032x}"
-                make_fake_v1_cgroup(root, f"{pod_dir}/{cid}")
-                self.cgroups.append(f"{pod_dir}/{cid}")
-                (root / "cpu" / pod_dir / cid / "cpu.cfs_burst_us").write_text("0\n")  # kernels >= 5.14
-                if not be:  # kubelet's CFS quota for a 500m limit, so CPU burst has work to do
-                    (root / "cpu" / pod_dir / cid / "cpu.cfs_quota_us").write_text("50000\n")
-                resources = ({"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "512Mi"},
-                              "limits": {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "1Gi"}}
-                             if be else {"requests": {"cpu": "100m", "memory": "128Mi"},
-                                         "limits": {"cpu": "500m", "memory": "256Mi"}})
-                specs.append({"name": f"c{j}", "image": "bench", "resources": resources})
-                statuses.append({"name": f"c{j}", "containerID": f"containerd://{cid}",
-                                 "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}})
-                ids.append(cid)
-            (root / "cpu" / pod_dir / "cpu.cfs_burst_us").write_text("0\n")
-            if not be:
-                (root / "cpu" / pod_dir / "cpu.cfs_quota_us").write_text(f"{50000 * containers}\n")
-            labels = {"koordinator.sh/qosClass": "BE" if be else "LS"}
-            self.items.append({
-                "metadata": {"name": f"pod-{i}", "namespace": "bench", "uid": uid, "labels": labels,
-                             "annotations": {}},
-                "spec": {"containers": specs, "priority": 5500 if be else 9500},
-                "status": {"phase": "Running", "qosClass": "BestEffort" if be else "Burstable",
-                           "containerStatuses": statuses},
-                "_cgroup": (qos, ids)})
-        self.cpu_ns = dict.fromkeys(self.cgroups, 10**15)
-        self.periods = dict.fromkeys(self.cgroups, 10**10)
-        for rel in self.cgroups:
-            (root / "cpuacct" / rel).mkdir(parents=True, exist_ok=True)
+            self._counters(qos_dir)
+        for _ in range(pods):
+            self._add_pod()
         self.tick()
+
+    def _counters(self, rel: str) -> None:
+        self.cpu_ns[rel], self.periods[rel] = 10**15, 10**10
+        (self.root / "cpuacct" / rel).mkdir(parents=True, exist_ok=True)
+
+    def _add_pod(self) -> dict:
+        """Pod number ``self.made`` (a new uid and container ids each): every fourth BE."""
+        i, root, containers = self.made, self.root, self.containers
+        self.made += 1
+        be = i % 4 == 3
+        uid = f"00000000-0000-0000-0000-{i:012d}"
+        qos = "besteffort" if be else "burstable"
+        pod_dir = f"kubepods/{qos}/pod{uid}"
+        make_fake_v1_cgroup(root, pod_dir)
+        specs, statuses, ids = [], [], []
+        for j in range(containers):
+            cid = f"{i:032x}{j:032x}"
+            make_fake_v1_cgroup(root, f"{pod_dir}/{cid}")
+            (root / "cpu" / pod_dir / cid / "cpu.cfs_burst_us").write_text("0\n")  # kernels >= 5.14
+            if not be:  # kubelet's CFS quota for a 500m limit, so CPU burst has work to do
+                (root / "cpu" / pod_dir / cid / "cpu.cfs_quota_us").write_text("50000\n")
+            resources = ({"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "512Mi"},
+                          "limits": {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "1Gi"}}
+                         if be else {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                     "limits": {"cpu": "500m", "memory": "256Mi"}})
+            specs.append({"name": f"c{j}", "image": "bench", "resources": resources})
+            statuses.append({"name": f"c{j}", "containerID": f"containerd://{cid}",
+                             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}})
+            ids.append(cid)
+        (root / "cpu" / pod_dir / "cpu.cfs_burst_us").write_text("0\n")
+        if not be:
+            (root / "cpu" / pod_dir / "cpu.cfs_quota_us").write_text(f"{50000 * containers}\n")
+        labels = {"koordinator.sh/qosClass": "BE" if be else "LS"}
+        item = {
+            "metadata": {"name": f"pod-{i}", "namespace": "bench", "uid": uid, "labels": labels,
+                         "annotations": {}},
+            "spec": {"containers": specs, "priority": 5500 if be else 9500},
+            "status": {"phase": "Running", "qosClass": "BestEffort" if be else "Burstable",
+                       "containerStatuses": statuses},
+            "_cgroup": (qos, ids)}
+        rels = [pod_dir, *(f"{pod_dir}/{cid}" for cid in ids)]
+        for rel in rels:
+            self._counters(rel)
+        self.cgroups = self.cgroups + rels
+        self.items = self.items + [item]
+        if self.fake is not None:
+            self._add_to_cri(item)
+        return item
+
+    def churn(self, count: int) -> None:
+        """The ``count`` oldest pods go (from kubelet's list, the CRI and the cgroup tree)
+        and as many new ones come, as on a node running short jobs."""
+        gone, self.items = self.items[:count], self.items[count:]
+        for item in gone:
+            qos, ids = item["_cgroup"]
+            pod_dir = f"kubepods/{qos}/pod{item['metadata']['uid']}"
+            if self.fake is not None:
+                self.fake.remove_pod(item["metadata"]["uid"])
+            self.cgroups = [rel for rel in self.cgroups if rel != pod_dir and not rel.startswith(pod_dir + "/")]
+            for subsystem in os.listdir(self.root):
+                shutil.rmtree(self.root / subsystem / pod_dir, ignore_errors=True)
+        for _ in gone:
+            self._add_pod()
 
     def pod_list(self) -> bytes:
         items = [{k: v for k, v in item.items() if k != "_cgroup"} for item in self.items]
@@ -130,16 +167,22 @@ class Node:
             os.close(fd)
 
     def fake_cri(self, fake: FakeCRI) -> None:
+        """The pods in ``fake`` from now on (churned pods too)."""
+        self.fake = fake
         for item in self.items:
-            qos, ids = item["_cgroup"]
-            meta = item["metadata"]
-            sid = meta["uid"]
-            pod = fake.add_pod(sid, meta["name"], meta["labels"], f"/kubepods/{qos}/pod{meta['uid']}",
-                               namespace=meta["namespace"])
-            pod.config.metadata.uid = meta["uid"]
-            for j, cid in enumerate(ids):
-                fake.add_container(cid, sid, f"c{j}", resources={"cpu_shares": 102, "cpu_period": 100000,
-                                                                 "cpu_quota": 50000})
+            self._add_to_cri(item)
+
+    def _add_to_cri(self, item: dict) -> None:
+        assert self.fake is not None
+        qos, ids = item["_cgroup"]
+        meta = item["metadata"]
+        sid = meta["uid"]
+        pod = self.fake.add_pod(sid, meta["name"], meta["labels"], f"/kubepods/{qos}/pod{meta['uid']}",
+                                namespace=meta["namespace"])
+        pod.config.metadata.uid = meta["uid"]
+        for j, cid in enumerate(ids):
+            self.fake.add_container(cid, sid, f"c{j}", resources={"cpu_shares": 102, "cpu_period": 100000,
+                                                                  "cpu_quota": 50000})
 
 
 def serve_kubelet(node: Node) -> http.server.ThreadingHTTPServer:
@@ -229,6 +272,9 @@ def main() -> None:
     ap.add_argument("--threads", action="store_true",
                     help="also print each thread's share of one core over the window (names need py-spy)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (koordlet.log) for a look")
+    ap.add_argument("--churn", type=int, default=0, metavar="N",
+                    help="every 10 s the N oldest pods go and N new ones come (and the RSS is printed "
+                         "every minute of the window)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="koord-bench-overhead-"))
     fake: FakeCRI | None = None
@@ -260,7 +306,11 @@ def main() -> None:
         stop = threading.Event()
 
         def advance() -> None:
+            seconds = 0
             while not stop.wait(1.0):
+                seconds += 1
+                if a.churn and seconds % 10 == 0:
+                    node.churn(a.churn)
                 node.tick()
         threading.Thread(target=advance, daemon=True).start()
         time.sleep(a.warmup)
@@ -279,6 +329,9 @@ def main() -> None:
             per_second.append((c - last_cpu) / (t - last_t))
             last_cpu, last_t = c, t
             rss_peak = max(rss_peak, rss_mib(proc.pid))
+            if a.churn and len(per_second) % 60 == 0:
+                print(f"  {len(per_second)} s: RSS {rss_mib(proc.pid):.1f} MiB, {node.made} pods made so far",
+                      flush=True)
         cpu = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
         rss = rss_mib(proc.pid)
         window = time.monotonic() - t0
@@ -288,7 +341,8 @@ def main() -> None:
         if spy is not None:
             spy.wait(30)
         reports = json.dumps(yaml.safe_load(files["node-metric"].read_text()).get("status", {})).count('"podUsage"')
-        print(f"koordlet, {a.pods} pods x {a.containers} containers{'' if a.no_cri else ' (also in CRI)'}, "
+        churn = f", {a.churn} replaced every 10 s ({node.made} made in all)" if a.churn else ""
+        print(f"koordlet, {a.pods} pods x {a.containers} containers{'' if a.no_cri else ' (also in CRI)'}{churn}, "
               f"{a.seconds:.0f} s after {a.warmup:.0f} s warm-up: CPU {cpu * 100:.2f}% of one core, "
               f"RSS {rss:.1f} MiB (window start {rss_start:.1f}, peak {rss_peak:.1f}); "
               f"busiest second {max(per_second) * 100:.0f}%, "

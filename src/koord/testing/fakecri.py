@@ -145,6 +145,12 @@ class FakeCRI(grpc.GenericRpcHandler):
         container = self.containers[cid] = FakeContainer(sid, config, state, _current_resources(config))
         return container
 
+    def remove_pod(self, sid: str) -> None:
+        """The pod and its containers gone, as RemovePodSandbox leaves them."""
+        self.pods.pop(sid, None)
+        for cid in [cid for cid, c in list(self.containers.items()) if c.sandbox_id == sid]:
+            self.containers.pop(cid, None)
+
     def requests(self, method: str) -> list[bytes]:
         """The raw requests of ``method`` (e.g. ``RunPodSandbox``), oldest first."""
         with self._lock:
@@ -254,9 +260,7 @@ class FakeCRI(grpc.GenericRpcHandler):
         return cri.StopPodSandboxResponse()
 
     def _remove_pod(self, req: cri.RemovePodSandboxRequest) -> cri.RemovePodSandboxResponse:
-        self.pods.pop(req.pod_sandbox_id, None)
-        for cid in [cid for cid, c in self.containers.items() if c.sandbox_id == req.pod_sandbox_id]:
-            del self.containers[cid]
+        self.remove_pod(req.pod_sandbox_id)
         return cri.RemovePodSandboxResponse()
 
     def _pod_status(self, req: cri.PodSandboxStatusRequest) -> cri.PodSandboxStatusResponse:

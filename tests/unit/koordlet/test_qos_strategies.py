@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from koord.koordlet.metriccache import MetricCache, Sample
-from koord.koordlet.qosmanager import QOSConfig, QOSManager
+from koord.koordlet.qosmanager import QOSConfig, QOSManager, framework
 from koord.koordlet.qosmanager.cpusuppress import TREE_REWALK_ROUNDS, CPUSuppress
 from koord.koordlet.qosmanager.evictor import Evictor
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
@@ -543,3 +543,35 @@ def test_cpusets_restored_once_then_left_to_the_hooks(tmp_path: Path) -> None:
     rig.slo(enable=False)
     s.run_once()  # disabling restores once more
     assert rig.file(ctr, "cpuset", "cpuset.cpus") == "0-15"
+
+
+@pytest.mark.parametrize("calls, said", [
+    # 1: said when it starts, not while it holds
+    ([("k", "a"), ("k", "a")], ["a"]),
+    # 2: said again when it changes
+    ([("k", "a"), ("k", "b")], ["a", "b"]),
+    # 3: over, then back: said again
+    ([("k", "a"), ("k", None), ("k", "a")], ["a", "a"]),
+    # 4: "over" for something never said says nothing
+    ([("k", None), ("j", None)], []),
+    # 5: keys are separate
+    ([("k", "a"), ("j", "a"), ("k", "a")], ["a", "a"]),
+])
+def test_log_once_cases(tmp_path: Path, caplog: pytest.LogCaptureFixture, calls, said) -> None:
+    ctx = Rig(tmp_path, []).manager.ctx
+    with caplog.at_level(logging.INFO, logger="koord.koordlet.qosmanager.framework"):
+        for key, message in calls:
+            ctx.log_once(f"S/{key}", message)
+    assert [r.getMessage() for r in caplog.records if r.name == framework.log.name] == [f"S: {m}" for m in said]
+
+
+def test_log_once_forgets_what_is_over_and_stays_bounded(tmp_path: Path, monkeypatch) -> None:
+    """Keys name pods and containers: a node running short jobs sees new ones all day."""
+    monkeypatch.setattr(framework, "MAX_CONDITIONS", 50)
+    ctx = Rig(tmp_path, []).manager.ctx
+    for i in range(1000):
+        ctx.log_once(f"CPUBurst/container/{i}", None)
+    assert len(ctx._logged) == 0
+    for i in range(1000):
+        ctx.log_once(f"CPUBurst/container/{i}", "missing")
+        assert len(ctx._logged) <= 50

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -139,16 +140,20 @@ def test_written_since_names_the_files_this_executor_wrote(tmp_path: Path) -> No
     assert not ex.written_since([pod], seq)
 
 
-def test_written_since_after_forgetting_says_yes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past its bound the record starts over: a file it no longer knows counts as written."""
-    monkeypatch.setattr("koord.koordlet.resourceexecutor.updater.MAX_CACHED_PATHS", 1)
+def test_written_since_forgets_only_the_files_of_cgroups_that_are_gone(tmp_path: Path) -> None:
+    """The record of writes is bounded by forgetting the files of cgroups that are gone (pods
+    that left); a live file's last write is kept however many pods came and went."""
     ex, _ = tree(tmp_path)
+    ex._written.min_size = ex._written.prune_at = 2
     pod = ex.path(POD, "cpu_quota")
     before = ex.write_seq
-    ex.update(Update(BE, "cpu_quota", 50000))
-    seq = ex.write_seq
-    ex.update(Update(CTR, "cpu_quota", 50000))  # forgets BE's write
-    assert ex.written_since([pod], before) and not ex.written_since([pod], seq)
+    ex.update(Update(POD, "cpu_quota", 40000))
+    for i in range(20):  # pods that came, were written to and left
+        make_fake_v1_cgroup(tmp_path, f"kubepods/besteffort/podgone{i}")
+        ex.update(Update(f"kubepods/besteffort/podgone{i}", "cpu_quota", 50000))
+        shutil.rmtree(tmp_path / "cpu" / f"kubepods/besteffort/podgone{i}")
+        assert len(ex._written) <= 4
+    assert ex.written_since([pod], before)
 
 
 def test_cache_entries_expire(tmp_path: Path) -> None:

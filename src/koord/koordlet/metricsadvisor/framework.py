@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..metriccache import MetricCache, Samples
-from ..resourceexecutor.executor import MAX_CACHED_PATHS, CgroupError, CgroupExecutor
+from ..resourceexecutor.executor import CgroupError, CgroupExecutor
+from ..resourceexecutor.pathcache import CgroupFileCache
 from ..resources import KubeQoS
 from ..statesinformer.meta import CGROUPFS, SYSTEMD, ContainerMeta, PodMeta, pod_cgroup_dir
 from .config import AdvisorConfig
@@ -207,7 +208,7 @@ class Env:
         self.cgroups = CgroupExecutor(config.cgroup_root, driver=config.cgroup_driver)
         self.shared = SharedState()
         self.files = OpenFiles()
-        self._file_names: dict[tuple[str, str], str] = {}
+        self._file_names: CgroupFileCache[tuple[str, str], str] = CgroupFileCache(lambda _, name: name)
         self._targets: tuple[list[PodMeta], list[CgroupTarget]] = ([], [])
         self._names_of: dict[str, tuple[list[CgroupTarget], list[str], dict[int, FileProblem]]] = {}
         self._tick = threading.local()
@@ -255,11 +256,11 @@ class Env:
     def file_name(self, cgroup_dir: str, resource: str) -> str:
         """The path of a cgroup file as a str, looked up once per (dir, resource) (a Path
         hashes in Python code); FileProblem when the resource has no file here."""
-        name = self._file_names.get((cgroup_dir, resource))
+        key = (cgroup_dir, resource)
+        name = self._file_names.get(key)
         if name is None:
-            if len(self._file_names) >= MAX_CACHED_PATHS:
-                self._file_names.clear()
-            name = self._file_names[(cgroup_dir, resource)] = str(self.cgroup_file(cgroup_dir, resource, keep=False))
+            name = str(self.cgroup_file(cgroup_dir, resource, keep=False))
+            self._file_names.put(key, name)
         return name
 
     def read_cgroup(self, cgroup_dir: str, resource: str, parser: Callable[[str], T]) -> T:

@@ -27,6 +27,9 @@ from .metrics import QOSMetrics
 
 log = logging.getLogger(__name__)
 
+MAX_CONDITIONS = 10_000
+"""Complaints ``Context.log_once`` remembers (one per pod or container at most)."""
+
 
 def _seconds(text: str) -> int:
     try:
@@ -110,7 +113,7 @@ class Context:
     metrics: QOSMetrics
     evictor: Evictor
     clock: Callable[[], float] = time.time
-    _logged: dict[str, str | None] = field(default_factory=dict)
+    _logged: dict[str, str] = field(default_factory=dict)
     changes: int = 0
     """Moves whenever the node's pods, their cgroup directories or the NodeSLO change (the
     states informer's callbacks, PLEG): a strategy that keeps what it derived from them
@@ -141,10 +144,17 @@ class Context:
 
     def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
         """Every tick would repeat the same complaint: say it when it starts or changes;
-        ``None`` marks the condition over."""
-        if self._logged.get(key) != message and message is not None:
+        ``None`` marks the condition over, and it is forgotten. Keys name pods and
+        containers, which come and go: the last complaints of those that left are
+        forgotten all at once past ``MAX_CONDITIONS``, so one that still holds is said
+        once more then."""
+        if message is None:
+            self._logged.pop(key, None)
+        elif self._logged.get(key) != message:
             log.log(level, "%s: %s", key.split("/")[0], message)
-        self._logged[key] = message
+            if len(self._logged) >= MAX_CONDITIONS:
+                self._logged.clear()
+            self._logged[key] = message
 
     def last(self, kind: str, labels: Mapping[str, str] | None = None) -> float | None:
         """The newest sample within two collect intervals: older means the collector stalled."""

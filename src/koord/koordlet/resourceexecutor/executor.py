@@ -9,6 +9,7 @@ would not change anything so a periodic reconcile stays cheap and quiet.
 
 from __future__ import annotations
 
+import errno as errnos
 import functools
 import logging
 import os
@@ -19,6 +20,7 @@ from koord import cgrouplimits
 from koord.hookapi import format_cpuset, parse_cpuset
 
 from ..resources import KubeQoS, Resources
+from .pathcache import CgroupFileCache
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +29,6 @@ SYSTEMD = "systemd"
 KUBE_DIR = "kubepods"
 """kubelet's top cgroup of pods (``--cgroup-kube-dir``); ``kubepods.slice`` under systemd."""
 
-MAX_CACHED_PATHS = 100_000
-"""Resolved (dir, resource) paths kept; pods come and go, so the cache starts over past this."""
-
 # cgroup v1 memory.limit_in_bytes reads back LONG_MAX rounded down to a page when unlimited.
 _V1_MEMORY_UNLIMITED = 9223372036854771712
 
@@ -37,13 +36,19 @@ _V1_MEMORY_UNLIMITED = 9223372036854771712
 class CgroupError(Exception):
     """A cgroup file could not be read or written; the message names the file and why.
 
-    ``errno`` is the kernel's error number when a write was refused (EINVAL: value rejected),
+    ``errno`` is the kernel's error number when a write was refused (EINVAL: value rejected)
+    or ENOENT when the cgroup or its file is missing (``missing``),
     so the caller can back off instead of retrying the same value every tick.
     """
 
     def __init__(self, message: str, errno: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+
+    @property
+    def missing(self) -> bool:
+        """The cgroup or its file does not exist: what a pod that is leaving leaves behind."""
+        return self.errno == errnos.ENOENT
 
 
 @dataclass(frozen=True)
@@ -158,9 +163,9 @@ class CgroupExecutor:
         self.driver = driver
         self.version: int = version or (2 if (self.root / "cgroup.controllers").exists() else 1)
         self.kube_dir = self._checked_dir(kube_dir)
-        # The QoS strategies and the collectors resolve the same few thousand paths every
-        # second; building each anew (dir check, three joins) cost more than reading the file.
-        self._paths: dict[tuple[str, str], Path] = {}
+        # The QoS strategies resolve the same thousand paths every second; building each
+        # anew (dir check, three joins) cost more than reading the file.
+        self._paths: CgroupFileCache[tuple[str, str], Path] = CgroupFileCache(lambda _, path: path)
 
     # ---- layout -------------------------------------------------------------------------
 
@@ -220,11 +225,8 @@ class CgroupExecutor:
             path = self.root / spec.subsystem / rel / spec.v1
         else:
             path = self.root / rel / spec.v2
-        if not keep:
-            return path
-        if len(self._paths) >= MAX_CACHED_PATHS:
-            self._paths.clear()  # a plain dict: threads racing here at worst resolve one again
-        self._paths[key] = path
+        if keep:
+            self._paths.put(key, path)
         return path
 
     @staticmethod
@@ -256,7 +258,7 @@ class CgroupExecutor:
                 os.close(fd)
             return data.decode().strip()
         except FileNotFoundError:
-            raise CgroupError(f"{path}: missing (cgroup or file does not exist)") from None
+            raise CgroupError(f"{path}: missing (cgroup or file does not exist)", errnos.ENOENT) from None
         except OSError as exc:
             raise CgroupError(f"{path}: read failed: {exc.strerror or exc}") from None
 
@@ -331,7 +333,7 @@ class CgroupExecutor:
             # O_TRUNC without O_CREAT: a missing cgroup must fail, not grow a plain file.
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
         except FileNotFoundError:
-            raise CgroupError(f"{path}: missing (cgroup or file does not exist)") from None
+            raise CgroupError(f"{path}: missing (cgroup or file does not exist)", errnos.ENOENT) from None
         except OSError as exc:
             raise CgroupError(f"{path}: open for write failed: {exc.strerror or exc}") from None
         try:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from koord.hookapi import format_cpuset, parse_cpuset
 
-from .executor import MAX_CACHED_PATHS, MEMORY_MAX, CgroupError, CgroupExecutor
+from .executor import MEMORY_MAX, CgroupError, CgroupExecutor
+from .pathcache import CgroupFileCache
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +126,8 @@ class ResourceExecutor(CgroupExecutor):
         self._backoff: dict[Path, _Backoff] = {}
         self._last_prune = clock()
         self._write_seq = 0
-        self._written: dict[Path, int] = {}
-        """File -> the number of its last write; bounded like the path cache (cleared past
-        MAX_CACHED_PATHS, ``_written_floor`` then stands for every file)."""
-        self._written_floor = 0
+        self._written: CgroupFileCache[Path, int] = CgroupFileCache(lambda path, _: path)
+        """File -> the number of its last write (a file whose cgroup is gone is forgotten)."""
 
     # ---- single updates -----------------------------------------------------------------
 
@@ -192,11 +191,10 @@ class ResourceExecutor(CgroupExecutor):
         return self._write_seq
 
     def written_since(self, paths: Iterable[Path], seq: int) -> bool:
-        """Whether this executor wrote any of ``paths`` after its write number ``seq`` (also
-        when it no longer remembers that far back)."""
+        """Whether this executor wrote any of ``paths`` after its write number ``seq``."""
         with self._lock:
-            written, floor = self._written, self._written_floor
-            return any(written.get(p, floor) > seq for p in paths)
+            written = self._written
+            return any((written.get(p) or 0) > seq for p in paths)
 
     # ---- tree -----------------------------------------------------------------------------
 
@@ -285,11 +283,8 @@ class ResourceExecutor(CgroupExecutor):
                                       errno=exc.errno) from None
                 raise
             self._backoff.pop(path, None)
-            if len(self._written) >= MAX_CACHED_PATHS:
-                self._written.clear()
-                self._written_floor = self._write_seq
             self._write_seq += 1
-            self._written[path] = self._write_seq
+            self._written.put(path, self._write_seq)
 
     def _prune(self, now: float) -> None:
         if now - self._last_prune < self.cache_ttl / 4:
