@@ -71,6 +71,7 @@ class Node:
         self.periods: dict[str, int] = {}
         self.made = 0
         self.fake: FakeCRI | None = None
+        self._pod_list: tuple[list[dict], bytes] | None = None
         for qos_dir in self.cgroups:
             make_fake_v1_cgroup(root, qos_dir)
             self._counters(qos_dir)
@@ -142,8 +143,15 @@ class Node:
             self._add_pod()
 
     def pod_list(self) -> bytes:
-        items = [{k: v for k, v in item.items() if k != "_cgroup"} for item in self.items]
-        return json.dumps({"kind": "PodList", "apiVersion": "v1", "items": items}).encode()
+        """kubelet's ``/pods`` answer, made again only after a churn replaced the list."""
+        held = self._pod_list
+        if held is not None and held[0] is self.items:
+            return held[1]
+        listed = self.items
+        items = [{k: v for k, v in item.items() if k != "_cgroup"} for item in listed]
+        body = json.dumps({"kind": "PodList", "apiVersion": "v1", "items": items}).encode()
+        self._pod_list = (listed, body)
+        return body
 
     def tick(self) -> None:
         """Advances every counter as a second of a busy node would. Each file is rewritten in
@@ -186,10 +194,9 @@ class Node:
 
 
 def serve_kubelet(node: Node) -> http.server.ThreadingHTTPServer:
-    body = node.pod_list()
-
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = node.pod_list()
             self.send_response(200 if self.path.rstrip("/") == "/pods" else 404)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

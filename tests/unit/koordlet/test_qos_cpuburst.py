@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -347,17 +348,21 @@ def test_failed_pass_is_tried_again_next_round(tmp_path: Path) -> None:
     assert bursts(rig, p) == (200000, [200000])
 
 
-@pytest.mark.parametrize("gone, level", [
-    ("missing", logging.DEBUG),  # the container is leaving (its cgroup went before the pod list said so)
+@pytest.mark.parametrize("case, level", [
+    ("cgroup-gone", logging.DEBUG),  # the container left before the pod list said so: as upstream
+    ("file-missing", logging.WARNING),  # its cgroup is there without the file
     ("unreadable", logging.WARNING),  # something else is wrong
 ])
-def test_a_leaving_containers_missing_cgroup_is_not_a_warning(tmp_path: Path, caplog, gone, level) -> None:
+def test_a_leaving_containers_cgroup_is_not_a_warning(tmp_path: Path, caplog, case, level) -> None:
     p = burst_pod("p1", [2000])
     rig, strategy = make_rig(tmp_path, [p], pod_quota=200000, container_quotas=[200000])
-    quota = rig.root / "cpu" / p.containers[0].cgroup_dir / "cpu.cfs_quota_us"
-    quota.unlink()
-    if gone == "unreadable":
-        quota.mkdir()  # a read fails, not as "missing"
+    cgroup = rig.root / "cpu" / p.containers[0].cgroup_dir
+    if case == "cgroup-gone":
+        shutil.rmtree(cgroup)
+    else:
+        (cgroup / "cpu.cfs_quota_us").unlink()
+        if case == "unreadable":
+            (cgroup / "cpu.cfs_quota_us").mkdir()  # a read fails, not as "missing"
     with caplog.at_level(logging.DEBUG, logger="koord.koordlet.qosmanager.framework"):
         strategy.apply_pod(p, BurstConfig(Policy.CPU_BURST_ONLY), NodeState.IDLE)
     said = [r for r in caplog.records if "container c0" in r.getMessage()]

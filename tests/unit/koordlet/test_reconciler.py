@@ -1,9 +1,12 @@
 """Standalone reconciler against a fake CRI server (containerd's verbose status shape) and a
 fake cgroup v1 tree."""
 
+import logging
+import shutil
 import threading
 from pathlib import Path
 
+import grpc
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
@@ -120,14 +123,43 @@ def test_only_ready_pods_and_created_or_running_containers(fake_cri, tmp_path):
 def test_one_broken_pod_does_not_stop_the_round(fake_cri, tmp_path):
     make_fake_v1_cgroup(tmp_path, BE)
     fake_cri.add_pod("p0", "noparent", {QOS: "BE"}, None)
-    fake_cri.add_pod("p9", "nocgroup", {QOS: "BE"}, "/kubepods/besteffort/podp9")
+    fake_cri.add_pod("p9", "elsewhere", {QOS: "BE"}, "/notkubepods/besteffort/podp9")
     fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
     reconciler, _ = make(fake_cri, tmp_path)
     report = reconciler.reconcile_once()
     assert read(tmp_path, "cpu", BE, "cpu.bvt_warp_ns") == "-1"
     assert len(report.errors) == 2
     assert any("ns/noparent" in e and "cgroup parent" in e for e in report.errors)
-    assert any("ns/nocgroup" in e and "missing" in e for e in report.errors)
+    assert any("ns/elsewhere" in e and "missing" in e for e in report.errors)
+
+
+@pytest.mark.parametrize("case, error", [
+    # 1: the pod's cgroup went between the list and the write (its QoS dir is there)
+    ("pod-cgroup-gone", None),
+    # 2: the runtime no longer knows the container it listed
+    ("container-not-found", None),
+    # 3: the runtime failed otherwise: an error, said in one line
+    ("container-status-unavailable", "pod ns/batch container main: CRI: UNAVAILABLE: try later"),
+])
+def test_a_pod_or_container_gone_since_the_list_is_no_error(fake_cri, tmp_path, caplog, case, error):
+    make_fake_v1_cgroup(tmp_path, BE + "/c1")
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    fake_cri.add_container("c1", "p1", "main")
+    if case == "pod-cgroup-gone":
+        for subsystem in ("cpu", "cpuset", "cpuacct", "memory"):
+            shutil.rmtree(tmp_path / subsystem / BE, ignore_errors=True)
+    elif case == "container-not-found":
+        fake_cri.fail["ContainerStatus"] = (grpc.StatusCode.NOT_FOUND, "c1 not found")
+    else:
+        fake_cri.fail["ContainerStatus"] = (grpc.StatusCode.UNAVAILABLE, "try later")
+    reconciler, _ = make(fake_cri, tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="koord.koordlet.runtimehooks.reconciler"):
+        report = reconciler.reconcile_once()
+    assert report.errors == ([] if error is None else [error])
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == ([] if error is None else [f"reconciler: {error}"])
+    if error is None:
+        assert any("gone since the list" in r.getMessage() for r in caplog.records)
 
 
 def test_fail_policy_error_is_reported_per_pod(fake_cri, tmp_path):

@@ -334,3 +334,28 @@ def test_real_cgroup_v1_memory_unlimited_reads_back_as_huge_number() -> None:
         assert ex.read(name, "memory_limit") == V1_UNLIMITED
     finally:
         cgroup.rmdir()
+
+
+@pytest.mark.parametrize("version, made, asked, gone", [
+    # 1: a container that left: its pod dir is there
+    (1, "kubepods/besteffort/pod1", "kubepods/besteffort/pod1/c1", True),
+    # 2: a pod that left with its containers: the QoS dir is there
+    (1, "kubepods/besteffort", "kubepods/besteffort/pod1/c1", True),
+    # 3: the cgroup is there without the file (a kernel without it)
+    (1, "kubepods/besteffort/pod1/c1", "kubepods/besteffort/pod1/c1", False),
+    # 4: no kube tree where it is looked for (a wrong cgroup root or kube dir)
+    (1, "", "kubepods/besteffort/pod1", False),
+    # 5-6: the same on the one v2 tree
+    (2, "kubepods/besteffort", "kubepods/besteffort/pod1", True),
+    (2, "", "kubepods/besteffort/pod1", False),
+])
+def test_gone_tells_a_cgroup_that_left_from_one_looked_for_in_the_wrong_place(
+        tmp_path: Path, version: int, made: str, asked: str, gone: bool) -> None:
+    base = tmp_path / "cpu" if version == 1 else tmp_path
+    (base / made).mkdir(parents=True, exist_ok=True)
+    ex = CgroupExecutor(tmp_path, driver="cgroupfs", version=version)
+    with pytest.raises(CgroupError) as err:
+        ex.read(asked, "cpu_shares")
+    assert err.value.missing == ex.path(asked, "cpu_shares")
+    assert ex.gone(err.value) is gone
+    assert not ex.gone(CgroupError("write refused", errno=22))

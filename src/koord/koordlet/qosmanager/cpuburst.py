@@ -210,9 +210,9 @@ class CPUBurst(Strategy):
                 continue
             try:
                 burst = self.apply_container(pod, c, config, state, metrics)
-            except CgroupError as exc:  # missing: the container is leaving, as upstream not a warning
+            except CgroupError as exc:  # gone: the container is leaving, as upstream not a warning
                 self.ctx.log_once(f"{self.name}/container/{c.id}", f"pod {pod.key} container {c.name}: {exc}",
-                                  logging.DEBUG if exc.missing else logging.WARNING)
+                                  logging.DEBUG if self.ctx.executor.gone(exc) else logging.WARNING)
                 failed = True
                 continue
             self.ctx.log_once(f"{self.name}/container/{c.id}", None)
@@ -225,7 +225,7 @@ class CPUBurst(Strategy):
             self.write_burst(pod.cgroup_dir, pod_burst, f"pod {pod.key}")
         except CgroupError as exc:
             self.ctx.log_once(f"{self.name}/pod-burst/{pod.uid}", f"pod {pod.key}: {exc}",
-                              logging.DEBUG if exc.missing else logging.WARNING)
+                              logging.DEBUG if self.ctx.executor.gone(exc) else logging.WARNING)
             failed = True
         if config.static and not failed and ex.write_seq == seq:
             dirs = [pod.cgroup_dir, *(c.cgroup_dir for c in pod.containers if c.id)]

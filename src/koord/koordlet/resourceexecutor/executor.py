@@ -9,7 +9,6 @@ would not change anything so a periodic reconcile stays cheap and quiet.
 
 from __future__ import annotations
 
-import errno as errnos
 import functools
 import logging
 import os
@@ -36,19 +35,15 @@ _V1_MEMORY_UNLIMITED = 9223372036854771712
 class CgroupError(Exception):
     """A cgroup file could not be read or written; the message names the file and why.
 
-    ``errno`` is the kernel's error number when a write was refused (EINVAL: value rejected)
-    or ENOENT when the cgroup or its file is missing (``missing``),
-    so the caller can back off instead of retrying the same value every tick.
+    ``errno`` is the kernel's error number when a write was refused (EINVAL: value rejected),
+    so the caller can back off instead of retrying the same value every tick; ``missing``
+    names the file when the cgroup or the file does not exist (see ``CgroupExecutor.gone``).
     """
 
-    def __init__(self, message: str, errno: int | None = None) -> None:
+    def __init__(self, message: str, errno: int | None = None, missing: Path | None = None) -> None:
         super().__init__(message)
         self.errno = errno
-
-    @property
-    def missing(self) -> bool:
-        """The cgroup or its file does not exist: what a pod that is leaving leaves behind."""
-        return self.errno == errnos.ENOENT
+        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -237,6 +232,28 @@ class CgroupExecutor:
             raise CgroupError(f"cgroup dir {cgroup_dir!r} leaves the cgroup root")
         return str(rel)
 
+    def gone(self, exc: CgroupError) -> bool:
+        """Whether ``exc`` is about a cgroup that went: a pod or container that left between
+        the list that named it and this call, whose nearest existing ancestor is a QoS or
+        pod dir below the hierarchy's root. A file missing from a cgroup that is there (a
+        kernel without it), or a tree looked for in the wrong place (missing up to the
+        root), is not that."""
+        if exc.missing is None:
+            return False
+        try:
+            rel = exc.missing.relative_to(self.root)
+        except ValueError:
+            return False
+        base = self.root if self.version == 2 else self.root / rel.parts[0]
+        ancestor = exc.missing.parent
+        if ancestor.is_dir():
+            return False
+        while ancestor != base and base in ancestor.parents:
+            ancestor = ancestor.parent
+            if ancestor.is_dir():
+                return ancestor != base
+        return False
+
     # ---- read / write -------------------------------------------------------------------
 
     def supports(self, cgroup_dir: str, resource: str) -> bool:
@@ -258,7 +275,7 @@ class CgroupExecutor:
                 os.close(fd)
             return data.decode().strip()
         except FileNotFoundError:
-            raise CgroupError(f"{path}: missing (cgroup or file does not exist)", errnos.ENOENT) from None
+            raise CgroupError(f"{path}: missing (cgroup or file does not exist)", missing=path) from None
         except OSError as exc:
             raise CgroupError(f"{path}: read failed: {exc.strerror or exc}") from None
 
@@ -333,7 +350,7 @@ class CgroupExecutor:
             # O_TRUNC without O_CREAT: a missing cgroup must fail, not grow a plain file.
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
         except FileNotFoundError:
-            raise CgroupError(f"{path}: missing (cgroup or file does not exist)", errnos.ENOENT) from None
+            raise CgroupError(f"{path}: missing (cgroup or file does not exist)", missing=path) from None
         except OSError as exc:
             raise CgroupError(f"{path}: open for write failed: {exc.strerror or exc}") from None
         try:

@@ -430,8 +430,19 @@ class Reconciler:
             log.info("reconciler: %s: wrote %s to cgroup %s", who, ", ".join(written), cgroup_dir)
         report.written.extend(f"{cgroup_dir}:{name}" for name in written)
 
-    @staticmethod
-    def _error(report: ReconcileReport, who: str, exc: Exception) -> None:
-        log.warning("reconciler: %s: %s", who, exc)
-        report.errors.append(f"{who}: {exc}")
+    def _error(self, report: ReconcileReport, who: str, exc: Exception) -> None:
+        """A pod or container that went between the list and this call (the runtime no
+        longer knows it, or its cgroup is gone from a tree that is there) is no error: it is
+        said at debug level and the next round does not list it."""
+        if isinstance(exc, grpc.RpcError):
+            code = exc.code()
+            message = f"CRI: {code.name}: {exc.details()}"
+            gone = code == grpc.StatusCode.NOT_FOUND
+        else:
+            message, gone = str(exc), isinstance(exc, CgroupError) and self.executor.gone(exc)
+        if gone:
+            log.debug("reconciler: %s: gone since the list: %s", who, message)
+            return
+        log.warning("reconciler: %s: %s", who, message)
+        report.errors.append(f"{who}: {message}")
 
