@@ -27,7 +27,7 @@ from .metrics import QOSMetrics
 
 log = logging.getLogger(__name__)
 
-MAX_CONDITIONS = 10_000
+MAX_CONDITIONS = 2048
 """Complaints ``Context.log_once`` remembers (one per pod or container at most)."""
 
 
