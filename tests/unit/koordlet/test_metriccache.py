@@ -661,3 +661,74 @@ def test_recent_windows_skip_the_chunks(tmp_path, window, want_chunk_reads):
         assert sum("FROM chunks" in s for s in statements) == want_chunk_reads
     finally:
         c.close()
+
+
+# ---- series idle past idle_seconds leave memory, not the disk --------------------------------
+
+def _answers(c: MetricCache, start: float, end: float) -> tuple:
+    """Everything a caller can ask about the pods' and the BE series in [start, end]."""
+    aggs = list(Aggregation)
+    out: list = [sorted(map(sorted, (d.items() for d in c.series_labels(mc.POD_CPU_USAGE))))]
+    for kind, label in ((mc.POD_CPU_USAGE, mc.POD_UID), (mc.NODE_BE, mc.BE_RESOURCE)):
+        out.append(c.query(kind, start, end))
+        out.append(c.aggregate_by(kind, label, start, end, aggs))
+        out.append(c.last_by(kind, label, ["a", "b", "c", "d"], start, end))
+        for value in "abcd":
+            labels = {label: value}
+            out.append(c.query(kind, start, end, labels))
+            out.append(c.aggregates(kind, start, end, aggs, labels))
+    return tuple(out)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 400),
+                          st.floats(0, 1e6, allow_nan=False)), max_size=60),
+       st.integers(0, 60), st.integers(0, 500), st.integers(0, 500))
+def test_dropping_idle_series_from_memory_changes_no_answer(points, cut_at, lo, span):
+    """The same appends into a cache that drops series idle for 100 s (and a clock past
+    that) and one that keeps them: every query, old windows included, answers the same."""
+    now = [1000.0]
+    keep = MetricCache(None, chunk_seconds=1e9, clock=lambda: now[0])
+    drop = MetricCache(None, chunk_seconds=1e9, idle_seconds=100, clock=lambda: now[0])
+    try:
+        for c in (keep, drop):
+            for i, (uid, ts, value) in enumerate(points):
+                c.append([pod(uid, 1000 + ts, value),
+                          Sample(mc.NODE_BE, {mc.BE_RESOURCE: uid, mc.BE_ALLOCATION: "x"}, 1000 + ts, value)])
+                if i == cut_at:
+                    c.flush()
+            c.flush()
+        now[0] = 1000 + 400 + 100 + 61  # every series idle, the GC due
+        for c in (keep, drop):
+            c.append([pod("d", now[0], 1.0)])
+        assert len(drop._series) <= 1 and len(keep._series) == len({uid for uid, _, _ in points} | {"d"}) * 2 - 1
+        start, end = 1000 + lo, 1000 + lo + span
+        assert _answers(drop, start, end) == _answers(keep, start, end)
+    finally:
+        keep.close()
+        drop.close()
+
+
+def test_an_idle_series_comes_back_with_its_history_and_goes_with_the_retention(tmp_path):
+    now = [10_000.0]
+    c = MetricCache(tmp_path, retention_seconds=1000, idle_seconds=100, clock=lambda: now[0])
+    c.append([pod("a", 10_000, 1.0)])
+    c.flush()
+    now[0] = 10_200.0  # idle for 200 s, the GC due
+    c.append([pod("b", 10_200, 2.0)])
+    assert sorted(k[1] for k in c._series) == [((mc.POD_UID, "b"),)]  # "a" is out of memory...
+    assert c.query(mc.POD_CPU_USAGE, 0, 20_000, {mc.POD_UID: "a"}) == [(10_000.0, 1.0)]  # ...not gone
+    c.append([pod("a", 10_201, 3.0)])  # the pod has samples again: the same series
+    assert c.query(mc.POD_CPU_USAGE, 0, 20_000, {mc.POD_UID: "a"}) == [(10_000.0, 1.0), (10_201.0, 3.0)]
+    assert [r[0] for r in c._conn().execute("SELECT count(*) FROM series")] == [2]
+    now[0] = 11_000.0  # "b" idle now too: out of memory, still on disk
+    c.append([pod("c", 11_000, 4.0)])
+    assert {uid for labels in c.series_labels(mc.POD_CPU_USAGE) for uid in labels.values()} == {"a", "b", "c"}
+    now[0] = 11_300.0  # "a" and "b" past the retention: their rows go, though not in memory
+    c.append([pod("c", 11_300, 5.0)])
+    assert [labels[mc.POD_UID] for labels in c.series_labels(mc.POD_CPU_USAGE)] == ["c"]
+    assert [r[0] for r in c._conn().execute("SELECT count(*) FROM series")] == [1]
+    c.close()
+    reopened = MetricCache(tmp_path, retention_seconds=1000, idle_seconds=100, clock=lambda: now[0])
+    assert reopened.query(mc.POD_CPU_USAGE, 0, 20_000) == [(11_000.0, 4.0), (11_300.0, 5.0)]
+    reopened.close()

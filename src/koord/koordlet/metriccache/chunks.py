@@ -30,6 +30,7 @@ class Series:
     values: array = field(default_factory=lambda: array("d"))
     newest: int = -1  # the head's largest ts, so in-order appends skip the duplicate search
     in_order: bool = True
+    cut: int = -1  # the largest ts already in a chunk: with an empty head, the series' last sample
 
     def add(self, ts_ms: int, value: float) -> None:
         if ts_ms > self.newest:  # the common case: the next sample in time

@@ -55,6 +55,12 @@ minute at 100 pods x 3 containers); a cut of a minute's head costs ~26 ms of CPU
 MAX_LABEL_VALUE = 256
 # Retention is enforced at most this often (and at open); the size bound after every write.
 GC_INTERVAL_SECONDS = 60.0
+DEFAULT_IDLE_SECONDS = 3600.0
+"""A series without a sample for this long (a pod or container that left) is dropped from
+memory: about half a kilobyte each, a dozen a pod, kept for the retention they would grow
+with every pod a node ran in the last 12 hours. Its chunks stay on disk until the
+retention, and a query reaching back that far reads them from there (koordlet's own
+queries look back 30 minutes at most)."""
 PAGE_CACHE_KIB = 512
 # SQLite caps bound parameters; series ids are queried in chunks below it.
 _IDS_PER_QUERY = 500
@@ -239,7 +245,7 @@ class MetricCache:
 
     def __init__(self, path: Path | None, retention_seconds: float = DEFAULT_RETENTION_SECONDS,
                  max_bytes: int = DEFAULT_MAX_BYTES, *, chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
-                 clock: Callable[[], float] = time.time) -> None:
+                 idle_seconds: float = DEFAULT_IDLE_SECONDS, clock: Callable[[], float] = time.time) -> None:
         if not (math.isfinite(retention_seconds) and retention_seconds > 0):
             raise MetricCacheError(f"retention {retention_seconds!r} s: want a positive duration")
         if max_bytes < MIN_MAX_BYTES:
@@ -248,6 +254,7 @@ class MetricCache:
         self.retention_seconds = float(retention_seconds)
         self.max_bytes = int(max_bytes)
         self.chunk_seconds = float(chunk_seconds)
+        self.idle_seconds = float(idle_seconds)
         self._clock = clock
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
@@ -255,6 +262,9 @@ class MetricCache:
         self._by_id: dict[int, Series] = {}
         self._by_kind: dict[str, list[Series]] = {}
         self._last_gc = -math.inf
+        self._idle_newest = -1
+        """The newest sample (ms) of any series dropped from memory as idle: a query window
+        starting after it finds every series it needs in memory."""
         self._chunks_newest: float = math.inf
         """The largest ``max_ts`` of any chunk written (ms; -1 with none): a query window
         starting after it, as every "last few seconds" query does, needs no chunk lookup."""
@@ -401,6 +411,10 @@ class MetricCache:
         newest = db.execute("SELECT max(max_ts) FROM chunks").fetchone()[0]
         self._chunks_newest = -1 if newest is None else int(newest)
         by_id = self._by_id
+        for sid, cut in db.execute("SELECT series_id, max(max_ts) FROM chunks GROUP BY series_id"):
+            series = by_id.get(sid)
+            if series is not None:
+                series.cut = int(cut)
         for sid, ts, value in db.execute("SELECT series_id, ts, value FROM head ORDER BY rowid"):
             series = by_id.get(sid)
             if series is not None:
@@ -489,9 +503,16 @@ class MetricCache:
             self._maintain()
 
     def _new_series(self, db: sqlite3.Connection, key: SeriesKey, created: list[SeriesKey]) -> Series:
+        """A series not in memory: new, or one dropped as idle that has samples again (its
+        row and chunks are still there)."""
         kind, labels = key[0], dict(key[1])
-        cur = db.execute("INSERT INTO series (kind, labels) VALUES (?, ?)", (kind, _labels_json(labels)))
-        series = Series(int(cur.lastrowid or 0), labels)
+        text = _labels_json(labels)
+        cur = db.execute("INSERT OR IGNORE INTO series (kind, labels) VALUES (?, ?)", (kind, text))
+        if cur.rowcount:
+            sid = int(cur.lastrowid or 0)
+        else:
+            sid = int(db.execute("SELECT id FROM series WHERE kind = ? AND labels = ?", (kind, text)).fetchone()[0])
+        series = Series(sid, labels)
         self._add_series(kind, series)
         created.append(key)
         return series
@@ -519,6 +540,7 @@ class MetricCache:
                     points = dict(sorted(zip(series.ts, series.values, strict=True)))  # a late sample: sort
                     last, first, blob = max(points), min(points), encode_chunk(points, points.values())
                 newest = max(newest, last)
+                series.cut = max(series.cut, last)
                 yield series.id, last, first, blob
 
         try:
@@ -575,6 +597,7 @@ class MetricCache:
         if force or now - self._last_gc >= GC_INTERVAL_SECONDS:
             self._last_gc = now
             self._delete_before(db, _ms(now - self.retention_seconds), thorough=force)
+            self._drop_idle(_ms(now - self.idle_seconds))
         target = self.max_bytes - self._journal_limit
         while self._used_bytes() > target:
             oldest, newest, first_end = db.execute(
@@ -589,6 +612,36 @@ class MetricCache:
             log.info("metric cache over %d bytes: dropping samples older than %.3f",
                      self.max_bytes, cutoff / 1000)
             self._delete_before(db, cutoff)
+
+    def _drop_idle(self, horizon_ms: int) -> None:
+        """Drops from memory the series whose last sample is older than ``horizon_ms`` (see
+        ``DEFAULT_IDLE_SECONDS``); their rows stay."""
+        idle = [(key, series) for key, series in self._series.items() if not series.ts and series.cut < horizon_ms]
+        if not idle:
+            return
+        for key, series in idle:
+            del self._series[key]
+            del self._by_id[series.id]
+            self._idle_newest = max(self._idle_newest, series.cut)
+        for kind in {key[0] for key, _ in idle}:  # one pass a kind, not a list removal a series
+            self._by_kind[kind] = [s for s in self._by_kind[kind] if s.id in self._by_id]
+
+    def _idle(self, kind: str, lo: int, hi: int) -> list[Series]:
+        """The series of ``kind`` dropped from memory as idle that have chunks in [lo, hi]
+        ms, read from disk for a query reaching back that far (none for a later window)."""
+        if self._idle_newest < 0 or lo > self._idle_newest:
+            return []
+        out = []
+        for sid, labels in self._conn().execute(
+                "SELECT id, labels FROM series WHERE kind = ? AND id IN "
+                "(SELECT series_id FROM chunks WHERE max_ts >= ? AND min_ts <= ?)", (kind, lo, hi)):
+            if sid in self._by_id:
+                continue
+            try:
+                out.append(Series(sid, json.loads(labels)))
+            except ValueError:
+                continue  # logged when the file was opened
+        return out
 
     def _delete_before(self, db: sqlite3.Connection, cutoff_ms: int, thorough: bool = False) -> None:
         """Drops chunks that end before the cutoff, head samples older than it, and series
@@ -619,6 +672,11 @@ class MetricCache:
                     db.executemany("DELETE FROM series WHERE id = ? AND NOT EXISTS "
                                    "(SELECT 1 FROM chunks WHERE series_id = ?)",
                                    [(sid, sid) for sid, series in self._by_id.items() if not series.ts])
+                    if self._idle_newest >= 0:  # and the idle ones dropped from memory
+                        db.executemany("DELETE FROM series WHERE id = ?", [
+                            (sid,) for (sid,) in db.execute(
+                                "SELECT id FROM series WHERE id NOT IN (SELECT series_id FROM chunks)").fetchall()
+                            if sid not in self._by_id])
         except sqlite3.Error as exc:
             log.error("metric cache: dropping old samples failed: %s", exc)
             self._diverged = True  # memory dropped what the tables kept: ask SQLite next time
@@ -663,7 +721,7 @@ class MetricCache:
         lo, hi = _ms(start), _ms(end)
         groups: dict[str, list[Series]] = {}
         with self._lock:
-            for series in self._by_kind.get(kind, ()):
+            for series in [*self._by_kind.get(kind, ()), *self._idle(kind, lo, hi)]:
                 value = series.labels.get(label)
                 if value is not None:
                     groups.setdefault(value, []).append(series)
@@ -719,6 +777,8 @@ class MetricCache:
             for value in values:
                 one = series.get(series_key(kind, {label: value}))
                 if one is None:
+                    if lo <= self._idle_newest:  # maybe dropped from memory as idle: ask the chunks
+                        rest.append(value)
                     continue  # no series: no sample
                 if one.in_order and one.ts and lo <= one.newest <= hi and one.newest > chunks_newest:
                     out[value] = one.values[-1]
@@ -735,17 +795,18 @@ class MetricCache:
         ``kind`` whose labels include ``labels``."""
         _check_query(kind, labels)
         want = dict(labels or {})
+        lo, hi = _ms(start), _ms(end)
         with self._lock:
             if want and len(want) == len(SCHEMA[kind]):  # every label given: one series at most
                 try:
                     one = self._series.get(series_key(kind, want))
                 except (TypeError, MetricCacheError):  # an unhashable or unsortable value names no series
                     one = None
-                matching = [] if one is None else [one]
+                matching = [one] if one is not None else [s for s in self._idle(kind, lo, hi) if s.labels == want]
             else:
-                matching = [s for s in self._by_kind.get(kind, ())
+                matching = [s for s in [*self._by_kind.get(kind, ()), *self._idle(kind, lo, hi)]
                             if all(s.labels.get(k) == v for k, v in want.items())]
-        return self._points(kind, matching, _ms(start), _ms(end))
+        return self._points(kind, matching, lo, hi)
 
     def _points(self, kind: str, matching: list[Series], lo: int, hi: int
                 ) -> dict[int, list[tuple[Sequence[int], Sequence[float]]]]:
@@ -778,7 +839,7 @@ class MetricCache:
     def series_labels(self, kind: str) -> list[dict[str, str]]:
         """The label sets of every series of ``kind`` the cache holds (old ones included)."""
         with self._lock:
-            return [dict(s.labels) for s in self._by_kind.get(kind, ())]
+            return [dict(s.labels) for s in [*self._by_kind.get(kind, ()), *self._idle(kind, -1, 2**62)]]
 
     def aggregate(self, kind: str, start: float, end: float, agg: Aggregation,
                   labels: Mapping[str, str] | None = None) -> float | None:
