@@ -19,7 +19,8 @@ at open like the ticks, and emptied with them.
 ``series`` maps kind + sorted labels to a small integer id once; ``kv`` holds JSON values.
 Bounds: chunks older than the retention are dropped, and while the used pages exceed the
 size bound the oldest tenth of the stored span goes. Freed pages are reused, so the file
-stops growing at the bound.
+stops growing at the bound. In memory, a series idle for ``DEFAULT_IDLE_SECONDS`` (a pod
+that left) is dropped; its rows stay until the retention.
 """
 
 from __future__ import annotations
