@@ -489,8 +489,7 @@ class MetricCache:
                                    (ms, *encode_tick([s.id for s in series], tick.values)))
                         stored.append((ms, series, tick.values))
             except sqlite3.Error as exc:
-                for key in created:  # the rollback undid their rows; nothing else changed
-                    self._forget_series(key)
+                self._forget_series(created)  # the rollback undid their rows; nothing else changed
                 self._failed_writes += 1
                 # No "metric cache:" prefix: callers name the cache in their own message.
                 raise MetricCacheError(f"append of {count} samples failed: {exc}") from None
@@ -518,10 +517,15 @@ class MetricCache:
         created.append(key)
         return series
 
-    def _forget_series(self, key: SeriesKey) -> None:
-        series = self._series.pop(key)
-        del self._by_id[series.id]
-        self._by_kind[key[0]].remove(series)
+    def _forget_series(self, keys: Iterable[SeriesKey]) -> None:
+        """Drops these series from memory: one pass over each kind's list for all of them
+        (an expiry or an idle hour may drop thousands), not a list removal a series."""
+        kinds = set()
+        for key in keys:
+            del self._by_id[self._series.pop(key).id]
+            kinds.add(key[0])
+        for kind in kinds:
+            self._by_kind[kind] = [s for s in self._by_kind[kind] if s.id in self._by_id]
 
     def _cut_chunks(self, db: sqlite3.Connection) -> None:
         """Moves the whole head into one chunk per series and empties the head table. The
@@ -618,14 +622,9 @@ class MetricCache:
         """Drops from memory the series whose last sample is older than ``horizon_ms`` (see
         ``DEFAULT_IDLE_SECONDS``); their rows stay."""
         idle = [(key, series) for key, series in self._series.items() if not series.ts and series.cut < horizon_ms]
-        if not idle:
-            return
-        for key, series in idle:
-            del self._series[key]
-            del self._by_id[series.id]
+        for _, series in idle:
             self._idle_newest = max(self._idle_newest, series.cut)
-        for kind in {key[0] for key, _ in idle}:  # one pass a kind, not a list removal a series
-            self._by_kind[kind] = [s for s in self._by_kind[kind] if s.id in self._by_id]
+        self._forget_series([key for key, _ in idle])
 
     def _idle(self, kind: str, lo: int, hi: int) -> list[Series]:
         """The series of ``kind`` dropped from memory as idle that have chunks in [lo, hi]
@@ -684,9 +683,7 @@ class MetricCache:
             return
         self._diverged = False
         alive = {sid for (sid,) in db.execute("SELECT id FROM series")}
-        for key, series in list(self._series.items()):
-            if series.id not in alive:
-                self._forget_series(key)
+        self._forget_series([key for key, series in self._series.items() if series.id not in alive])
 
     # ---- queries ------------------------------------------------------------------------
 
