@@ -287,6 +287,85 @@ def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_pat
     assert "c1" in asked
 
 
+def test_rounds_between_refresh_rounds_ask_only_for_new_containers(fake_cri, tmp_path):
+    """The rounds a pods or rule change asks for between refresh rounds refresh nothing: a
+    known container's status is not asked however many of them run, a new one's is, and
+    the next refresh round takes up the cycle where the last one left it."""
+    from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
+
+    ids = [f"c{i}" for i in range(12)]
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    for cid in ids:
+        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
+        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+    reconciler, plugin = make(fake_cri, tmp_path)
+
+    def asked(refresh: bool) -> list[str]:
+        before = len(fake_cri.requests("ContainerStatus"))
+        plugin.seen.clear()
+        reconciler.reconcile_once(refresh=refresh)
+        assert len(plugin.seen) == 1 + len(fake_cri.containers)  # the hooks run in every round
+        return [cri.ContainerStatusRequest.FromString(raw).container_id
+                for raw in fake_cri.requests("ContainerStatus")[before:]]
+
+    assert sorted(asked(True)) == sorted(ids)  # all new
+    for _ in range(2 * REFRESH_ROUNDS):
+        assert asked(False) == []
+    make_fake_v1_cgroup(tmp_path, f"{BE}/new")
+    fake_cri.add_container("new", "p1", "new", resources={"cpu_shares": 2})
+    assert asked(False) == ["new"]
+    refreshed = [cid for _ in range(REFRESH_ROUNDS) for cid in asked(True)]
+    assert sorted(refreshed) == sorted([*ids, "new"])  # one cycle of refresh rounds: each once
+
+
+def test_a_container_the_pods_source_lists_after_its_status_is_not_asked_again(fake_cri, tmp_path):
+    """kubelet lists a pod after the runtime made it: the size the pods source shows then is
+    the one the container was made with, not a resize, so its status is not asked again
+    (until its refresh); a resize after that is asked at the next round."""
+    from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
+
+    def listed(cpu_limit: int) -> list[PodMeta]:
+        container = ContainerMeta(name="c0", id="c0", cgroup_dir=f"{BE}/c0", running=True,
+                                  requests={"cpu": 100}, limits={"cpu": cpu_limit})
+        return [PodMeta(namespace="ns", name="batch", uid="uid-p1", labels={QOS: "BE"}, annotations={},
+                        kube_qos="BestEffort", koord_qos="BE", priority=None, cgroup_dir=BE,
+                        sandbox_id="p1", running=True, containers=(container,))]
+
+    pods: list[PodMeta] = []
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    make_fake_v1_cgroup(tmp_path, f"{BE}/c0")
+    fake_cri.add_container("c0", "p1", "c0", resources={"cpu_shares": 2})
+    hooks = Hooks(FailurePolicy.IGNORE)
+    plugin = BeQoSPlugin()
+    plugin.register(hooks)
+    reconciler = Reconciler(hooks, CgroupExecutor(tmp_path, version=1), [plugin], fake_cri.endpoint,
+                            interval=3600, current_pods=lambda: pods)
+
+    def asked(refresh: bool = False) -> int:
+        before = len(fake_cri.requests("ContainerStatus"))
+        reconciler.reconcile_once(refresh=refresh)
+        return len(fake_cri.requests("ContainerStatus")) - before
+
+    assert asked(refresh=True) == 1  # first seen, not yet in the pods source
+    pods = listed(500)
+    assert [asked() for _ in range(5)] == [0] * 5
+    pods = listed(1000)  # a resize
+    assert asked() == 1
+
+
+@pytest.mark.parametrize(("interval", "times", "due"), [
+    (10.0, [0.0, 1.0, 9.9, 10.0, 15.0, 19.9, 20.5, 40.0], [True, False, False, True, False, False, True, True]),
+    (10.0, [100.0, 100.0, 110.0], [True, False, True]),  # the first round refreshes, whenever it is
+    (0.5, [0.0, 0.4, 0.5, 0.6, 1.0], [True, False, True, False, True]),
+])
+def test_a_round_refreshes_when_an_interval_passed_since_the_last_refresh_round(
+        fake_cri, tmp_path, interval, times, due):
+    clock = iter(times)
+    reconciler = Reconciler(Hooks(FailurePolicy.IGNORE), CgroupExecutor(tmp_path, version=1), [],
+                            fake_cri.endpoint, interval=interval, clock=lambda: next(clock))
+    assert [reconciler.refresh_due() for _ in times] == due
+
+
 def test_a_refreshed_status_with_the_same_bytes_is_not_parsed_again(fake_cri, tmp_path, monkeypatch):
     from koord.hookapi import fromcri
     from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS

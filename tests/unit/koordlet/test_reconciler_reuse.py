@@ -1,6 +1,7 @@
 """The reconciler reuses a pod's or container's last answer while its request and the plugins'
-rules are unchanged (when every plugin answers from those alone), still applies it every round,
-and runs the hooks again for each at its refresh round: a fake CRI server and cgroup v1 tree."""
+rules are unchanged (when every plugin answers from those alone), applies it again every
+refresh round, and runs the hooks again for each at its turn: a fake CRI server and cgroup v1
+tree."""
 
 from __future__ import annotations
 
@@ -81,6 +82,46 @@ def test_an_unchanged_pod_reuses_its_answer_still_applied_and_refreshed_once_per
     finally:
         reconciler.stop()
     assert sorted(plugin.calls) == ["container", "pod"], "each ran again once, at its refresh round"
+
+
+def test_between_refresh_rounds_only_new_answers_are_written(fake_cri, tmp_path):
+    """A round a pods change asks for writes the answers it made, not the reused ones (the
+    next refresh round puts back what someone else changed)."""
+    plugin = Shares()
+    listed: list[PodMeta] = []
+    reconciler = rig(fake_cri, tmp_path, [plugin], listed)
+    try:
+        reconciler.reconcile_once()
+        (tmp_path / "cpu" / POD / "c1/cpu.shares").write_text("7\n")  # someone else's write
+        assert reconciler.reconcile_once(refresh=False).written == []
+        assert shares(tmp_path) == "7"
+        listed[:] = [pod_meta("ns", "web", "uid-p1", POD, labels={"shares": "300"})]  # a new answer
+        assert reconciler.reconcile_once(refresh=False).written == [f"{POD}/c1:cpu_shares"]
+        assert shares(tmp_path) == "300"
+        (tmp_path / "cpu" / POD / "c1/cpu.shares").write_text("7\n")
+        reconciler.reconcile_once(refresh=False)
+        assert shares(tmp_path) == "7"
+        reconciler.reconcile_once()
+        assert shares(tmp_path) == "300", "the refresh round writes the reused answer again"
+    finally:
+        reconciler.stop()
+
+
+def test_an_answer_whose_write_failed_is_written_at_the_next_round(fake_cri, tmp_path):
+    """A container whose cgroup was not there yet when its answer was made: the next round,
+    refresh or not, makes the answer again and writes it."""
+    plugin = Shares()
+    reconciler = rig(fake_cri, tmp_path, [plugin], [])
+    moved = tmp_path / "aside"
+    (tmp_path / "cpu" / POD / "c1").rename(moved)
+    try:
+        assert reconciler.reconcile_once().written == [f"{POD}:cpu_bvt_warp_ns"]  # c1: its cgroup is not there
+        moved.rename(tmp_path / "cpu" / POD / "c1")
+        plugin.calls.clear()
+        report = reconciler.reconcile_once(refresh=False)
+        assert (report.errors, plugin.calls, shares(tmp_path)) == ([], ["container"], "100")
+    finally:
+        reconciler.stop()
 
 
 def test_a_changed_label_or_rule_runs_the_hooks_again(fake_cri, tmp_path):

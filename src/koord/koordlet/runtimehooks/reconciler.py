@@ -22,9 +22,13 @@ cannot carry (envs, annotations) are ignored here.
 When every plugin answers from the request and its rules alone
 (``RuntimePlugin.answers_from_request_and_rules``), a pod or container whose request (the
 same CRI records, the same current labels and annotations) and plugin rules are those of
-the last round gets the last round's answer without running the hooks again; the answer
-is still applied, so a cgroup value someone else changed is put back within an interval,
-and the hooks run again for each pod and container every ``REFRESH_ROUNDS`` rounds anyway.
+the last round gets the last round's answer without running the hooks again. A round is a
+refresh round when an interval has passed since the last one: it writes every answer again,
+so a cgroup value someone else changed is put back within an interval, and runs the hooks
+again for the pods and containers whose turn it is (each one every ``REFRESH_ROUNDS``
+refresh rounds). The rounds a pods change or a rule change asks for in between (about one a
+second on a node running short jobs) write only new answers and refresh nothing, so a
+round's cost and the refreshes' pace do not grow with the churn.
 
 A sandbox's labels and annotations in CRI are the pod's at creation and never change, while
 a pod's annotations (oom-score-adj, the cpuset status, ...) and labels (core-sched group) may
@@ -38,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -66,7 +71,8 @@ it, so the calls spread evenly), not every round: a node of a hundred pods made 
 hundred calls every 10 s. What the hooks read from it (the spec's resources, annotations)
 changes only when a container is resized; the periodic refresh is the safety net for a
 resize the pods source does not show (pods from CRI). A reused answer (see above) is
-likewise computed again at a pod's or container's refresh round."""
+likewise computed again at a pod's or container's refresh round. Only refresh rounds count
+(see the module's docstring)."""
 KUBELET_LABEL_PREFIX = "io.kubernetes."
 """Labels kubelet adds to a sandbox itself (pod name, namespace, uid): not in the pod object."""
 _Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
@@ -133,7 +139,8 @@ def _sizes(pods: dict[str, PodMeta]) -> dict[str, object]:
 class Reconciler:
     def __init__(self, hooks: Hooks, executor: CgroupExecutor, plugins: Iterable[RuntimePlugin],
                  cri_endpoint: str, interval: float,
-                 current_pods: Callable[[], Iterable[PodMeta]] | None = None) -> None:
+                 current_pods: Callable[[], Iterable[PodMeta]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.hooks = hooks
         self.executor = executor
         self.plugins = list(plugins)
@@ -163,6 +170,10 @@ class Reconciler:
         self._answers: dict[str, _Answer] = {}
         """Sandbox or container id -> the last round's answer, when answers may be reused."""
         self._round = 0
+        """Refresh rounds so far (see REFRESH_ROUNDS)."""
+        self._refreshing = False
+        self._last_refresh: float | None = None
+        self._clock = clock
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -190,13 +201,24 @@ class Reconciler:
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                self.reconcile_once()
+                self.reconcile_once(refresh=self.refresh_due())
             except Exception as exc:  # a plugin or executor bug must not end Standalone mode
                 log.exception("reconciler: reconcile round failed: %r; next round in %.3gs", exc, self.interval)
             self._wake.wait(self.interval)
             self._wake.clear()
 
-    def reconcile_once(self) -> ReconcileReport:
+    def refresh_due(self) -> bool:
+        """Whether the loop's next round refreshes (the first does, then one an interval or
+        more after the last refresh round); noted as the last refresh when it does."""
+        now = self._clock()
+        if self._last_refresh is not None and now - self._last_refresh < self.interval:
+            return False
+        self._last_refresh = now
+        return True
+
+    def reconcile_once(self, refresh: bool = True) -> ReconcileReport:
+        """One round; ``refresh``: a refresh round (see REFRESH_ROUNDS), which a round called
+        directly is."""
         with self._round_lock:
             report = ReconcileReport()
             self._reconcile_kube_qos(report)
@@ -218,7 +240,9 @@ class Reconciler:
             if self._cri_error is not None:
                 log.info("reconciler: CRI %s reachable again", self.cri_endpoint)
                 self._cri_error = None
-            self._round += 1
+            self._refreshing = refresh
+            if refresh:
+                self._round += 1
             rules = tuple(p.rules for p in self.plugins) if self._reuse_answers else ()
             last_answers, self._answers = self._answers, {}
             current = self._current_pods_by_uid(report)
@@ -321,8 +345,9 @@ class Reconciler:
         return answer
 
     def _due(self, key: str) -> bool:
-        """This round refreshes ``key`` (a sandbox or container id): one in REFRESH_ROUNDS, spread by id."""
-        return zlib.crc32(key.encode()) % REFRESH_ROUNDS == self._round % REFRESH_ROUNDS
+        """This round refreshes ``key`` (a sandbox or container id): one refresh round in
+        REFRESH_ROUNDS, spread by id."""
+        return self._refreshing and zlib.crc32(key.encode()) % REFRESH_ROUNDS == self._round % REFRESH_ROUNDS
 
     def _reconcile_pods(self, sandboxes, current: dict[str, PodMeta], rules: tuple[object, ...],
                         last_answers: dict[str, _Answer], report: ReconcileReport) -> dict[str, _Pod]:
@@ -338,12 +363,13 @@ class Reconciler:
                 request = self._pod_request(sandbox.id, record, current.get(uid), pod_requests)
                 pods[sandbox.id] = _Pod(who, request)
                 inputs = (request, *rules)
-                answer = self._reused(sandbox.id, inputs, last_answers) or self._hooks_answer(
+                reused = self._reused(sandbox.id, inputs, last_answers)
+                answer = reused or self._hooks_answer(
                     sandbox.id, inputs, HookPoint.PRE_RUN_POD_SANDBOX,
                     PodContext.from_proto(PodHookRequest.FromString(request)), report)
                 if answer is not None:
                     report.pods += 1
-                    self._apply(answer.update, who, report)
+                    self._apply_answer(sandbox.id, answer, reused is not None, who, report)
             except Exception as exc:  # one broken pod must not stop the round
                 self._error(report, who, exc)
         self._cri_pods = cri_pods
@@ -352,11 +378,16 @@ class Reconciler:
 
     def _container_record(self, container_id: str, size: object) -> bytes:
         """The container's record: cached, or from its verbose status when first seen, when
-        ``size`` (its requests and limits in the pods source) is not what it was then, or
-        when due for a refresh this round. A status answered with the same bytes as before
+        ``size`` (its requests and limits in the pods source) is not what it was then (a
+        resize; a size first shown after the status was asked is none), or when due for a
+        refresh this round. A status answered with the same bytes as before
         keeps its record (parsing the verbose info is most of a refresh's cost)."""
         cached = self._containers.get(container_id)
         due = cached is None or self._due(container_id)
+        if not due and cached is not None and cached[2] is None and size is not None:
+            # Asked before the pods source listed it (kubelet lists a pod after the runtime
+            # made it): the size it shows now is the one the container was made with.
+            cached = self._containers[container_id] = (cached[0], cached[1], size)
         if cached is None or due or cached[2] != size:
             request = cri.ContainerStatusRequest(container_id=container_id, verbose=True)
             raw = self._channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus",
@@ -389,13 +420,14 @@ class Reconciler:
             try:
                 record = self._container_record(container.id, sizes.get(container.id))
                 inputs = (pod.request, record, *rules)
-                answer = self._reused(container.id, inputs, last_answers) or self._hooks_answer(
+                reused = self._reused(container.id, inputs, last_answers)
+                answer = reused or self._hooks_answer(
                     container.id, inputs, HookPoint.PRE_CREATE_CONTAINER,
                     ContainerContext.from_proto(fromcri.container_hook_request(
                         PodHookRequest.FromString(pod.request), ContainerHookRequest.FromString(record))), report)
                 if answer is not None:
                     report.containers += 1
-                    self._apply(answer.update, who, report)
+                    self._apply_answer(container.id, answer, reused is not None, who, report)
             except Exception as exc:  # one broken container must not stop the round
                 self._error(report, who, exc)
 
@@ -417,18 +449,29 @@ class Reconciler:
                              for plugin, exc in errors)
         return True
 
-    def _apply(self, update: CgroupUpdate | None, who: str, report: ReconcileReport) -> None:
-        if update is None:
+    def _apply_answer(self, key: str, answer: _Answer, reused: bool, who: str, report: ReconcileReport) -> None:
+        """Writes the answer, except a reused one between refresh rounds: it was written
+        when made, and the refresh round puts back what someone else changed. An answer
+        whose write failed is not reused: the next round makes and writes it again."""
+        if reused and not self._refreshing:
             return
+        if not self._apply(answer.update, who, report):
+            self._answers.pop(key, None)
+
+    def _apply(self, update: CgroupUpdate | None, who: str, report: ReconcileReport) -> bool:
+        """False when the write failed (logged and in the report)."""
+        if update is None:
+            return True
         cgroup_dir = update.cgroup_dir
         try:
             written = self.executor.apply(cgroup_dir, update.resources)
         except CgroupError as exc:
             self._error(report, who, exc)
-            return
+            return False
         if written:
             log.info("reconciler: %s: wrote %s to cgroup %s", who, ", ".join(written), cgroup_dir)
         report.written.extend(f"{cgroup_dir}:{name}" for name in written)
+        return True
 
     def _error(self, report: ReconcileReport, who: str, exc: Exception) -> None:
         """A pod or container that went between the list and this call (the runtime no
