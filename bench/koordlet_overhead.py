@@ -30,7 +30,7 @@ koordlet a little, so measure without it. ``--threads`` adds each thread's share
 the window (``/proc/<pid>/task/*/stat``; Python's thread names from ``py-spy dump``).
 ``--churn N`` replaces the N oldest pods with new ones every 10 s (new uids, container ids
 and cgroups; gone from kubelet's list and the CRI), as a node running short jobs sees, and
-prints the RSS every minute: what koordlet keeps per pod must go with the pod.
+prints the RSS and the last minute's CPU every minute: what koordlet keeps per pod must go with the pod.
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def main() -> None:
                     help="also print each thread's share of one core over the window (names need py-spy)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (koordlet.log) for a look")
     ap.add_argument("--churn", type=int, default=0, metavar="N",
-                    help="every 10 s the N oldest pods go and N new ones come (and the RSS is printed "
+                    help="every 10 s the N oldest pods go and N new ones come (and the RSS and CPU are printed "
                          "every minute of the window)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="koord-bench-overhead-"))
@@ -337,8 +337,9 @@ def main() -> None:
             last_cpu, last_t = c, t
             rss_peak = max(rss_peak, rss_mib(proc.pid))
             if a.churn and len(per_second) % 60 == 0:
-                print(f"  {len(per_second)} s: RSS {rss_mib(proc.pid):.1f} MiB, {node.made} pods made so far",
-                      flush=True)
+                minute = sum(per_second[-60:]) / 60 * 100
+                print(f"  {len(per_second)} s: RSS {rss_mib(proc.pid):.1f} MiB, CPU {minute:.2f}% of one core over "
+                      f"the last minute, {node.made} pods made so far", flush=True)
         cpu = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
         rss = rss_mib(proc.pid)
         window = time.monotonic() - t0
