@@ -586,6 +586,33 @@ def test_aggregate_by_and_aggregates_equal_one_query_each(points, lo, span):
 
 @settings(deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 400),
+                          st.floats(0, 1e6, allow_nan=False)), max_size=60, unique_by=lambda p: (p[0], p[1])),
+       st.sets(st.integers(0, 60), max_size=3), st.integers(0, 450), st.integers(0, 400))
+def test_a_window_holds_exactly_the_samples_appended_in_it(points, flush_after, lo, span):
+    """Against the samples as appended (an instant once per series): each series' query and
+    aggregate_by's count and last over any window, with late samples, cuts into chunks
+    anywhere, and windows after a series' last sample (which skip the series unread)."""
+    c = MetricCache(None, chunk_seconds=1e9)
+    try:
+        for i, (uid, ts, value) in enumerate(points):
+            c.append([pod(uid, 1000 + ts, value)])
+            if i in flush_after:
+                c.flush()
+        start, end = 1000 + lo, 1000 + lo + span
+        by = c.aggregate_by(mc.POD_CPU_USAGE, mc.POD_UID, start, end, [Aggregation.COUNT, Aggregation.LAST])
+        for uid in "abc":
+            want = sorted((1000 + ts, v) for u, ts, v in points if u == uid and lo <= ts <= lo + span)
+            assert c.query(mc.POD_CPU_USAGE, start, end, {mc.POD_UID: uid}) == want
+            if want:
+                assert by[uid] == {Aggregation.COUNT: len(want), Aggregation.LAST: want[-1][1]}
+            else:
+                assert uid not in by
+    finally:
+        c.close()
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 400),
                           st.floats(0, 1e6, allow_nan=False)), max_size=60),
        st.integers(0, 60), st.integers(0, 400), st.integers(0, 400))
 def test_last_by_gives_aggregate_by_last(points, cut_at, lo, span):

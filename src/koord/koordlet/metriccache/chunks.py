@@ -57,6 +57,11 @@ class Series:
         del self.ts[:], self.values[:]
         self.newest, self.in_order = -1, True
 
+    def last_ms(self) -> int:
+        """At least the time of the series' newest sample (the head's newest or the last
+        cut's), -1 without any: a window starting after it holds none of its samples."""
+        return max(self.newest, self.cut)
+
     def drop_before(self, cutoff_ms: int) -> bool:
         """Forgets head samples older than the retention; True when there were any."""
         if not self.ts or (self.ts[0] if self.in_order else min(self.ts)) >= cutoff_ms:

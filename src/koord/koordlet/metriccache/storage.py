@@ -626,6 +626,12 @@ class MetricCache:
             self._idle_newest = max(self._idle_newest, series.cut)
         self._forget_series([key for key, _ in idle])
 
+    def _recent(self, kind: str, lo: int) -> list[Series]:
+        """The in-memory series of ``kind`` with a sample at or after ``lo`` ms: the others
+        (pods that left within the idle hour) have none in a window starting there, and a
+        node running short jobs holds thousands of them."""
+        return [s for s in self._by_kind.get(kind, ()) if s.last_ms() >= lo]
+
     def _idle(self, kind: str, lo: int, hi: int) -> list[Series]:
         """The series of ``kind`` dropped from memory as idle that have chunks in [lo, hi]
         ms, read from disk for a query reaching back that far (none for a later window)."""
@@ -719,7 +725,7 @@ class MetricCache:
         lo, hi = _ms(start), _ms(end)
         groups: dict[str, list[Series]] = {}
         with self._lock:
-            for series in [*self._by_kind.get(kind, ()), *self._idle(kind, lo, hi)]:
+            for series in [*self._recent(kind, lo), *self._idle(kind, lo, hi)]:
                 value = series.labels.get(label)
                 if value is not None:
                     groups.setdefault(value, []).append(series)
@@ -802,7 +808,7 @@ class MetricCache:
                     one = None
                 matching = [one] if one is not None else [s for s in self._idle(kind, lo, hi) if s.labels == want]
             else:
-                matching = [s for s in [*self._by_kind.get(kind, ()), *self._idle(kind, lo, hi)]
+                matching = [s for s in [*self._recent(kind, lo), *self._idle(kind, lo, hi)]
                             if all(s.labels.get(k) == v for k, v in want.items())]
         return self._points(kind, matching, lo, hi)
 
