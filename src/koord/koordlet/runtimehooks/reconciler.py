@@ -23,8 +23,9 @@ When every plugin answers from the request and its rules alone
 (``RuntimePlugin.answers_from_request_and_rules``), a pod or container whose request (the
 same CRI records, the same current labels and annotations) and plugin rules are those of
 the last round gets the last round's answer without running the hooks again. A round is a
-refresh round when an interval has passed since the last one: it writes every answer again,
-so a cgroup value someone else changed is put back within an interval, and runs the hooks
+refresh round when an interval has passed since the last one (so one comes at least every
+two intervals, every interval when no round is asked for): it writes every answer again, so
+a cgroup value someone else changed is put back by the next refresh round, and runs the hooks
 again for the pods and containers whose turn it is (each one every ``REFRESH_ROUNDS``
 refresh rounds). The rounds a pods change or a rule change asks for in between (about one a
 second on a node running short jobs) write only new answers and refresh nothing, so a
