@@ -80,16 +80,18 @@ class RealNode:
                              "(cpu, cpuacct, cpuset, memory)")
         if os.geteuid() != 0:
             raise SystemExit("--cgroup real: run as root (it makes cgroups)")
-        self.parent = parent
         kube = f"{parent}/kubepods"
         self.targets = [p.cgroup_dir for p in pods] + [c.cgroup_dir for p in pods for c in p.containers]
-        self.dirs = [parent, kube, f"{kube}/burstable", f"{kube}/besteffort", *self.targets]
         self.made: list[Path] = []
-        for rel in self.dirs:
-            for controller in REAL_CONTROLLERS:
-                d = REAL_ROOT / controller / rel
-                d.mkdir()
-                self.made.append(d)
+        try:
+            for rel in [parent, kube, f"{kube}/burstable", f"{kube}/besteffort", *self.targets]:
+                for controller in REAL_CONTROLLERS:
+                    d = REAL_ROOT / controller / rel
+                    d.mkdir()
+                    self.made.append(d)
+        except OSError:
+            self.remove()
+            raise
 
     def files(self) -> list[Path]:
         return [REAL_ROOT / controller / rel / name for rel in self.targets for controller, name in REAL_READS]
