@@ -55,15 +55,35 @@ class BeQoSPlugin(RuntimePlugin):
         return Resources(cpu_bvt_warp_ns=-1) if qos is KubeQoS.BESTEFFORT else None
 
 
-def make(fake_cri, root, policy=FailurePolicy.IGNORE, plugin=None):
+def make(fake_cri, root, policy=FailurePolicy.IGNORE, plugin=None, current_pods=None):
     plugin = plugin or BeQoSPlugin()
     hooks = Hooks(policy)
     plugin.register(hooks)
     return Reconciler(hooks, CgroupExecutor(root, version=1), [plugin], fake_cri.endpoint,
-                      interval=3600), plugin
+                      interval=3600, current_pods=current_pods), plugin
 
 
 BE = "kubepods/besteffort/podp1"
+
+
+def be_containers(fake_cri, root: Path, ids) -> None:
+    """BE pod p1 in the runtime with the containers ``ids``, each with its cgroup."""
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    for cid in ids:
+        make_fake_v1_cgroup(root, f"{BE}/{cid}")
+        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+
+
+def be_pod_listed(ids, c0_cpu_limit: int):
+    """Pod p1 as the pods source lists it: its containers ``ids``, c0 with the given CPU limit."""
+    from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
+
+    containers = tuple(ContainerMeta(name=cid, id=cid, cgroup_dir=f"{BE}/{cid}", running=True,
+                                     requests={"cpu": 100}, limits={"cpu": c0_cpu_limit if cid == "c0" else 500})
+                       for cid in ids)
+    return [PodMeta(namespace="ns", name="batch", uid="uid-p1", labels={QOS: "BE"}, annotations={},
+                    kube_qos="BestEffort", koord_qos="BE", priority=None, cgroup_dir=BE,
+                    sandbox_id="p1", running=True, containers=containers)]
 
 
 def test_writes_pod_container_and_kube_qos_levels(fake_cri, tmp_path):
@@ -251,10 +271,7 @@ def test_container_status_asked_once_then_every_refresh_rounds(fake_cri, tmp_pat
     from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
 
     ids = [f"c{i}" for i in range(12)]
-    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
-    for cid in ids:
-        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
-        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+    be_containers(fake_cri, tmp_path, ids)
     reconciler, plugin = make(fake_cri, tmp_path)
 
     def status_calls() -> int:
@@ -294,10 +311,7 @@ def test_rounds_between_refresh_rounds_ask_only_for_new_containers(fake_cri, tmp
     from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
 
     ids = [f"c{i}" for i in range(12)]
-    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
-    for cid in ids:
-        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
-        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+    be_containers(fake_cri, tmp_path, ids)
     reconciler, plugin = make(fake_cri, tmp_path)
 
     def asked(refresh: bool) -> list[str]:
@@ -322,24 +336,9 @@ def test_a_container_the_pods_source_lists_after_its_status_is_not_asked_again(f
     """kubelet lists a pod after the runtime made it: the size the pods source shows then is
     the one the container was made with, not a resize, so its status is not asked again
     (until its refresh); a resize after that is asked at the next round."""
-    from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
-
-    def listed(cpu_limit: int) -> list[PodMeta]:
-        container = ContainerMeta(name="c0", id="c0", cgroup_dir=f"{BE}/c0", running=True,
-                                  requests={"cpu": 100}, limits={"cpu": cpu_limit})
-        return [PodMeta(namespace="ns", name="batch", uid="uid-p1", labels={QOS: "BE"}, annotations={},
-                        kube_qos="BestEffort", koord_qos="BE", priority=None, cgroup_dir=BE,
-                        sandbox_id="p1", running=True, containers=(container,))]
-
-    pods: list[PodMeta] = []
-    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
-    make_fake_v1_cgroup(tmp_path, f"{BE}/c0")
-    fake_cri.add_container("c0", "p1", "c0", resources={"cpu_shares": 2})
-    hooks = Hooks(FailurePolicy.IGNORE)
-    plugin = BeQoSPlugin()
-    plugin.register(hooks)
-    reconciler = Reconciler(hooks, CgroupExecutor(tmp_path, version=1), [plugin], fake_cri.endpoint,
-                            interval=3600, current_pods=lambda: pods)
+    pods = []
+    be_containers(fake_cri, tmp_path, ["c0"])
+    reconciler, _ = make(fake_cri, tmp_path, current_pods=lambda: pods)
 
     def asked(refresh: bool = False) -> int:
         before = len(fake_cri.requests("ContainerStatus"))
@@ -347,9 +346,9 @@ def test_a_container_the_pods_source_lists_after_its_status_is_not_asked_again(f
         return len(fake_cri.requests("ContainerStatus")) - before
 
     assert asked(refresh=True) == 1  # first seen, not yet in the pods source
-    pods = listed(500)
+    pods = be_pod_listed(["c0"], 500)
     assert [asked() for _ in range(5)] == [0] * 5
-    pods = listed(1000)  # a resize
+    pods = be_pod_listed(["c0"], 1000)  # a resize
     assert asked() == 1
 
 
@@ -377,10 +376,7 @@ def test_a_refreshed_status_with_the_same_bytes_is_not_parsed_again(fake_cri, tm
         parsed.append(container_id)
         return real(status, container_id)
     monkeypatch.setattr(fromcri, "container_record_from_status", counting)
-    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
-    for cid in ("c0", "c1", "c2"):
-        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
-        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
+    be_containers(fake_cri, tmp_path, ("c0", "c1", "c2"))
     reconciler, _ = make(fake_cri, tmp_path)
     reconciler.reconcile_once()
     assert sorted(parsed) == ["c0", "c1", "c2"]
@@ -398,26 +394,10 @@ def test_a_resize_the_pods_source_shows_is_asked_at_the_next_round(fake_cri, tmp
     has its verbose status asked at the next round, not at its refresh round; an unchanged
     pods source asks for nothing new."""
     from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS
-    from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
-    def listed(cpu_limit: int) -> list[PodMeta]:
-        containers = tuple(ContainerMeta(name=cid, id=cid, cgroup_dir=f"{BE}/{cid}", running=True,
-                                         requests={"cpu": 100}, limits={"cpu": cpu_limit if cid == "c0" else 500})
-                           for cid in ("c0", "c1"))
-        return [PodMeta(namespace="ns", name="batch", uid="uid-p1", labels={QOS: "BE"}, annotations={},
-                        kube_qos="BestEffort", koord_qos="BE", priority=None, cgroup_dir=BE,
-                        sandbox_id="p1", running=True, containers=containers)]
-
-    pods = listed(500)
-    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
-    for cid in ("c0", "c1"):
-        make_fake_v1_cgroup(tmp_path, f"{BE}/{cid}")
-        fake_cri.add_container(cid, "p1", cid, resources={"cpu_shares": 2})
-    hooks = Hooks(FailurePolicy.IGNORE)
-    plugin = BeQoSPlugin()
-    plugin.register(hooks)
-    reconciler = Reconciler(hooks, CgroupExecutor(tmp_path, version=1), [plugin], fake_cri.endpoint,
-                            interval=3600, current_pods=lambda: pods)
+    pods = be_pod_listed(["c0", "c1"], 500)
+    be_containers(fake_cri, tmp_path, ["c0", "c1"])
+    reconciler, plugin = make(fake_cri, tmp_path, current_pods=lambda: pods)
 
     def asked_in_a_round() -> list[str]:
         before = len(fake_cri.requests("ContainerStatus"))
@@ -432,7 +412,7 @@ def test_a_resize_the_pods_source_shows_is_asked_at_the_next_round(fake_cri, tmp
             break
     else:
         pytest.fail("every round asked for a status")
-    pods = listed(1000)  # kubelet resized c0: its pod in /pods shows the new limit first ...
+    pods = be_pod_listed(["c0", "c1"], 1000)  # kubelet resized c0: its pod in /pods shows the new limit first ...
     assert "c0" in asked_in_a_round()
     assert "c0" in asked_in_a_round()  # ... the runtime does not hold it yet: asked again
     fake_cri.containers["c0"].resources.cpu_shares = 4  # ... then kubelet updates the runtime
