@@ -9,6 +9,7 @@ deadline only bounds a hung test)."""
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +23,7 @@ from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient, pod_cgroup_parent
 from koord.testing.wait import wait_for
 
-from .test_koordlet import TWO_GI, run_be_pod
+from .test_koordlet import BATCH_SPEC, EXTENDED_SPEC, QOS, TWO_GI, run_be_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
 
@@ -53,6 +54,38 @@ def test_be_pod_created_outside_the_proxy_is_limited_by_pleg(
                  "the BE pod's own cgroup limits", 30, tolerate=(OSError, ValueError))
         logs = koordlet.logs(tail=2000)
         assert "ERROR" not in logs
+    finally:
+        rc = koordlet.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs()}")
+    assert rc == 0
+
+
+def test_a_container_a_round_saw_before_it_started_gets_its_limits_once_it_runs(
+        containerd: Containerd, kubelet: KubeletClient, tmp_path: Path) -> None:
+    """kubelet creates a container, then starts it; a round PLEG asks for in between (here
+    another pod's sandbox) lists it created, with no cgroup yet. When it starts, runc makes
+    the cgroup (PLEG asks for a round at once) and then writes the spec's resources into
+    it, maybe after that round wrote ours: the limits must be there once it runs."""
+    koordlet = KoordletProcess(tmp_path / "koordlet", [
+        "--runtime-hooks-reconcile-interval", "1h", "--kubelet-sync-interval", "1h",
+        "--containerd-endpoint", "unix://" + containerd.endpoint]).start()
+    try:
+        wait_for(lambda: "PLEG: watching" in koordlet.logs(tail=400), "PLEG to watch the pod cgroups", 30)
+        sandbox = kubelet.run_pod(f"be-{uuid.uuid4().hex[:6]}", labels={QOS: "BE"},
+                                  annotations={EXTENDED_SPEC: BATCH_SPEC}, qos="besteffort")
+        container = kubelet.create_container(sandbox, "main", containerd.image, resources={"cpu_shares": 2})
+        kubelet.run_pod(f"other-{uuid.uuid4().hex[:6]}", qos="besteffort")
+        wait_for(lambda: re.search(r"reconciler round: \d+ pods, 1 containers", koordlet.logs(tail=400)),
+                 "a round that lists the created container", 30)
+        kubelet.start_container(container)
+        be = Cgroup.of_container(kubelet.pod_cgroup_parent(sandbox), container)
+
+        def limited() -> bool:
+            return be.cpu_weight() == shares_to_weight(512) and be.cpu_max() == (50000, 100000)
+        wait_for(limited, "the BE container's batch limits once it runs", 30,
+                 interval=0.01, tolerate=(OSError, ValueError))
+        assert be.memory_limit() == TWO_GI
+        assert "ERROR" not in koordlet.logs(tail=2000)
     finally:
         rc = koordlet.stop()
         print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs()}")

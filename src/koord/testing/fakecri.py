@@ -57,6 +57,7 @@ class FakeContainer:
     state: cri.ContainerState.ValueType = cri.CONTAINER_CREATED
     resources: cri.LinuxContainerResources = field(default_factory=cri.LinuxContainerResources)
     """What ContainerStatus reports as the current resources (containerd keeps them up to date)."""
+    created_at: int = field(default_factory=time.time_ns)
 
 
 def _as_json(message: Message) -> dict[str, Any]:
@@ -304,7 +305,7 @@ class FakeCRI(grpc.GenericRpcHandler):
         want = req.filter.state.state if req.filter.HasField("state") else None
         return cri.ListContainersResponse(containers=[
             cri.Container(id=cid, pod_sandbox_id=c.sandbox_id, state=c.state, metadata=c.config.metadata,
-                          labels=c.config.labels, annotations=c.config.annotations)
+                          labels=c.config.labels, annotations=c.config.annotations, created_at=c.created_at)
             for cid, c in list(self.containers.items()) if want is None or c.state == want])
 
     def _container_status(self, req: cri.ContainerStatusRequest) -> cri.ContainerStatusResponse:

@@ -241,6 +241,51 @@ def test_reconcile_now_wakes_the_loop(fake_cri, tmp_path):
         reconciler.stop()
 
 
+@pytest.mark.parametrize("state, age, starting", [
+    (cri.CONTAINER_CREATED, 0.0, 1),
+    (cri.CONTAINER_CREATED, 59.0, 1),
+    (cri.CONTAINER_CREATED, 61.0, 0),  # failed to start: kubelet removes it, no quick rounds
+    (cri.CONTAINER_RUNNING, 0.0, 0),
+])
+def test_a_young_container_not_running_yet_is_counted_as_starting(fake_cri, tmp_path, state, age, starting):
+    import time
+
+    be_containers(fake_cri, tmp_path, ["c1"])
+    fake_cri.containers["c1"].state = state
+    fake_cri.containers["c1"].created_at = time.time_ns() - int(age * 1e9)
+    reconciler, _ = make(fake_cri, tmp_path)
+    report = reconciler.reconcile_once()
+    assert (report.containers, report.starting) == (1, starting)
+
+
+def test_a_starting_container_brings_the_next_round_within_a_second(fake_cri, tmp_path, monkeypatch):
+    """Nothing may ask for a round once a created container starts: the loop asks for one
+    itself (STARTING_RETRY, shortened here) while the interval is an hour, and stops once
+    a round lists the container running."""
+    import time
+
+    from koord.koordlet.runtimehooks import reconciler as module
+    from koord.testing.wait import wait_for
+
+    monkeypatch.setattr(module, "STARTING_RETRY", 0.05)
+    be_containers(fake_cri, tmp_path, ["c1"])
+    fake_cri.containers["c1"].state = cri.CONTAINER_CREATED
+    reconciler, _ = make(fake_cri, tmp_path)
+
+    def rounds() -> int:
+        return len(fake_cri.requests("ListContainers"))
+    reconciler.start()
+    try:
+        wait_for(lambda: rounds() >= 3, "rounds nobody asked for", 10)
+        fake_cri.containers["c1"].state = cri.CONTAINER_RUNNING
+        time.sleep(0.5)  # the round under way, then one that lists it running
+        settled = rounds()
+        time.sleep(0.5)
+        assert rounds() == settled, "running: the next round is an interval away"
+    finally:
+        reconciler.stop()
+
+
 def test_a_round_that_raises_does_not_end_the_loop(fake_cri, tmp_path, caplog):
     """A plugin bug outside the per-pod guards (here in the kube-QoS pass) is logged; the
     thread lives on and the next round runs."""

@@ -124,6 +124,32 @@ def test_an_answer_whose_write_failed_is_written_at_the_next_round(fake_cri, tmp
         reconciler.stop()
 
 
+def test_a_created_containers_answer_is_written_every_round_until_it_runs(fake_cri, tmp_path):
+    """runc writes the spec's resources into the cgroup it just made, maybe after a round
+    PLEG asked for wrote ours: until a round lists the container running, every round
+    writes its answer again; from then on it is reused as any other."""
+    from cri_api.v1 import api_pb2 as cri
+
+    plugin = Shares()
+    reconciler = rig(fake_cri, tmp_path, [plugin], [])
+    fake_cri.containers["c1"].state = cri.CONTAINER_CREATED
+    file = tmp_path / "cpu" / POD / "c1/cpu.shares"
+    try:
+        for refresh, state, written in [
+                (True, cri.CONTAINER_CREATED, True),
+                (False, cri.CONTAINER_CREATED, True),  # the runtime wrote over it: again
+                (False, cri.CONTAINER_CREATED, True),
+                (False, cri.CONTAINER_RUNNING, True),  # the first round that sees it running
+                (False, cri.CONTAINER_RUNNING, False)]:  # then reused, not written
+            fake_cri.containers["c1"].state = state
+            file.write_text("2\n")  # what the runtime writes from the spec
+            report = reconciler.reconcile_once(refresh=refresh)
+            assert (f"{POD}/c1:cpu_shares" in report.written, shares(tmp_path)) == \
+                (written, "100" if written else "2"), (refresh, state)
+    finally:
+        reconciler.stop()
+
+
 def test_a_changed_label_or_rule_runs_the_hooks_again(fake_cri, tmp_path):
     plugin = Shares()
     listed: list[PodMeta] = []

@@ -31,6 +31,13 @@ refresh rounds). The rounds a pods change or a rule change asks for in between (
 second on a node running short jobs) write only new answers and refresh nothing, so a
 round's cost and the refreshes' pace do not grow with the churn.
 
+A container the runtime lists as created, not yet running, may have no cgroup yet
+(containerd makes it at StartContainer) or one the runtime is about to write the spec's
+resources to (runc makes the directory, which PLEG reports at once, then writes them): its
+answer is not kept, so each round writes it again until one lists the container running. A
+round that saw such a container created within ``STARTING_WINDOW`` asks for the next round
+within ``STARTING_RETRY``, since nothing else may ask for one once the container starts.
+
 A sandbox's labels and annotations in CRI are the pod's at creation and never change, while
 a pod's annotations (oom-score-adj, the cpuset status, ...) and labels (core-sched group) may
 be edited while it runs. The pods source (``current_pods``: the states informer's list, from
@@ -74,6 +81,12 @@ changes only when a container is resized; the periodic refresh is the safety net
 resize the pods source does not show (pods from CRI). A reused answer (see above) is
 likewise computed again at a pod's or container's refresh round. Only refresh rounds count
 (see the module's docstring)."""
+STARTING_RETRY = 1.0
+"""Seconds to the next round after one that saw a young container not running yet."""
+STARTING_WINDOW = 60.0
+"""Seconds after its creation a container not running yet is young: kubelet starts what it
+creates at once, so one older than this failed to start (and kubelet will remove it); it
+does not keep the loop on quick rounds."""
 KUBELET_LABEL_PREFIX = "io.kubernetes."
 """Labels kubelet adds to a sandbox itself (pod name, namespace, uid): not in the pod object."""
 _Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
@@ -103,6 +116,8 @@ class ReconcileReport:
     pods: int = 0
     containers: int = 0
     stopped_pods: int = 0
+    starting: int = 0
+    """Young containers not running yet (see STARTING_WINDOW)."""
     written: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -201,11 +216,13 @@ class Reconciler:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            wait = self.interval
             try:
-                self.reconcile_once(refresh=self.refresh_due())
+                if self.reconcile_once(refresh=self.refresh_due()).starting:
+                    wait = min(wait, STARTING_RETRY)
             except Exception as exc:  # a plugin or executor bug must not end Standalone mode
                 log.exception("reconciler: reconcile round failed: %r; next round in %.3gs", exc, self.interval)
-            self._wake.wait(self.interval)
+            self._wake.wait(wait)
             self._wake.clear()
 
     def refresh_due(self) -> bool:
@@ -429,8 +446,17 @@ class Reconciler:
                 if answer is not None:
                     report.containers += 1
                     self._apply_answer(container.id, answer, reused is not None, who, report)
+                    if container.state == cri.CONTAINER_CREATED:
+                        self._not_started(container, report)
             except Exception as exc:  # one broken container must not stop the round
                 self._error(report, who, exc)
+
+    def _not_started(self, container: cri.Container, report: ReconcileReport) -> None:
+        """The answer of a container not running yet is not kept: the next round writes it
+        again, over what the runtime may have written since (see the module's docstring)."""
+        self._answers.pop(container.id, None)
+        if time.time_ns() - container.created_at < STARTING_WINDOW * 1e9:
+            report.starting += 1
 
     def _forget_stopped_pods(self, pods: dict[str, _Pod], report: ReconcileReport) -> None:
         for sandbox_id in self._known_pods.keys() - pods.keys():
