@@ -3,6 +3,7 @@ retention and size bounds, persistence across close and kill -9, KV."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -584,24 +585,61 @@ def test_aggregate_by_and_aggregates_equal_one_query_each(points, lo, span):
         c.close()
 
 
+def test_a_sample_at_an_instant_already_cut_is_dropped_also_after_a_restart(tmp_path, caplog):
+    """The wall clock stepped back across a cut: the samples it stamps at or before the
+    series' last cut are dropped and said, not stored beside the first value of their
+    instant, and a reopened cache knows where each series was cut."""
+    c = MetricCache(tmp_path, chunk_seconds=1e9, clock=lambda: 1100.0)
+    try:
+        c.append([pod("a", 1000, 1.0), pod("a", 1001, 2.0)])
+        c.flush()
+        with caplog.at_level(logging.WARNING, "koord.koordlet.metriccache"):
+            c.append([pod("a", 1001, 9.0), pod("b", 1001, 5.0)])
+        assert any("1 samples at 1001000 ms dropped" in r.getMessage() for r in caplog.records)
+        c.append([pod("a", 1002, 3.0)])
+        assert c.query(mc.POD_CPU_USAGE, 0, 2000, {mc.POD_UID: "a"}) == [(1000, 1.0), (1001, 2.0), (1002, 3.0)]
+        assert c.query(mc.POD_CPU_USAGE, 0, 2000, {mc.POD_UID: "b"}) == [(1001, 5.0)]
+    finally:
+        c.close()
+    reopened = MetricCache(tmp_path, chunk_seconds=1e9, clock=lambda: 1100.0)
+    try:
+        reopened.append([pod("a", 1000.5, 7.0), pod("a", 1002, 4.0)])  # 1002 is in the head: replaced
+        assert reopened.query(mc.POD_CPU_USAGE, 0, 2000, {mc.POD_UID: "a"}) == \
+            [(1000, 1.0), (1001, 2.0), (1002, 4.0)]
+    finally:
+        reopened.close()
+
+
 @settings(deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 400),
-                          st.floats(0, 1e6, allow_nan=False)), max_size=60, unique_by=lambda p: (p[0], p[1])),
+                          st.floats(0, 1e6, allow_nan=False)), max_size=60),
        st.sets(st.integers(0, 60), max_size=3), st.integers(0, 450), st.integers(0, 400))
 def test_a_window_holds_exactly_the_samples_appended_in_it(points, flush_after, lo, span):
-    """Against the samples as appended (an instant once per series): each series' query and
-    aggregate_by's count and last over any window, with late samples, cuts into chunks
-    anywhere, and windows after a series' last sample (which skip the series unread)."""
+    """Against the samples as appended: each series' query and aggregate_by's count and last
+    over any window, with late samples, instants sent twice, cuts into chunks anywhere, and
+    windows after a series' last sample (which skip the series unread). An instant sent
+    again replaces the value in the head; a sample at or before its series' last cut is
+    dropped (the chunks are not rewritten), never kept beside the stored one."""
     c = MetricCache(None, chunk_seconds=1e9)
+    kept: dict[str, dict[int, float]] = {uid: {} for uid in "abc"}
+    cut: dict[str, int] = {}
+    head: dict[str, list[int]] = {uid: [] for uid in "abc"}
     try:
         for i, (uid, ts, value) in enumerate(points):
             c.append([pod(uid, 1000 + ts, value)])
+            if ts > cut.get(uid, -1):
+                kept[uid][ts] = value
+                head[uid].append(ts)
             if i in flush_after:
                 c.flush()
+                for one, times in head.items():
+                    if times:
+                        cut[one] = max(times)
+                    times.clear()
         start, end = 1000 + lo, 1000 + lo + span
         by = c.aggregate_by(mc.POD_CPU_USAGE, mc.POD_UID, start, end, [Aggregation.COUNT, Aggregation.LAST])
         for uid in "abc":
-            want = sorted((1000 + ts, v) for u, ts, v in points if u == uid and lo <= ts <= lo + span)
+            want = sorted((1000 + ts, v) for ts, v in kept[uid].items() if lo <= ts <= lo + span)
             assert c.query(mc.POD_CPU_USAGE, start, end, {mc.POD_UID: uid}) == want
             if want:
                 assert by[uid] == {Aggregation.COUNT: len(want), Aggregation.LAST: want[-1][1]}

@@ -28,22 +28,35 @@ class Series:
     labels: dict[str, str]
     ts: array = field(default_factory=lambda: array("q"))
     values: array = field(default_factory=lambda: array("d"))
-    newest: int = -1  # the head's largest ts, so in-order appends skip the duplicate search
+    newest: int = -1
+    """The head's largest ts, the last cut's with an empty head (never below ``cut``), so
+    in-order appends skip the duplicate search and the cut check."""
     in_order: bool = True
     cut: int = -1  # the largest ts already in a chunk: with an empty head, the series' last sample
 
-    def add(self, ts_ms: int, value: float) -> None:
+    def add(self, ts_ms: int, value: float) -> bool:
+        """False when the sample is at or before the last cut, and dropped: the chunks are
+        not rewritten, and the sample kept beside them would be a second value at an
+        instant already stored (the wall clock stepped back across a cut)."""
         if ts_ms > self.newest:  # the common case: the next sample in time
             self.newest = ts_ms
             self.ts.append(ts_ms)
             self.values.append(value)
-            return
+            return True
+        if ts_ms <= self.cut:
+            return False
         if ts_ms in self.ts:
             self.values[self.ts.index(ts_ms)] = value  # the same instant again: the newer value wins
-            return
+            return True
         self.in_order = False  # a late sample
         self.ts.append(ts_ms)
         self.values.append(value)
+        return True
+
+    def cut_at(self, ts_ms: int) -> None:
+        """Samples up to ``ts_ms`` are in chunks: later ones at or before it are dropped."""
+        self.cut = max(self.cut, ts_ms)
+        self.newest = max(self.newest, self.cut)
 
     def window(self, lo: int, hi: int) -> tuple[Sequence[int], Sequence[float]]:
         """The head's (times, values) within [lo, hi] ms."""
@@ -55,12 +68,12 @@ class Series:
 
     def clear(self) -> None:
         del self.ts[:], self.values[:]
-        self.newest, self.in_order = -1, True
+        self.newest, self.in_order = self.cut, True
 
     def last_ms(self) -> int:
         """At least the time of the series' newest sample (the head's newest or the last
         cut's), -1 without any: a window starting after it holds none of its samples."""
-        return max(self.newest, self.cut)
+        return self.newest
 
     def drop_before(self, cutoff_ms: int) -> bool:
         """Forgets head samples older than the retention; True when there were any."""

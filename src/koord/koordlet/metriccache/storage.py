@@ -415,7 +415,7 @@ class MetricCache:
         for sid, cut in db.execute("SELECT series_id, max(max_ts) FROM chunks GROUP BY series_id"):
             series = by_id.get(sid)
             if series is not None:
-                series.cut = int(cut)
+                series.cut_at(int(cut))
         for sid, ts, value in db.execute("SELECT series_id, ts, value FROM head ORDER BY rowid"):
             series = by_id.get(sid)
             if series is not None:
@@ -497,9 +497,15 @@ class MetricCache:
                 log.info("metric cache: writes succeed again after %d failed appends",
                          self._failed_writes)
                 self._failed_writes = 0
+            dropped = 0
             for ms, series, values in stored:
                 for one, value in zip(series, values, strict=True):
-                    one.add(ms, value)
+                    if not one.add(ms, value):
+                        dropped += 1
+            if dropped:
+                log.warning("metric cache: %d samples at %s dropped: their series are stored up to a "
+                            "later instant (the clock stepped back?)", dropped,
+                            ", ".join(f"{ms} ms" for ms, _, _ in stored[:3]))
             self._maintain()
 
     def _new_series(self, db: sqlite3.Connection, key: SeriesKey, created: list[SeriesKey]) -> Series:
@@ -533,6 +539,7 @@ class MetricCache:
         made at once were a megabyte-sized spike every cut, and the allocator kept the
         holes it left between longer-lived objects (the process grew at every cut)."""
         newest = self._chunks_newest
+        cuts: list[tuple[Series, int]] = []
 
         def rows() -> Iterator[tuple[int, int, int, bytes]]:
             nonlocal newest
@@ -545,7 +552,7 @@ class MetricCache:
                     points = dict(sorted(zip(series.ts, series.values, strict=True)))  # a late sample: sort
                     last, first, blob = max(points), min(points), encode_chunk(points, points.values())
                 newest = max(newest, last)
-                series.cut = max(series.cut, last)
+                cuts.append((series, last))
                 yield series.id, last, first, blob
 
         try:
@@ -557,6 +564,8 @@ class MetricCache:
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
             return
         self._chunks_newest = newest
+        for series, last in cuts:
+            series.cut_at(last)
         for series in self._by_id.values():
             series.clear()
 
