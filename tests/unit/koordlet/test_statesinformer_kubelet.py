@@ -63,6 +63,9 @@ def test_kube_qos_from_status_or_resources(qos, containers, want):
     (lambda p: p["spec"].update(priority="high"), "spec.priority"),
     (lambda p: p["metadata"].update(labels={"a": 1}), "metadata.labels"),
     (lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu="lots"), "quantity"),
+    (lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu=True), "quantity"),
+    (lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu=[1]), "quantity"),
+    (lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu=0.5), "quantity"),
     (lambda p: p["metadata"].update(uid="../../etc"), "uid"),
     (lambda p: p["metadata"].update(creationTimestamp="yesterday"), "metadata.creationTimestamp"),
     (lambda p: p["metadata"].update(creationTimestamp=12), "metadata.creationTimestamp"),
@@ -71,6 +74,18 @@ def test_malformed_pod_is_rejected_naming_the_field(mutate, field):
     p = pod()
     mutate(p)
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        pod_meta_of(p, "kubepods/", "cgroupfs")
+
+
+def test_a_quantity_read_before_does_not_stand_for_a_bool_or_another_resource():
+    """Quantities are cached by (resource, quantity): ``true`` is still an error after the
+    integer 1 was read, and "1" is 1000 milli-cores for cpu, 1 for anything else."""
+    p = pod(containers=[{"name": "main", "resources": {"requests": {"cpu": 1, "memory": 1, "x": "1"},
+                                                       "limits": {"cpu": "1"}}}])
+    [c] = pod_meta_of(p, "kubepods/", "cgroupfs").containers
+    assert (c.requests, c.limits) == ({"cpu": 1000, "memory": 1, "x": 1}, {"cpu": 1000})
+    p["spec"]["containers"][0]["resources"]["requests"]["memory"] = True
+    with pytest.raises(ValueError, match="quantity True"):
         pod_meta_of(p, "kubepods/", "cgroupfs")
 
 

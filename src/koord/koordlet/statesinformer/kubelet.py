@@ -9,11 +9,13 @@ pod is converted on its own: one malformed pod is skipped with a log line naming
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +58,21 @@ def _strings(value: Any, where: str) -> dict[str, str]:
 def resource_values(value: Any, where: str) -> dict[str, int]:
     """A ResourceList as ``ContainerMeta`` keeps it: cpu milli-cores, the rest as integers
     (``kubernetes.io/batch-cpu`` is already counted in milli-cores)."""
-    out: dict[str, int] = {}
-    for name, quantity in _object(value, where).items():
-        number = parse_quantity(quantity)
-        if name == "cpu":
-            number *= 1000
-        out[str(name)] = int(number)
-    return out
+    return {str(name): (_resource_value(name, quantity) if type(quantity) in (str, int)
+                        else _to_int(name, parse_quantity(quantity)))
+            for name, quantity in _object(value, where).items()}
+
+
+@functools.lru_cache(maxsize=1024)
+def _resource_value(name: str, quantity: str | int) -> int:
+    """Cached (a string or a JSON integer, never a bool, which would share 1's entry): every
+    pod list repeats the same few (resource, quantity) pairs for every pod, and a pod list
+    is read again at every change. Errors are not cached."""
+    return _to_int(name, parse_quantity(quantity))
+
+
+def _to_int(name: str, number: Fraction) -> int:
+    return int(number * 1000 if name == "cpu" else number)
 
 
 def _kube_qos(pod: dict, containers: list[dict]) -> str:
