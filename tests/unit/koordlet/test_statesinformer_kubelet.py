@@ -89,6 +89,17 @@ def test_a_quantity_read_before_does_not_stand_for_a_bool_or_another_resource():
         pod_meta_of(p, "kubepods/", "cgroupfs")
 
 
+def test_a_resource_name_longer_than_kubernetes_allows_is_converted_not_cached():
+    from koord.koordlet.statesinformer import kubelet
+
+    long = "x" * (kubelet.MAX_CACHED_NAME + 1)
+    p = pod(containers=[{"name": "main", "resources": {"requests": {long: "7"}}}])
+    cached = kubelet._resource_value.cache_info().currsize
+    [c] = pod_meta_of(p, "kubepods/", "cgroupfs").containers
+    assert c.requests == {long: 7}
+    assert kubelet._resource_value.cache_info().currsize == cached
+
+
 def test_one_bad_pod_does_not_hide_the_others(caplog):
     data = json.dumps({"items": [pod(name="good"), {"metadata": {"name": "bad", "namespace": "ns"}}]})
     assert [p.name for p in pods_of_list(data.encode(), "kubepods/", "cgroupfs")] == ["good"]

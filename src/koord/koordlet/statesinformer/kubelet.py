@@ -58,9 +58,15 @@ def _strings(value: Any, where: str) -> dict[str, str]:
 def resource_values(value: Any, where: str) -> dict[str, int]:
     """A ResourceList as ``ContainerMeta`` keeps it: cpu milli-cores, the rest as integers
     (``kubernetes.io/batch-cpu`` is already counted in milli-cores)."""
-    return {str(name): (_resource_value(name, quantity) if type(quantity) in (str, int)
+    return {str(name): (_resource_value(name, quantity)
+                        if type(quantity) in (str, int) and len(name) <= MAX_CACHED_NAME
                         else _to_int(name, parse_quantity(quantity)))
             for name, quantity in _object(value, where).items()}
+
+
+MAX_CACHED_NAME = 317
+"""Kubernetes' longest resource name (a 253-character prefix, "/", 63 characters): a longer
+key is converted but not cached, so the cache never holds more than a few hundred KiB."""
 
 
 @functools.lru_cache(maxsize=1024)
