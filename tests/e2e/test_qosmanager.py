@@ -10,6 +10,7 @@ and compare the written quota with the formula.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from koord.hookapi import parse_cpuset
 from koord.koordlet.metriccache import Aggregation, MetricCache
 from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
 from koord.koordlet.metricsadvisor.config import AdvisorConfig
@@ -207,6 +209,62 @@ def test_cfs_quota_suppress_follows_the_formula_and_recovers(
         node.qos.stop()
         assert not kubelet.cleanup()
         remove_kube_dir(node.kube)
+
+
+@pytest.mark.cgroup
+def test_cpuset_suppress_writes_the_be_cpusets_parent_first_and_cfs_quota_leaves_them(
+        containerd: Containerd, kubelet: KubeletClient, node_factory: Callable[..., Node],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The ``cpuset`` policy (NodeSLO's default) on the real cpuset files. BE keeps at least
+    two cpus under it (as upstream), so on a node of two cpus it cannot narrow them: here it
+    widens cpusets left narrower than its answer (as a policy run on other pods leaves them)
+    at the besteffort dir, the BE pod's and its container's, parents first (cgroup v1
+    refuses a child wider than its parent), where the BE burner then runs on every cpu;
+    it resets the quota; switched to ``cfsQuota`` the quota is suppressed and the cpusets
+    stay at the BE pool."""
+    cpus = os.cpu_count() or 1
+    if cpus != 2:
+        pytest.fail(f"written for this project's machines of two cpus (this one has {cpus})")
+    node = node_factory(memory="8Gi", config=QOSConfig(cpu_suppress_interval=1.0,
+                                                        cri_endpoint=containerd.endpoint))
+    try:
+        be_sandbox, be_cid = run_pod(kubelet, containerd.image, node.kube, "be-burner", "besteffort", "BE",
+                                     burn_command(cpus))
+        levels = (node.besteffort, Cgroup.of_pod(kubelet.pod_cgroup_parent(be_sandbox)),
+                  Cgroup.of_container(kubelet.pod_cgroup_parent(be_sandbox), be_cid))
+
+        def cpusets() -> tuple[str, ...]:
+            return tuple(cg.cpuset_cpus() for cg in levels)
+        for here, _, _ in os.walk(node.besteffort.dir("cpuset"), topdown=False):  # children first
+            (Path(here) / "cpuset.cpus").write_text("0")
+        assert cpusets() == ("0",) * 3
+        node.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=65)
+        with caplog.at_level(logging.ERROR, "koord.koordlet"):
+            wait_for(lambda: cpusets() == ("0-1",) * 3, "the BE cpusets widened to 0-1 at every level", 40)
+        failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not failed, f"a write failed on the way (a child widened before its parent?): {failed}"
+        assert node.quota() == -1, "the cpuset policy resets the besteffort quota"
+        gauge = node.registry.get_sample_value("koordlet_be_suppress_cpu_cores", {"node": "", "type": "cpuset"})
+        assert gauge == cpus
+        allowed = {int(cpu) for pid in levels[2].procs()
+                   for cpu in parse_cpuset(_status_field(pid, "Cpus_allowed_list"))}
+        assert allowed == {0, 1}, "the burner's threads may run on both cpus"
+
+        node.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=65)
+        wait_for(lambda: 0 < node.quota() <= cpus * PERIOD * 65 // 100, "the besteffort quota suppressed", 30)
+        assert cpusets() == ("0-1",) * 3, "cfsQuota leaves the cpusets at the BE pool"
+        node.slo(enable=False)
+        wait_for(lambda: node.quota() == -1, "quota -1 after NodeSLO disabled suppress", 15)
+        assert cpusets() == ("0-1",) * 3
+    finally:
+        node.qos.stop()
+        assert not kubelet.cleanup()
+        remove_kube_dir(node.kube)
+
+
+def _status_field(pid: int, name: str) -> str:
+    with open(f"/proc/{pid}/status") as status:
+        return next(line.split(":", 1)[1].strip() for line in status if line.startswith(name + ":"))
 
 
 @pytest.mark.cgroup
