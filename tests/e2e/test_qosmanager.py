@@ -37,7 +37,7 @@ from koord.testing.procstat import PodsOnlyProcStat
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command, hold_command
 
-from .qos_rig import write_json
+from .qos_rig import QOSRig, qos_rig, write_json  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 
@@ -310,6 +310,83 @@ def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: Ku
         node.qos.stop()
         assert not kubelet.cleanup()
         remove_kube_dir(node.kube)
+
+
+@pytest.mark.cgroup
+def test_cpu_evict_stops_the_busiest_labelled_pod_when_the_node_is_busy(
+        containerd: Containerd, kubelet: KubeletClient, node_factory: Callable[..., Node]) -> None:
+    """CPUEvict on real burners: the node's CPU (its pods' alone here) reaches the threshold,
+    so pods labelled ``koordinator.sh/eviction-enabled`` are stopped, busiest first, until
+    the release is covered: the full-core burner only. The thresholds are low (25 %, down to
+    20 %) so a shared machine that gives the burners less than asked still crosses them,
+    and what is left (two light pods) stays below."""
+    config = QOSConfig(cpu_evict_interval=1.0, cpu_evict_cool_time=0.0,
+                       gates={"BECPUSuppress": False, "CPUEvict": True}, cri_endpoint=containerd.endpoint)
+    node = node_factory(memory="8Gi", config=config)
+    labelled = {QOS_LABEL: "BE", "koordinator.sh/eviction-enabled": "true"}
+    try:
+        pods = {}
+        for name, labels, qos, cores in (("busy", labelled, "besteffort", 1.0),
+                                         ("light", labelled, "besteffort", 0.1),
+                                         ("ls", {QOS_LABEL: "LS"}, "burstable", 0.1)):
+            sandbox = kubelet.run_pod(name, labels=labels, qos=qos, kube_dir=node.kube)
+            pods[name] = kubelet.run_container(sandbox, "main", containerd.image, command=burn_command(cores))
+
+        def measured() -> bool:
+            listed = {p.name: p.uid for p in node.informer.get_all_pods()}
+            now = time.time()
+            return len(listed) == 3 and all(
+                node.cache.aggregate("pod_cpu_usage", now - 3, now, Aggregation.LAST, {"pod_uid": uid}) is not None
+                for uid in listed.values())
+        wait_for(measured, "the advisor measuring all three pods' CPU", 30)
+        node.slo(enable=True, cpuEvictThresholdPercent=25, cpuEvictLowerPercent=20, cpuEvictTimeWindowSeconds=3)
+        pb = kubelet.pb
+        wait_for(lambda: kubelet.container_status(pods["busy"]).status.state == pb.CONTAINER_EXITED,
+                 "the full-core burner stopped", 30)
+        time.sleep(5)  # more evict rounds: the node is below the threshold now
+        assert kubelet.container_status(pods["light"]).status.state == pb.CONTAINER_RUNNING
+        assert kubelet.container_status(pods["ls"]).status.state == pb.CONTAINER_RUNNING, "not labelled"
+        evictions = node.registry.get_sample_value("koordlet_pod_eviction_total",
+                                                   {"node": "", "reason": "EvictPodByNodeCPUUsage"})
+        assert evictions == 1
+    finally:
+        node.qos.stop()
+        assert not kubelet.cleanup()
+        remove_kube_dir(node.kube)
+
+
+@pytest.mark.cgroup
+def test_be_cpu_evict_stops_the_be_pod_starved_most_for_its_request(
+        qos_rig: QOSRig, containerd: Containerd) -> None:  # noqa: F811
+    """Suppress, then BECPUEvict, on real pods: the besteffort quota suppressed to at most
+    15 % of the node leaves the BE pods (1.5 cores of batch-cpu requests, from a kubelet
+    ``/pods`` stand-in) at most 20 % of what they asked; at or below the 30 % lower bound,
+    BECPUEvict releases up to the 60 % upper bound (at most 900m), starting with the pod
+    that uses most per request (the burner; the idle one uses nothing): its 1000m covers
+    it, so the idle pod stays. Under 1 core of limit BE usage counts as high whatever
+    the machine's load, so the chain does not depend on how busy the machine is."""
+    rig = qos_rig
+    batch = "kubernetes.io/batch-cpu"
+    _, burner = rig.run_pod("be-burner", "besteffort", "BE", burn_command(2), requests={batch: "1000"})
+    _, idle = rig.run_pod("be-idle", "besteffort", "BE", hold_command(8), requests={batch: "500"})
+    rig.slo({"resourceUsedThresholdWithBE": {
+        "enable": True, "cpuSuppressPolicy": "cfsQuota", "cpuSuppressThresholdPercent": 15,
+        "cpuEvictBESatisfactionLowerPercent": 30, "cpuEvictBESatisfactionUpperPercent": 60,
+        "cpuEvictTimeWindowSeconds": 3}})
+    rig.start(QOSConfig(cpu_suppress_interval=1, cpu_evict_interval=1, cpu_evict_cool_time=0,
+                        gates={"BECPUSuppress": True, "BECPUEvict": True}, cri_endpoint=containerd.endpoint),
+              advisor=True)
+    besteffort = Cgroup(f"{rig.kube}/besteffort")
+    pb = rig.kubelet.pb
+    wait_for(lambda: 0 < besteffort.cpu_quota() <= 2 * PERIOD * 15 // 100, "the besteffort quota suppressed", 30)
+    wait_for(lambda: rig.kubelet.container_status(burner).status.state == pb.CONTAINER_EXITED,
+             "the burner stopped", 30)
+    time.sleep(5)  # more evict rounds: the release is covered
+    assert rig.kubelet.container_status(idle).status.state == pb.CONTAINER_RUNNING
+    assert rig.qos is not None
+    evictions = rig.qos.ctx.metrics.registry.get_sample_value(
+        "koordlet_pod_eviction_total", {"node": "", "reason": "EvictPodByBECPUSatisfaction"})
+    assert evictions == 1
 
 
 def test_koordlet_process_suppresses_and_restores(containerd: Containerd, kubelet: KubeletClient,
