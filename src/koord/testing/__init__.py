@@ -5,27 +5,26 @@ Shipped inside the package (not under tests/) so benchmarks and other packages'
 tests can drive the same real components.
 """
 
-from koord.testing.cgroups import Cgroup, cgroup_version
-from koord.testing.containerd import Containerd, containerd_binaries_present
-from koord.testing.fakecri import FakeCRI
-from koord.testing.image import DEFAULT_REF, build_pause_image
-from koord.testing.kubelet import KubeletClient, pod_cgroup_parent
-from koord.testing.processes import stop_process
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.sockets import make_short_socket_dir, short_socket_dir
+import importlib
+from typing import Any
 
-__all__ = [
-    "DEFAULT_REF",
-    "Cgroup",
-    "Containerd",
-    "FakeCRI",
-    "KubeletClient",
-    "RuntimeProxy",
-    "build_pause_image",
-    "cgroup_version",
-    "containerd_binaries_present",
-    "make_short_socket_dir",
-    "pod_cgroup_parent",
-    "short_socket_dir",
-    "stop_process",
-]
+_EXPORTS = {
+    "Cgroup": "cgroups", "cgroup_version": "cgroups",
+    "Containerd": "containerd", "containerd_binaries_present": "containerd",
+    "FakeCRI": "fakecri",
+    "DEFAULT_REF": "image", "build_pause_image": "image",
+    "KubeletClient": "kubelet", "pod_cgroup_parent": "kubelet",
+    "stop_process": "processes",
+    "RuntimeProxy": "proxy",
+    "make_short_socket_dir": "sockets", "short_socket_dir": "sockets",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """The names above, imported on first use: a program that needs one submodule (the runc
+    wrapper containerd starts for every container) does not pay for gRPC and the rest."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -237,7 +237,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         real = shutil.which("runc")
         if real is None:
             raise RuntimeError("runc is not on PATH")
-        self.runc_wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m koord.testing.runc_systemd {real} \"$@\"\n")
+        # Only create and run need Python (the bundle's cgroups path is rewritten); every other
+        # call only drops --systemd-cgroup, in the shell: the shim bounds runc state and
+        # delete with deadlines that a Python start-up under emulation (seconds) overran,
+        # which left stopped containers undeletable.
+        self.runc_wrapper.write_text(
+            "#!/bin/sh\n"
+            f'case " $* " in *" create "*|*" run "*)\n'
+            f'  exec {sys.executable} -m koord.testing.runc_systemd {real} "$@";;\nesac\n'
+            'for arg do shift; [ "$arg" = --systemd-cgroup ] || set -- "$@" "$arg"; done\n'
+            f'exec {real} "$@"\n')
         self.runc_wrapper.chmod(0o755)
 
     def start(self, timeout: float = 30.0) -> Containerd:
@@ -346,6 +355,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         client.close()
         if errors:
             print("pod cleanup errors:", *errors, sep="\n  ")
+            print(f"--- {self.log_path} tail ---\n{self.log_tail(60)}")
 
     def log_tail(self, lines: int = 40) -> str:
         try:
