@@ -131,6 +131,15 @@ def remove_kube_dir(kube: str) -> None:
     remove_tree(kube.split("/")[0])
 
 
+def pods_measured(node: Node, kind: str, count: int) -> bool:
+    """The informer lists ``count`` pods and the advisor has a sample of ``kind`` for each
+    in the last 3 s."""
+    uids = [p.uid for p in node.informer.get_all_pods()]
+    now = time.time()
+    return len(uids) == count and all(
+        node.cache.aggregate(kind, now - 3, now, Aggregation.LAST, {"pod_uid": uid}) is not None for uid in uids)
+
+
 def be_usage(node: Node, seconds: float = 3.0) -> tuple[float, float]:
     """(cores the besteffort cgroup used, cores its quota allowed on average) over ``seconds``,
     from the kernel's usage counter and the quota sampled every 0.1 s."""
@@ -286,13 +295,8 @@ def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: Ku
         _, small = run_pod(kubelet, containerd.image, node.kube, "be-small", "besteffort", "BE", hold_command(40))
         _, ls = run_pod(kubelet, containerd.image, node.kube, "ls", "burstable", "LS", hold_command(150))
 
-        def measured() -> bool:
-            pods = {p.name: p.uid for p in node.informer.get_all_pods()}
-            now = time.time()
-            return len(pods) == 3 and all(node.cache.aggregate("pod_memory_usage", now - 3, now, Aggregation.LAST,
-                                                               {"pod_uid": uid}) for uid in pods.values())
-
-        wait_for(measured, "the advisor measuring all three pods' memory", 30)
+        wait_for(lambda: pods_measured(node, "pod_memory_usage", 3), "the advisor measuring all three pods' memory",
+                 30)
         # 95% used, threshold 90 -> down to 88%: release 7% of 1 GiB (72 MiB): the 100 MiB pod.
         node.slo(enable=True, memoryEvictThresholdPercent=90)
         pb = kubelet.pb
@@ -332,13 +336,7 @@ def test_cpu_evict_stops_the_busiest_labelled_pod_when_the_node_is_busy(
             sandbox = kubelet.run_pod(name, labels=labels, qos=qos, kube_dir=node.kube)
             pods[name] = kubelet.run_container(sandbox, "main", containerd.image, command=burn_command(cores))
 
-        def measured() -> bool:
-            listed = {p.name: p.uid for p in node.informer.get_all_pods()}
-            now = time.time()
-            return len(listed) == 3 and all(
-                node.cache.aggregate("pod_cpu_usage", now - 3, now, Aggregation.LAST, {"pod_uid": uid}) is not None
-                for uid in listed.values())
-        wait_for(measured, "the advisor measuring all three pods' CPU", 30)
+        wait_for(lambda: pods_measured(node, "pod_cpu_usage", 3), "the advisor measuring all three pods' CPU", 30)
         node.slo(enable=True, cpuEvictThresholdPercent=25, cpuEvictLowerPercent=20, cpuEvictTimeWindowSeconds=3)
         pb = kubelet.pb
         wait_for(lambda: kubelet.container_status(pods["busy"]).status.state == pb.CONTAINER_EXITED,

@@ -36,6 +36,14 @@ def threads(cg: Cgroup) -> set[int]:
     return {int(t) for t in cg.read("cpu", "tasks", "cgroup.threads").split()}
 
 
+def in_group(root: Path, group: str, *cgroups: Cgroup) -> set[int]:
+    """The cgroups' threads as they are now, when all are in ``group`` (else empty). Read at
+    each poll: right after StartContainer a container may still hold runc's init threads,
+    which exit at its exec and are never moved."""
+    now: set[int] = set().union(*(threads(cg) for cg in cgroups))
+    return now if now and group_tasks(root, group) >= now else set()
+
+
 def group_tasks(root: Path, group: str) -> set[int]:
     f = root / group / "tasks"
     return {int(t) for t in f.read_text().split()} if f.exists() else set()
@@ -60,9 +68,7 @@ def test_class_groups_get_masks_and_their_pods_tasks(qos_rig: QOSRig, containerd
     be_sandbox_cg = Cgroup.of_container(rig.kubelet.pod_cgroup_parent(be_sandbox), be_sandbox)
     ls = Cgroup.of_container(rig.kubelet.pod_cgroup_parent(ls_sandbox), ls_cid)
     hooked = Cgroup.of_container(rig.kubelet.pod_cgroup_parent(hooked_sandbox), hooked_cid)
-    want_be = threads(be) | threads(be_sandbox_cg)
-    assert want_be, "the BE pod has no threads?"
-    wait_for(lambda: group_tasks(root, "BE") >= want_be, f"BE pod threads {sorted(want_be)} in the BE group", 30)
+    want_be = wait_for(lambda: in_group(root, "BE", be, be_sandbox_cg), "the BE pod's threads in the BE group", 30)
     print(f"BE group tasks {sorted(group_tasks(root, 'BE'))}; BE pod threads {sorted(want_be)}")
     assert (root / "BE" / "schemata").read_text() == "L3:0=f;1=f;\nMB:0=40;1=40;\n"
     assert parse_schemata((root / "LS" / "schemata").read_text()) == {"L3": {0: "fff", 1: "fff"},
@@ -74,8 +80,8 @@ def test_class_groups_get_masks_and_their_pods_tasks(qos_rig: QOSRig, containerd
 
     # A new BE pod's threads join on a later tick.
     new_sandbox, new_cid = rig.run_pod("be-late", "besteffort", "BE", [])
-    late = threads(Cgroup.of_container(rig.kubelet.pod_cgroup_parent(new_sandbox), new_cid))
-    wait_for(lambda: group_tasks(root, "BE") >= late, "the late BE pod's threads in the BE group", 30)
+    late = Cgroup.of_container(rig.kubelet.pod_cgroup_parent(new_sandbox), new_cid)
+    wait_for(lambda: in_group(root, "BE", late), "the late BE pod's threads in the BE group", 30)
 
     # The class switched off: full cache and bandwidth back.
     rig.slo({"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": False}}}})
