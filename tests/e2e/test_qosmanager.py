@@ -140,6 +140,20 @@ def pods_measured(node: Node, kind: str, count: int) -> bool:
         node.cache.aggregate(kind, now - 3, now, Aggregation.LAST, {"pod_uid": uid}) is not None for uid in uids)
 
 
+def stopped(kubelet: KubeletClient, container: str) -> bool:
+    return kubelet.container_status(container).status.state == kubelet.pb.CONTAINER_EXITED
+
+
+def assert_evicted_alone(kubelet: KubeletClient, registry: CollectorRegistry, spared: list[str],
+                         reason: str) -> None:
+    """After an eviction: the ``spared`` containers still run and koordlet counted exactly
+    one eviction for ``reason``."""
+    for container in spared:
+        assert kubelet.container_status(container).status.state == kubelet.pb.CONTAINER_RUNNING, \
+            f"container {container} was stopped too"
+    assert registry.get_sample_value("koordlet_pod_eviction_total", {"node": "", "reason": reason}) == 1
+
+
 def be_usage(node: Node, seconds: float = 3.0) -> tuple[float, float]:
     """(cores the besteffort cgroup used, cores its quota allowed on average) over ``seconds``,
     from the kernel's usage counter and the quota sampled every 0.1 s."""
@@ -299,17 +313,11 @@ def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: Ku
                  30)
         # 95% used, threshold 90 -> down to 88%: release 7% of 1 GiB (72 MiB): the 100 MiB pod.
         node.slo(enable=True, memoryEvictThresholdPercent=90)
-        pb = kubelet.pb
-        wait_for(lambda: kubelet.container_status(big).status.state == pb.CONTAINER_EXITED,
-                 "the 100 MiB BE pod's container stopped", 20)
+        wait_for(lambda: stopped(kubelet, big), "the 100 MiB BE pod's container stopped", 20)
         (proc / "meminfo").write_text(f"MemTotal: {total_kb} kB\nMemFree: {total_kb // 2} kB\n"
                                       f"MemAvailable: {total_kb // 2} kB\n")  # relieved: 50%
         time.sleep(2)
-        assert kubelet.container_status(small).status.state == pb.CONTAINER_RUNNING
-        assert kubelet.container_status(ls).status.state == pb.CONTAINER_RUNNING
-        evictions = node.registry.get_sample_value("koordlet_pod_eviction_total",
-                                                   {"node": "", "reason": "EvictPodByNodeMemoryUsage"})
-        assert evictions == 1
+        assert_evicted_alone(kubelet, node.registry, [small, ls], "EvictPodByNodeMemoryUsage")
     finally:
         node.qos.stop()
         assert not kubelet.cleanup()
@@ -338,15 +346,9 @@ def test_cpu_evict_stops_the_busiest_labelled_pod_when_the_node_is_busy(
 
         wait_for(lambda: pods_measured(node, "pod_cpu_usage", 3), "the advisor measuring all three pods' CPU", 30)
         node.slo(enable=True, cpuEvictThresholdPercent=25, cpuEvictLowerPercent=20, cpuEvictTimeWindowSeconds=3)
-        pb = kubelet.pb
-        wait_for(lambda: kubelet.container_status(pods["busy"]).status.state == pb.CONTAINER_EXITED,
-                 "the full-core burner stopped", 30)
+        wait_for(lambda: stopped(kubelet, pods["busy"]), "the full-core burner stopped", 30)
         time.sleep(5)  # more evict rounds: the node is below the threshold now
-        assert kubelet.container_status(pods["light"]).status.state == pb.CONTAINER_RUNNING
-        assert kubelet.container_status(pods["ls"]).status.state == pb.CONTAINER_RUNNING, "not labelled"
-        evictions = node.registry.get_sample_value("koordlet_pod_eviction_total",
-                                                   {"node": "", "reason": "EvictPodByNodeCPUUsage"})
-        assert evictions == 1
+        assert_evicted_alone(kubelet, node.registry, [pods["light"], pods["ls"]], "EvictPodByNodeCPUUsage")
     finally:
         node.qos.stop()
         assert not kubelet.cleanup()
@@ -375,16 +377,11 @@ def test_be_cpu_evict_stops_the_be_pod_starved_most_for_its_request(
                         gates={"BECPUSuppress": True, "BECPUEvict": True}, cri_endpoint=containerd.endpoint),
               advisor=True)
     besteffort = Cgroup(f"{rig.kube}/besteffort")
-    pb = rig.kubelet.pb
     wait_for(lambda: 0 < besteffort.cpu_quota() <= 2 * PERIOD * 15 // 100, "the besteffort quota suppressed", 30)
-    wait_for(lambda: rig.kubelet.container_status(burner).status.state == pb.CONTAINER_EXITED,
-             "the burner stopped", 30)
+    wait_for(lambda: stopped(rig.kubelet, burner), "the burner stopped", 30)
     time.sleep(5)  # more evict rounds: the release is covered
-    assert rig.kubelet.container_status(idle).status.state == pb.CONTAINER_RUNNING
     assert rig.qos is not None
-    evictions = rig.qos.ctx.metrics.registry.get_sample_value(
-        "koordlet_pod_eviction_total", {"node": "", "reason": "EvictPodByBECPUSatisfaction"})
-    assert evictions == 1
+    assert_evicted_alone(rig.kubelet, rig.qos.ctx.metrics.registry, [idle], "EvictPodByBECPUSatisfaction")
 
 
 def test_koordlet_process_suppresses_and_restores(containerd: Containerd, kubelet: KubeletClient,
