@@ -17,6 +17,7 @@ from hypothesis import settings
 from koord.testing.containerd import Containerd, containerd_binaries_present
 from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.runtimes import ContainerdRuntime, resolve, selection
 from koord.testing.sockets import short_socket_dir as _short_socket_dir
 
 # Property tests check what a parser accepts, never how fast: a machine busy with the
@@ -41,10 +42,37 @@ def short_socket_dir() -> Iterator[Path]:
         yield path
 
 
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _runtime_params() -> list[object]:
+    """One parameter per containerd build the run selects, its id naming the version; a build
+    that cannot run becomes a parameter whose tests fail saying why (never a skip)."""
+    params: list[object] = []
+    for choice in selection():
+        try:
+            runtime = resolve(choice, CHECKOUT)
+        except RuntimeError as err:
+            params.append(pytest.param(err, id=f"containerd-{choice}-missing"))
+        else:
+            params.append(pytest.param(runtime, id=runtime.id))
+    return params
+
+
+@pytest.fixture(scope="session", params=_runtime_params())
+def containerd_runtime(request: pytest.FixtureRequest) -> ContainerdRuntime:
+    """The containerd build this test runs against: every e2e test that starts containerd runs
+    once per selected build (``$KOORD_TEST_CONTAINERD``, see ``koord.testing.runtimes``)."""
+    if isinstance(request.param, RuntimeError):
+        pytest.fail(str(request.param), pytrace=False)
+    runtime: ContainerdRuntime = request.param
+    return runtime
+
+
 @pytest.fixture(scope="session")
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+def containerd(tmp_path_factory: pytest.TempPathFactory, containerd_runtime: ContainerdRuntime) -> Iterator[Containerd]:
     _require_e2e_machine()
-    instance = Containerd(tmp_path_factory.mktemp("containerd"))
+    instance = Containerd(tmp_path_factory.mktemp("containerd"), runtime=containerd_runtime)
     try:
         instance.start()
         yield instance

@@ -14,6 +14,7 @@ from koord.testing.cgroups import Cgroup, shares_to_weight
 from koord.testing.containerd import Containerd, mounts_under
 from koord.testing.image import image_archive_bytes
 from koord.testing.kubelet import KubeletClient
+from koord.testing.runtimes import ContainerdRuntime
 
 pytestmark = pytest.mark.e2e
 
@@ -73,9 +74,9 @@ def test_image_archive_is_reproducible() -> None:
     assert image_archive_bytes(b"bin", "x/y:z") != image_archive_bytes(b"bin2", "x/y:z")
 
 
-def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path) -> None:
+def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path, containerd_runtime: ContainerdRuntime) -> None:
     """A second containerd torn down with a running pod leaves nothing behind."""
-    with Containerd(tmp_path / "ctd") as instance:
+    with Containerd(tmp_path / "ctd", runtime=containerd_runtime) as instance:
         client = instance.client()
         sandbox_id = client.run_pod("leftover")
         client.run_container(sandbox_id, "app", instance.image)
@@ -89,9 +90,9 @@ def test_stop_cleans_mounts_processes_and_cgroups(tmp_path: Path) -> None:
     assert not any(str(instance.workdir).encode() in cmdline for cmdline in _cmdlines())
 
 
-def test_stop_cleans_up_after_containerd_crash(tmp_path: Path) -> None:
+def test_stop_cleans_up_after_containerd_crash(tmp_path: Path, containerd_runtime: ContainerdRuntime) -> None:
     """Cleanup can't rely on CRI: containerd died with a pod running (a failed test)."""
-    instance = Containerd(tmp_path / "ctd").start()
+    instance = Containerd(tmp_path / "ctd", runtime=containerd_runtime).start()
     try:
         client = instance.client()
         sandbox_id = client.run_pod("crashed")

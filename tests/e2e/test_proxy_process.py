@@ -15,6 +15,7 @@ from cri_api.v1 import api_pb2 as cri
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.runtimes import ContainerdRuntime
 
 pytestmark = pytest.mark.e2e
 
@@ -48,8 +49,8 @@ def test_sigkill_leaves_socket_and_restart_recovers(containerd: Containerd, tmp_
     proxy.stop()
 
 
-def test_waits_for_backend_then_serves(tmp_path: Path) -> None:
-    backend = Containerd(tmp_path / "late")
+def test_waits_for_backend_then_serves(tmp_path: Path, containerd_runtime: ContainerdRuntime) -> None:
+    backend = Containerd(tmp_path / "late", runtime=containerd_runtime)
     proxy = RuntimeProxy(tmp_path / "p", backend.endpoint)
     proxy_proc = None
     try:

@@ -24,6 +24,7 @@ from koord.testing.cgroups import Cgroup, PodLimits, shares_to_weight
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.runtimes import ContainerdRuntime
 from koord.testing.wait import wait_for
 from koord.testing.workloads import burn_command
 
@@ -41,10 +42,13 @@ PERIOD = 100000
 
 
 @pytest.fixture(scope="module")
-def systemd_containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+def systemd_containerd(
+    tmp_path_factory: pytest.TempPathFactory, containerd_runtime: ContainerdRuntime
+) -> Iterator[Containerd]:
     if os.geteuid() != 0:
         pytest.fail("e2e tests need root: they run containerd/runc and write cgroups", pytrace=False)
-    instance = Containerd(tmp_path_factory.mktemp("containerd-systemd"), cgroup_driver="systemd")
+    instance = Containerd(tmp_path_factory.mktemp("containerd-systemd"), cgroup_driver="systemd",
+                          runtime=containerd_runtime)
     try:
         yield instance.start()
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,11 +26,13 @@ from cri_api.v1alpha2 import api_pb2 as cri_v1alpha2
 from google.protobuf.json_format import MessageToDict, MessageToJson
 from google.protobuf.message import Message
 
+from koord.runtimeproxy.streams import STOPPING_MESSAGE
 from koord.testing.cgroups import Cgroup, shares_to_weight
 from koord.testing.containerd import Containerd
 from koord.testing.fakecri import ECHO_CODE, INITIAL_METADATA_KEY, MIRROR_METHOD, FakeCRI
 from koord.testing.kubelet import KubeletClient, grpc_target
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.runtimes import ContainerdRuntime
 from koord.testing.sharedbin import missing_shared_binaries, shared_binary
 from koord.testing.wait import wait_for
 
@@ -99,6 +102,14 @@ def outcome(call: Callable[[], Any]) -> tuple[str, str]:
     except grpc.RpcError as err:
         return err.code().name, err.details() or ""
     return "OK", ""
+
+
+def answer_of(call: Callable[[], Any]) -> tuple[str, Any]:
+    """``("OK", normalized response)`` or ``(code name, details)``: what a caller sees of a call."""
+    try:
+        return "OK", normalized(call(), {})
+    except grpc.RpcError as err:
+        return err.code().name, err.details() or ""
 
 
 # ------------------------------------------------------------------ the full lifecycle
@@ -261,6 +272,12 @@ def _cri_methods() -> list[tuple[str, Any]]:
     ]
 
 
+# containerd 2.x resets a quiet stream with RST_STREAM(CANCEL) when the caller's deadline passes,
+# racing the caller's own timer: the same direct call answers DEADLINE_EXCEEDED or CANCELLED
+# ("Received RST_STREAM with error code 8"), so both read as the deadline here.
+_DEADLINE = ("DEADLINE_EXCEEDED", "<the caller's deadline passed>")
+
+
 def _raw_call(channel: grpc.Channel, service: str, method: Any, request: Message) -> tuple[str, str]:
     path = f"/{service}/{method.name}"
     if method.server_streaming:
@@ -271,9 +288,35 @@ def _raw_call(channel: grpc.Channel, service: str, method: Any, request: Message
                 break
             stream.cancel()
 
-        return outcome(first)
+        answer = outcome(first)
+        if answer[0] == "DEADLINE_EXCEEDED" or (answer[0] == "CANCELLED" and "error code 8" in answer[1]):
+            return _DEADLINE
+        return answer
     call = channel.unary_unary(path, request_serializer=_serialize)
     return outcome(lambda: call(request, timeout=CALL_TIMEOUT))
+
+
+def drain_held_events(channel: grpc.Channel) -> int:
+    """Reads the container events containerd holds for its next subscriber until none comes
+    for a second; returns how many.
+
+    containerd 2.x keeps the events it publishes while nobody subscribes and hands them all to
+    the first stream opened next, so of two streams opened one after the other only the first
+    would see them: both sides of a comparison must start with none held.
+    """
+    drained = 0
+    while True:
+        stream = channel.unary_stream("/runtime.v1.RuntimeService/GetContainerEvents",
+                                      request_serializer=_serialize)(cri.GetEventsRequest(), timeout=1.0)
+        got = 0
+        try:
+            for _ in stream:
+                got += 1
+        except grpc.RpcError:
+            pass
+        drained += got
+        if got == 0:
+            return drained
 
 
 def _bogus_request(method: Any, bogus_id: str) -> Message | None:
@@ -313,6 +356,8 @@ def test_every_method_answers_like_direct(
         for kind, request in requests.items():
             if request is None:
                 continue
+            if method.server_streaming:
+                drain_held_events(kubelet.channel)
             direct = _raw_call(kubelet.channel, service, method, request)
             _restore_test_image(containerd, kubelet)
             proxied = _raw_call(proxied_kubelet.channel, service, method, request)
@@ -322,8 +367,9 @@ def test_every_method_answers_like_direct(
             if kind == "bogus-id" and direct[0] == "NOT_FOUND":
                 not_found.append(method.name)
     assert not differences, "\n".join(differences)
-    # The comparison above covered containerd's NotFound messages, not just codes.
-    assert {"ContainerStatus", "PodSandboxStatus", "StartContainer", "StopPodSandbox"} <= set(not_found)
+    # The comparison above covered containerd's NotFound messages, not just codes (StopPodSandbox
+    # of an unknown id is NOT_FOUND on 1.6 and OK on 2.x).
+    assert {"ContainerStatus", "PodSandboxStatus", "StartContainer"} <= set(not_found)
 
 
 # ------------------------------------------------------------------ deadlines, sizes, versions
@@ -364,25 +410,57 @@ def test_twelve_mib_response_passes(
     assert proxied.stdout == direct.stdout
 
 
+def _serves_v1alpha2(endpoint: str) -> bool:
+    """Whether the runtime answers CRI v1alpha2 (containerd 1.6 does; 2.x removed it)."""
+    with KubeletClient(endpoint, version="v1alpha2") as client:
+        return outcome(lambda: client.runtime.Version(cri_v1alpha2.VersionRequest(), timeout=CALL_TIMEOUT))[0] == "OK"
+
+
 def test_v1alpha2_calls_pass(containerd: Containerd, kubelet: KubeletClient, proxy: RuntimeProxy) -> None:
+    """A v1alpha2 call gets through the proxy what the runtime answers: its data where it serves
+    v1alpha2, its error where it does not."""
     sandbox_id = kubelet.run_pod("transparency-v1alpha2")
     pb = cri_v1alpha2
     direct = KubeletClient(containerd.endpoint, version="v1alpha2")
     proxied = KubeletClient(proxy.endpoint, version="v1alpha2")
+    request = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(id=sandbox_id))
     try:
-        assert normalized(proxied.runtime.Version(pb.VersionRequest()), {}) == normalized(
-            direct.runtime.Version(pb.VersionRequest()), {}
-        )
-        request = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(id=sandbox_id))
-        via_proxy = proxied.runtime.ListPodSandbox(request, timeout=CALL_TIMEOUT)
-        assert [p.id for p in via_proxy.items] == [sandbox_id]
-        assert via_proxy == direct.runtime.ListPodSandbox(request, timeout=CALL_TIMEOUT)
+        answers = {
+            name: [answer_of(lambda c=client: c.runtime.Version(pb.VersionRequest(), timeout=CALL_TIMEOUT)),
+                   answer_of(lambda c=client: c.runtime.ListPodSandbox(request, timeout=CALL_TIMEOUT))]
+            for name, client in (("direct", direct), ("proxied", proxied))
+        }
+        assert answers["proxied"] == answers["direct"]
+        if containerd.runtime.major < 2:
+            assert [p["id"] for p in answers["proxied"][1][1]["items"]] == [sandbox_id]
+        else:
+            assert answers["direct"][0][0] == "UNIMPLEMENTED", answers["direct"]
     finally:
         direct.close()
         proxied.close()
 
 
+V1ALPHA2_LIFECYCLE = ("RunPodSandbox", "CreateContainer", "StartContainer", "UpdateContainerResources",
+                      "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox")
+
+
 def test_v1alpha2_lifecycle_through_proxy(containerd: Containerd, proxy: RuntimeProxy) -> None:
+    if not _serves_v1alpha2(containerd.endpoint):
+        # The runtime has no v1alpha2: every intercepted call must bring its own error back.
+        service = cri_v1alpha2.DESCRIPTOR.services_by_name["RuntimeService"]
+        direct_channel = grpc.insecure_channel(grpc_target(containerd.endpoint))
+        proxied_channel = grpc.insecure_channel(grpc_target(proxy.endpoint))
+        try:
+            for name in V1ALPHA2_LIFECYCLE:
+                method = service.methods_by_name[name]
+                request = getattr(cri_v1alpha2, method.input_type.name)()
+                direct = _raw_call(direct_channel, service.full_name, method, request)
+                assert direct[0] == "UNIMPLEMENTED", (name, direct)
+                assert _raw_call(proxied_channel, service.full_name, method, request) == direct, name
+        finally:
+            direct_channel.close()
+            proxied_channel.close()
+        return
     client = KubeletClient(
         proxy.endpoint,
         version="v1alpha2",
@@ -421,8 +499,8 @@ def _wait_for(call: Callable[[], Any], timeout: float) -> Any:
         time.sleep(0.1)
 
 
-def test_backend_down_then_back(tmp_path: Path, data_plane: str) -> None:
-    with Containerd(tmp_path / "ctd") as backend:
+def test_backend_down_then_back(tmp_path: Path, data_plane: str, containerd_runtime: ContainerdRuntime) -> None:
+    with Containerd(tmp_path / "ctd", runtime=containerd_runtime) as backend:
         with RuntimeProxy(tmp_path / "proxy", backend.endpoint, data_plane=data_plane) as proxy:
             client = KubeletClient(
                 proxy.endpoint, on_pod_created=backend.track_pod_cgroup, log_root=backend.workdir / "pod-logs"
@@ -539,13 +617,142 @@ def test_container_events_stream_through_proxy(fake_proxy: tuple[FakeCRI, grpc.C
     wait_for(lambda: fake.subscriber_count() == 0, "the cancel to reach the backend's stream")
 
 
-def test_container_events_unimplemented_like_direct(
+def test_container_events_answer_like_direct(
     containerd: Containerd, kubelet: KubeletClient, proxied_kubelet: KubeletClient
 ) -> None:
+    """UNIMPLEMENTED on containerd 1.6; on 2.x a quiet stream that ends at the caller's deadline."""
     method = cri.DESCRIPTOR.services_by_name["RuntimeService"].methods_by_name["GetContainerEvents"]
+    drain_held_events(kubelet.channel)
     direct = _raw_call(kubelet.channel, "runtime.v1.RuntimeService", method, cri.GetEventsRequest())
     proxied = _raw_call(proxied_kubelet.channel, "runtime.v1.RuntimeService", method, cri.GetEventsRequest())
     assert proxied == direct
+
+
+class EventReader:
+    """Reads one GetContainerEvents stream in a thread: its events, then how it ended."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.stream = channel.unary_stream(
+            "/runtime.v1.RuntimeService/GetContainerEvents",
+            request_serializer=_serialize,
+            response_deserializer=cri.ContainerEventResponse.FromString,
+        )(cri.GetEventsRequest())
+        self.events: list[cri.ContainerEventResponse] = []
+        self.ended: tuple[str, str] | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for event in self.stream:
+                self.events.append(event)
+            self.ended = ("OK", "")
+        except grpc.RpcError as err:
+            self.ended = (err.code().name, err.details() or "")
+
+    def close(self) -> None:
+        self.stream.cancel()
+        self._thread.join(timeout=10)
+
+
+def test_lifecycle_events_through_proxy_match_direct(
+    containerd: Containerd, kubelet: KubeletClient, proxied_kubelet: KubeletClient
+) -> None:
+    """A pod's and a container's lifecycle made through the proxy shows the same events, in the
+    same order, on a stream opened through the proxy as on one opened straight at containerd
+    (1.6, which has no event stream, answers both UNIMPLEMENTED)."""
+    drain_held_events(kubelet.channel)
+    direct, proxied = EventReader(kubelet.channel), EventReader(proxied_kubelet.channel)
+    try:
+        sandbox_id = proxied_kubelet.run_pod("transparency-events")
+        container_id = proxied_kubelet.run_container(sandbox_id, "app", containerd.image)
+        proxied_kubelet.stop_container(container_id, grace=5)
+        proxied_kubelet.remove_container(container_id)
+        proxied_kubelet.stop_pod(sandbox_id)
+        proxied_kubelet.remove_pod(sandbox_id)
+        ids = {sandbox_id: "<sandbox>", container_id: "<container>"}
+
+        def mine(reader: EventReader) -> list[Any]:
+            return [normalized(e, ids) for e in list(reader.events) if e.container_id in ids]
+
+        def types(reader: EventReader) -> list[tuple[str, str]]:
+            return [(ids[e.container_id], cri.ContainerEventType.Name(e.container_event_type))
+                    for e in list(reader.events) if e.container_id in ids]
+
+        def sandbox_deleted(reader: EventReader) -> bool:
+            return reader.ended is not None or ("<sandbox>", "CONTAINER_DELETED_EVENT") in types(reader)
+
+        wait_for(lambda: sandbox_deleted(direct) and sandbox_deleted(proxied), "both streams to see the pod go")
+        assert proxied.ended == direct.ended
+        assert mine(proxied) == mine(direct)
+        if containerd.runtime.major >= 2:
+            seen = types(direct)
+            for kind in ("CREATED", "STARTED", "STOPPED", "DELETED"):
+                assert ("<container>", f"CONTAINER_{kind}_EVENT") in seen, seen
+            assert seen[-1] == ("<sandbox>", "CONTAINER_DELETED_EVENT"), seen
+        else:
+            assert direct.ended is not None and direct.ended[0] == "UNIMPLEMENTED", direct.ended
+    finally:
+        direct.close()
+        proxied.close()
+
+
+def test_proxy_stop_ends_event_streams_and_the_client_reopens(tmp_path: Path, data_plane: str) -> None:
+    """SIGTERM ends an open event stream at once with UNAVAILABLE naming the stop (not after the
+    grace period, not as a refused stream); the backend's stream goes too, and a stream reopened
+    through the restarted proxy carries the next event."""
+    with FakeCRI(tmp_path / "fake.sock") as fake:
+        proxy = RuntimeProxy(tmp_path / "proxy", str(fake.socket), data_plane=data_plane).start()
+        channel = grpc.insecure_channel(grpc_target(proxy.endpoint))
+        try:
+            reader = EventReader(channel)
+            wait_for(lambda: fake.subscriber_count() == 1, "the proxy to open the backend's event stream")
+            assert proxy.stop(timeout=15) == 0, proxy.logs(tail=40)
+            wait_for(lambda: reader.ended is not None, "the stream to end")
+            assert reader.ended == ("UNAVAILABLE", STOPPING_MESSAGE)
+            wait_for(lambda: fake.subscriber_count() == 0, "the backend's stream to end")
+            assert "finishing in-flight calls" in proxy.logs()
+
+            proxy.start()
+            reopened = EventReader(channel)
+            wait_for(lambda: fake.subscriber_count() == 1, "the reopened stream to reach the backend")
+            config = cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="after", namespace="e2e", uid="u9"))
+            channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox", request_serializer=_serialize)(
+                cri.RunPodSandboxRequest(config=config), timeout=CALL_TIMEOUT)
+            wait_for(lambda: reopened.events, "the event on the reopened stream")
+            assert reopened.events[0].pod_sandbox_status.metadata.name == "after"
+            reopened.close()
+        finally:
+            channel.close()
+            proxy.stop()
+
+
+def test_quiet_stream_is_cut_only_by_the_idle_timeout(tmp_path: Path, data_plane: str) -> None:
+    """The idle timeout is the one thing that bounds a quiet stream: set to 8 s, a stream quiet
+    for 5 s still carries the next event, and one quiet for 8 s ends with UNAVAILABLE saying why
+    and takes the backend's stream with it (the default is a day)."""
+    with FakeCRI(tmp_path / "fake.sock") as fake:
+        proxy = RuntimeProxy(tmp_path / "proxy", str(fake.socket), data_plane=data_plane,
+                             extra_args=["--data-plane-idle-timeout", "8s"]).start()
+        channel = grpc.insecure_channel(grpc_target(proxy.endpoint))
+        try:
+            reader = EventReader(channel)
+            wait_for(lambda: fake.subscriber_count() == 1, "the proxy to open the backend's event stream")
+            time.sleep(5)
+            config = cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="quiet", namespace="e2e", uid="u8"))
+            channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox", request_serializer=_serialize)(
+                cri.RunPodSandboxRequest(config=config), timeout=CALL_TIMEOUT)
+            wait_for(lambda: reader.events, "the event after 5 quiet seconds")
+            assert reader.ended is None
+            quiet_since = time.monotonic()
+            wait_for(lambda: reader.ended is not None, "the idle timeout to end the stream", timeout=60)
+            assert time.monotonic() - quiet_since >= 7.5
+            assert reader.ended is not None and reader.ended[0] == "UNAVAILABLE", reader.ended
+            assert "--data-plane-idle-timeout" in reader.ended[1]
+            wait_for(lambda: fake.subscriber_count() == 0, "the backend's stream to end")
+        finally:
+            channel.close()
+            proxy.stop()
 
 
 # ------------------------------------------------------------------ what real clients need of the data plane

@@ -21,7 +21,7 @@ from koord.hookapi import SOCKET_MODE, prepare_socket
 from . import dataplane, memtrim
 from . import store as store_mod
 from .config import BackendMode, OptionError, Options, parse_options
-from .criserver import CHANNEL_OPTIONS, SERVER_OPTIONS, Backend, CRIServer, cri_paths, hooked_paths
+from .criserver import CHANNEL_OPTIONS, SERVER_OPTIONS, Backend, CRIServer, cri_paths, python_paths
 from .daemon import BACKEND_PROBE_SECONDS, SHUTDOWN_GRACE_SECONDS, HookBoxes, stop_on_signals, wait_for_backend
 from .dockerserver import app as docker_app
 from .metrics import ProxyMetrics
@@ -98,8 +98,9 @@ async def run(options: Options, haproxy: str | None = None) -> int:
         if not await _prepare(backend, store, state, stop, options):
             return 0
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        server.add_generic_rpc_handlers((CRIServer(backend, store, dispatcher, metrics,
-                                                   (options.skip_key, options.skip_val)),))
+        cri_server = CRIServer(backend, store, dispatcher, metrics, (options.skip_key, options.skip_val),
+                               options.data_plane_idle_timeout)
+        server.add_generic_rpc_handlers((cri_server,))
         layout = None
         if haproxy is None:
             python_socket, python_mode = options.proxy_endpoint, SOCKET_MODE
@@ -124,6 +125,9 @@ async def run(options: Options, haproxy: str | None = None) -> int:
         probe = asyncio.create_task(_probe_backend(backend, state, store, metrics, options))
         await stop.wait()
         probe.cancel()
+        # Event streams never finish by themselves: end them first, so that neither HAProxy's
+        # soft stop nor the grace period below waits for them, and their clients reopen at once.
+        cri_server.streams.end_all()
         if state.haproxy is not None:
             # HAProxy first: stopping Python first fails calls HAProxy is still sending it.
             log.info("shutting down: stopping haproxy (in-flight calls get at most %.0fs)",
@@ -154,14 +158,14 @@ async def _prepare(backend: Backend, store: store_mod.Store, state: _State,
 
 async def _start_haproxy(binary: str, layout: dataplane.Layout, options: Options,
                          metrics: ProxyMetrics) -> dataplane.Supervisor:
-    routes = dataplane.Routes(options.proxy_endpoint, hooked_paths(), sorted(cri_paths()),
+    routes = dataplane.Routes(options.proxy_endpoint, python_paths(), sorted(cri_paths()),
                               options.runtime_endpoint, options.image_endpoint)
-    dataplane.write_config(routes, layout)
+    dataplane.write_config(routes, layout, options.data_plane_idle_timeout)
     prepare_socket(Path(options.proxy_endpoint))
     supervisor = dataplane.Supervisor(binary, layout, options.proxy_endpoint, options.data_plane_start_timeout)
     metrics.registry.register(dataplane.HAProxyCollector(layout, routes, lambda: supervisor.restarts))
     await supervisor.start()
-    log.info("haproxy sends the %d hooked paths to %s, the rest to the backend", len(routes.hooked_paths),
+    log.info("haproxy sends the %d hooked and streaming paths to %s, the rest to the backend", len(routes.python_paths),
              layout.hooked_socket)
     return supervisor
 

@@ -23,6 +23,9 @@ DEFAULT_SKIP_VAL = "true"
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9319"
 DEFAULT_HOOK_TIMEOUT = 5.0
 DEFAULT_DATA_PLANE_START_TIMEOUT = 30.0
+DEFAULT_DATA_PLANE_IDLE_TIMEOUT = 24 * 3600.0
+MAX_DATA_PLANE_IDLE_TIMEOUT = 596 * 3600.0
+"""596 h: with the data plane's 10 s margin, under HAProxy's largest timeout (2**31 - 1 ms, 24.8 days)."""
 """HAProxy serves its socket ~50 ms after it starts on a normal node, seconds on a starved or emulated one."""
 
 
@@ -58,6 +61,7 @@ class Options:
     log_level: str
     data_plane: DataPlane = DataPlane.AUTO
     data_plane_start_timeout: float = DEFAULT_DATA_PLANE_START_TIMEOUT
+    data_plane_idle_timeout: float = DEFAULT_DATA_PLANE_IDLE_TIMEOUT
 
 
 def unix_socket_path(value: str, flag: str) -> str:
@@ -128,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-plane-start-timeout", default=f"{DEFAULT_DATA_PLANE_START_TIMEOUT:g}s",
                    help="time HAProxy has to serve the socket after it starts before the proxy gives up "
                    "and exits 1, e.g. 30s (default: %(default)s)")
+    p.add_argument("--data-plane-idle-timeout", default="24h",
+                   help="how long a call or stream may carry nothing before the proxy ends it: a quiet "
+                   "GetContainerEvents stream then ends with UNAVAILABLE and the client reopens it; "
+                   "HAProxy gives other calls (a StopContainer with a long grace period) 10s more; "
+                   "from 1s to 596h (default: %(default)s)")
     p.add_argument("--log-level", default="info", type=log_level, metavar="debug|info|warning|error",
                    help="log verbosity, any case (default: %(default)s)")
     p.add_argument("--version", action=PrintVersion,
@@ -170,4 +179,12 @@ def parse_options(argv: list[str] | None = None) -> Options:
         log_level=ns.log_level,
         data_plane=DataPlane(ns.data_plane),
         data_plane_start_timeout=parse_duration(ns.data_plane_start_timeout, "--data-plane-start-timeout"),
+        data_plane_idle_timeout=_idle_timeout(ns.data_plane_idle_timeout),
     )
+
+
+def _idle_timeout(value: str) -> float:
+    seconds = parse_duration(value, "--data-plane-idle-timeout")
+    if seconds < 1 or seconds > MAX_DATA_PLANE_IDLE_TIMEOUT:
+        raise OptionError(f"--data-plane-idle-timeout: must be from 1s to 596h (HAProxy's limit), got {value!r}")
+    return seconds

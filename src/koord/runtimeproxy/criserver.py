@@ -31,10 +31,12 @@ from koord.hookapi.fromcri import StatusError
 
 from . import convert
 from . import store as store_mod
+from .config import DEFAULT_DATA_PLANE_IDLE_TIMEOUT
 from .dispatcher import FAST_RECONNECT, HookFailed, RuntimeDispatcher, Target
 from .memtrim import MemoryTrimmer
 from .metrics import ProxyMetrics
 from .store import ContainerRecord, Store
+from .streams import StreamEnded, StreamRelay
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +200,20 @@ def hooked_paths() -> tuple[str, ...]:
     return tuple(f"/{service}/{method}" for service in _RUNTIME_SERVICES for method in LIFECYCLE)
 
 
+def python_paths() -> tuple[str, ...]:
+    """The paths the HAProxy data plane hands to this server: the hooked ones, and every
+    server-streaming one (``GetContainerEvents``).
+
+    A stream goes through grpc here rather than straight to the backend because HAProxy
+    answers a backend stream that was reset before its first response headers with
+    RST_STREAM(REFUSED_STREAM), which the client reads as UNAVAILABLE: containerd 2.x
+    resets a quiet event stream with CANCEL when the caller's deadline passes, so a direct
+    caller sees DEADLINE_EXCEEDED or CANCELLED where HAProxy alone would say UNAVAILABLE.
+    Relayed here, the backend's status reaches the caller as the backend gave it.
+    """
+    return hooked_paths() + tuple(sorted(_cri_paths(server_streaming=True)))
+
+
 def cri_paths() -> frozenset[str]:
     """Every method path of CRI v1 and v1alpha2 (both services) that this proxy knows by name."""
     return _cri_paths(server_streaming=False) | _cri_paths(server_streaming=True)
@@ -218,13 +234,15 @@ class CRIServer(grpc.GenericRpcHandler):
     """Answers every method path; see the module docstring for the three kinds of handler."""
 
     def __init__(self, backend: Backend, store: Store, dispatcher: RuntimeDispatcher,
-                 metrics: ProxyMetrics, skip_label: tuple[str, str]) -> None:
+                 metrics: ProxyMetrics, skip_label: tuple[str, str],
+                 stream_idle_timeout: float = DEFAULT_DATA_PLANE_IDLE_TIMEOUT) -> None:
         self.backend = backend
         self.store = store
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.skip_key, self.skip_val = skip_label
         self.trimmer = MemoryTrimmer()
+        self.streams = StreamRelay(stream_idle_timeout)
         self._unary = _cri_paths(server_streaming=False)
         self._streaming = _cri_paths(server_streaming=True)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -278,13 +296,25 @@ class CRIServer(grpc.GenericRpcHandler):
         return _unary_handler(body)
 
     def _stream_passthrough(self, path: str, upstream) -> grpc.RpcMethodHandler:
+        """A CRI server stream: relayed like ``_relay``; the proxy ends it at stop and when idle (``StreamRelay``)."""
         label = path[1:]
 
         async def handler(request: bytes, context: grpc.aio.ServicerContext):
             timeout, metadata = call_options(context)
-            async for message in self._relay(upstream(request, timeout=timeout, metadata=metadata),
-                                             context, label):
-                yield message
+            call = upstream(request, timeout=timeout, metadata=metadata)
+            start, code = time.perf_counter(), "OK"
+            try:
+                async for message in self.streams.messages(call, pass_initial_metadata(call, context)):
+                    yield message
+            except grpc.aio.AioRpcError as err:
+                code = err.code().name
+                await _abort(context, err.code(), err.details(), _trailing(err))
+            except StreamEnded as ended:
+                code = grpc.StatusCode.UNAVAILABLE.name
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, str(ended))
+            finally:
+                call.cancel()
+                self.metrics.observe_cri(label, code, time.perf_counter() - start)
 
         return grpc.unary_stream_rpc_method_handler(handler)
 

@@ -2,9 +2,10 @@
 
 grpc-python costs about a millisecond of latency and CPU per proxied call whatever the
 tuning; HAProxy forwards a call for a tenth of that.  So HAProxy owns the public socket and
-routes each HTTP/2 stream by its ``:path``: the lifecycle paths the CRI server intercepts go
-to the Python server on an internal socket, everything else (lists, status, stats, exec,
-event streams, images, methods nobody knows yet) goes straight to the backend.
+routes each HTTP/2 stream by its ``:path``: the lifecycle paths the CRI server intercepts and
+the event streams (see ``criserver.python_paths``) go to the Python server on an internal
+socket, everything else (lists, status, stats, exec, images, methods nobody knows yet) goes
+straight to the backend.
 
 The Python process supervises: it renders the configuration from its own flags, starts
 HAProxy as a child that the kernel kills when Python dies, restarts it with backoff when it
@@ -32,7 +33,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .config import DEFAULT_DATA_PLANE_START_TIMEOUT, DataPlane
+from .config import DEFAULT_DATA_PLANE_IDLE_TIMEOUT, DEFAULT_DATA_PLANE_START_TIMEOUT, DataPlane
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,9 @@ MAX_STREAMS = 10000
 WINDOW_BYTES = 1 << 20
 """HTTP/2 flow-control window: the 64 KiB default doubles the time of an 8 MiB ListContainers."""
 
-IDLE_TIMEOUT = "24h"
-"""A quiet GetContainerEvents stream and a StopContainer with a long grace period must never be cut."""
+
+IDLE_MARGIN = 10.0
+"""How much longer than the idle timeout HAProxy keeps an idle stream (see ``render_config``)."""
 
 HARD_STOP_AFTER = 10.0
 """A soft stop waits for every open stream; an event stream would hold it forever."""
@@ -138,20 +140,21 @@ class Layout:
 class Routes:
     """Where HAProxy sends calls: the public socket it serves, and its three upstreams.
 
-    ``hooked_paths`` go to the Python server; each of the other ``known_paths`` gets a
-    backend of its own (to the runtime or the image service), so HAProxy's statistics count
-    and time every CRI method; unknown paths go to the runtime or image service by service.
+    ``python_paths`` go to the Python server (the hooked calls and the event streams); each of
+    the other ``known_paths`` gets a backend of its own (to the runtime or the image service),
+    so HAProxy's statistics count and time every CRI method; unknown paths go to the runtime
+    or image service by service.
     """
 
     public_socket: str
-    hooked_paths: Sequence[str]
+    python_paths: Sequence[str]
     known_paths: Sequence[str]
     runtime_endpoint: str
     image_endpoint: str
 
     def backends(self) -> dict[str, str]:
         """Backend name of every known path: ``hooks``, or the method path in dots (HAProxy's name rules)."""
-        hooked = set(self.hooked_paths)
+        hooked = set(self.python_paths)
         return {path: "hooks" if path in hooked else path.strip("/").replace("/", ".")
                 for path in sorted(set(self.known_paths) | hooked)}
 
@@ -193,8 +196,15 @@ def render_map(routes: Routes) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_config(routes: Routes, layout: Layout) -> str:
-    """HAProxy's configuration for ``routes``; the map it names is ``render_map``'s."""
+def render_config(routes: Routes, layout: Layout, idle_timeout: float = DEFAULT_DATA_PLANE_IDLE_TIMEOUT) -> str:
+    """HAProxy's configuration for ``routes``; the map it names is ``render_map``'s.
+
+    ``idle_timeout`` (seconds, ``--data-plane-idle-timeout``) bounds a call or stream that
+    carries nothing: a quiet GetContainerEvents stream and a StopContainer with a long grace
+    period must not be cut before it. HAProxy waits ``IDLE_MARGIN`` longer, so that the Python
+    side ends a quiet stream first, with a gRPC status (HAProxy would close it without one).
+    """
+    idle = f"{round((idle_timeout + IDLE_MARGIN) * 1000)}ms"
     servers = {"hooks": str(layout.hooked_socket),
                "runtime": _check(routes.runtime_endpoint, "socket path"),
                "image": _check(routes.image_endpoint, "socket path")}
@@ -213,10 +223,10 @@ def render_config(routes: Routes, layout: Layout) -> str:
         "    timeout connect 1s",
         # Connection failures are retried twice (a second apart at most), then the errorfile answers.
         "    retries 2",
-        f"    timeout client {IDLE_TIMEOUT}",
-        f"    timeout server {IDLE_TIMEOUT}",
-        f"    timeout tunnel {IDLE_TIMEOUT}",
-        f"    timeout http-keep-alive {IDLE_TIMEOUT}",
+        f"    timeout client {idle}",
+        f"    timeout server {idle}",
+        f"    timeout tunnel {idle}",
+        f"    timeout http-keep-alive {idle}",
         "",
         "frontend cri",
         f"    bind unix@{_check(routes.public_socket, 'socket path')} mode 660 proto h2",
@@ -242,14 +252,14 @@ def render_config(routes: Routes, layout: Layout) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_config(routes: Routes, layout: Layout) -> None:
+def write_config(routes: Routes, layout: Layout, idle_timeout: float = DEFAULT_DATA_PLANE_IDLE_TIMEOUT) -> None:
     for name, what in UPSTREAMS.items():
         for status in (502, 503, 504):
             reason = "timed out" if status == 504 else "unavailable"
             layout.errorfile(name, status).write_text(
                 errorfile_text(status, f"koord-runtime-proxy: {what} is {reason} (HTTP {status} from HAProxy)"))
     layout.routes_map.write_text(render_map(routes))
-    layout.config.write_text(render_config(routes, layout))
+    layout.config.write_text(render_config(routes, layout, idle_timeout))
 
 
 class Supervisor:

@@ -28,6 +28,7 @@ from koord.testing.cgroups import hierarchies, pod_dir, remove_tree
 from koord.testing.image import DEFAULT_REF, build_pause_image
 from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target
 from koord.testing.processes import stop_process
+from koord.testing.runtimes import ContainerdRuntime
 from koord.testing.wait import scaled
 
 log = logging.getLogger(__name__)
@@ -157,18 +158,22 @@ class Containerd:
         cgroup_root: Path = CGROUP_ROOT,
         image_cache: Path | None = None,
         cgroup_driver: str = "cgroupfs",
+        runtime: ContainerdRuntime | None = None,
     ) -> None:
-        """``cgroup_driver="systemd"``: containerd's systemd driver, with runc wrapped so that the
+        """``runtime``: which containerd build runs (default: the one on PATH).
+        ``cgroup_driver="systemd"``: containerd's systemd driver, with runc wrapped so that the
         cgroups land where systemd would create them (see ``koord.testing.runc_systemd``);
         pods then need kubelet's systemd parents (``KubeletClient(kube_dir="kubepods.slice")``)."""
         if cgroup_driver not in ("cgroupfs", "systemd"):
             raise ValueError(f"cgroup driver {cgroup_driver!r}: want 'cgroupfs' or 'systemd'")
         self.cgroup_driver = cgroup_driver
+        self.runtime = runtime or ContainerdRuntime(None, "")
         self.workdir = Path(workdir).resolve()
         self.root = self.workdir / "root"
         self.state = self.workdir / "state"
         self.endpoint = str(self.workdir / "containerd.sock")
         self.ttrpc_endpoint = str(self.workdir / "containerd.sock.ttrpc")
+        self.nri_socket = str(self.workdir / "nri.sock")
         self.opt = self.workdir / "opt"
         self.runc_root = self.state / "runc"
         self.cni_conf_dir = self.workdir / "cni" / "conf"
@@ -223,6 +228,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   SystemdCgroup = {"true" if self.systemd else "false"}
   Root = "{self.runc_root}"
 {f'  BinaryName = "{self.runc_wrapper}"' if self.systemd else ""}
+{self._nri_toml()}"""
+
+    def _nri_toml(self) -> str:
+        """containerd 2.x serves NRI by default at a node-wide path: a private instance keeps its own."""
+        if self.runtime.bin_dir is None:
+            return ""
+        return f"""
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "{self.nri_socket}"
+  plugin_path = "{self.workdir / 'nri' / 'plugins'}"
+  plugin_config_path = "{self.workdir / 'nri' / 'conf.d'}"
 """
 
     @property
@@ -267,7 +284,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     def import_image(self, archive: Path) -> None:
         proc = subprocess.run(
-            ["ctr", "--address", self.endpoint, "-n", "k8s.io", "images", "import", str(archive)],
+            [self.runtime.binary("ctr"), "--address", self.endpoint, "-n", "k8s.io", "images", "import", str(archive)],
             capture_output=True,
             text=True,
         )
@@ -300,7 +317,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def _spawn(self, timeout: float) -> None:
         self._log_file = open(self.log_path, "ab")
         self._proc = subprocess.Popen(
-            ["containerd", "--config", str(self.config_path), "--log-level", "info"],
+            [self.runtime.binary("containerd"), "--config", str(self.config_path), "--log-level", "info"],
+            env=self.runtime.env(),
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,

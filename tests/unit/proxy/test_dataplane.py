@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from koord.runtimeproxy import dataplane
-from koord.runtimeproxy.config import DataPlane, parse_options
-from koord.runtimeproxy.criserver import cri_paths, hooked_paths
+from koord.runtimeproxy.config import DataPlane, OptionError, parse_options
+from koord.runtimeproxy.criserver import cri_paths, hooked_paths, python_paths
 
 
 def _routes(**overrides: str) -> dataplane.Routes:
     fields = {"public_socket": "/run/p/proxy.sock", "runtime_endpoint": "/run/c/containerd.sock",
               "image_endpoint": "/run/i/images.sock", **overrides}
-    return dataplane.Routes(hooked_paths=hooked_paths(), known_paths=sorted(cri_paths()), **fields)
+    return dataplane.Routes(python_paths=python_paths(), known_paths=sorted(cri_paths()), **fields)
 
 
 def test_hooked_paths_are_the_eight_lifecycle_methods_in_both_versions() -> None:
@@ -40,11 +40,15 @@ def test_flag_and_choice() -> None:
         dataplane.choose(DataPlane.HAPROXY, missing)
 
 
+def test_python_paths_are_the_hooked_ones_and_every_event_stream() -> None:
+    assert set(python_paths()) - set(hooked_paths()) == {"/runtime.v1.RuntimeService/GetContainerEvents"}
+
+
 def test_map_sends_hooked_paths_to_python_and_every_other_method_to_its_own_backend() -> None:
     routes = _routes()
     entries = dict(line.split(" ") for line in dataplane.render_map(routes).splitlines())
     assert set(entries) == set(cri_paths())
-    assert {p for p, backend in entries.items() if backend == "hooks"} == set(hooked_paths())
+    assert {p for p, backend in entries.items() if backend == "hooks"} == set(python_paths())
     assert entries["/runtime.v1.RuntimeService/ListContainers"] == "runtime.v1.RuntimeService.ListContainers"
     assert entries["/runtime.v1alpha2.ImageService/PullImage"] == "runtime.v1alpha2.ImageService.PullImage"
     labels = dataplane.method_labels(routes)
@@ -67,9 +71,28 @@ def test_config_routes_by_path_with_the_settings_real_clients_need(tmp_path: Pat
     assert "hard-stop-after 10s" in lines
     assert "tune.h2.max-concurrent-streams 10000" in lines
     assert "tune.h2.initial-window-size 1048576" in lines
-    assert {"timeout client 24h", "timeout server 24h", "timeout tunnel 24h"} <= set(lines)
+    # A quiet event stream stays open a day by default, at least the hour kubelet needs; HAProxy
+    # waits 10 s more, so that the Python side ends it first with a status.
+    assert {"timeout client 86410000ms", "timeout server 86410000ms", "timeout tunnel 86410000ms"} <= set(lines)
     assert any(line.startswith("http-request set-uri http://localhost/") and "-m beg /" in line for line in lines)
     assert f"errorfile 503 {layout.errorfile('hooks', 503)}" in lines
+
+
+@pytest.mark.parametrize(("flag", "seconds"), [([], 86400.0), (["--data-plane-idle-timeout", "90m"], 5400.0),
+                                               (["--data-plane-idle-timeout", "1s"], 1.0)])
+def test_idle_timeout_flag_sets_every_haproxy_idle_timeout(tmp_path: Path, flag: list[str], seconds: float) -> None:
+    options = parse_options(flag)
+    assert options.data_plane_idle_timeout == seconds
+    lines = [line.strip() for line in dataplane.render_config(
+        _routes(), dataplane.Layout(tmp_path / "dp"), options.data_plane_idle_timeout).splitlines()]
+    for kind in ("client", "server", "tunnel", "http-keep-alive"):
+        assert f"timeout {kind} {round((seconds + 10) * 1000)}ms" in lines
+
+
+@pytest.mark.parametrize("value", ["0s", "500ms", "597h", "soon"])
+def test_idle_timeout_out_of_haproxys_range_is_refused_naming_the_flag(value: str) -> None:
+    with pytest.raises(OptionError, match="--data-plane-idle-timeout"):
+        parse_options(["--data-plane-idle-timeout", value])
 
 
 @pytest.mark.parametrize("field", ["public_socket", "runtime_endpoint", "image_endpoint"])
