@@ -78,6 +78,8 @@ Architecture: $ARCH
 Maintainer: ${DEBFULLNAME:-koord-runtime builder} <${DEBEMAIL:-root@localhost}>
 Installed-Size: $(du -sk --exclude=DEBIAN "$ROOT" | cut -f1)
 Depends: python3 (>= $PYVER), python3 (<< $PYNEXT), haproxy, util-linux
+Recommends: containerd (>= 1.6~) | containerd.io (>= 1.6~) | docker.io
+Breaks: containerd (<< 1.6~), containerd (>= 3~)
 Section: admin
 Priority: optional
 Homepage: https://koordinator.sh

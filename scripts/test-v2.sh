@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cgroup v2 lane: boots this machine's own filesystem under a cgroup v2 kernel in a QEMU
 # guest (virtme-ng) and runs there every end-to-end test marked `cgroup` and the demo, with
-# real containerd, runc and HAProxy on a real v2 hierarchy. Extra arguments replace the
+# real containerd (the 2.x of scripts/containerd2.sh: a modern node's), runc and HAProxy on a
+# real v2 hierarchy. Extra arguments replace the
 # default pytest selection (e.g. tests/e2e/test_koordlet.py -k lsr); KOORD_V2_DEMO=1 runs the
 # demo in the guest after the tests.
 #
@@ -15,6 +16,7 @@ checkout=$(pwd)
 # scripts/test.sh installs first and runs this beside the native lane: no second pip run then.
 if [ -z "${KOORD_V2_INSTALLED:-}" ]; then
   V2_PACKAGES=1 scripts/install.sh >/dev/null
+  scripts/containerd2.sh >/dev/null
 fi
 kernel=$(ls -1 /boot/vmlinuz-* 2>/dev/null | sort -V | tail -1 || true)
 if [ -z "$kernel" ]; then

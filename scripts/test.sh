@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs everything, checks style and types (ruff, mypy: a finding fails
-# the run), runs unit and end-to-end tests against a private, real containerd on this
-# machine's cgroup hierarchy (the native lane), then the end-to-end tests that touch cgroups
-# again in a QEMU guest booted with a cgroup v2 kernel (the v2 lane, scripts/test-v2.sh).
+# the run), runs unit and end-to-end tests against private, real containerds on this
+# machine's cgroup hierarchy (the native lane: every e2e test that starts containerd runs on
+# the system's 1.6 and on the 2.x scripts/containerd2.sh unpacks), then the end-to-end tests
+# that touch cgroups again in a QEMU guest booted with a cgroup v2 kernel, on containerd 2.x
+# (the v2 lane, scripts/test-v2.sh).
 # Extra arguments go to the native lane's pytest (e.g. tests/unit -k merge) and skip the v2 lane.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +13,8 @@ if [ $# -eq 0 ]; then
 else
   scripts/install.sh
 fi
+# The e2e tests run against Debian 12's containerd and a 2.x beside it (KOORD_TEST_CONTAINERD).
+scripts/containerd2.sh
 .venv/bin/ruff check src tests bench examples
 .venv/bin/mypy
 

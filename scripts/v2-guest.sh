@@ -16,8 +16,10 @@ mount -t tmpfs -o size=4G,mode=1777 tmpfs /tmp
 echo "+cpuset +cpu +io +memory +pids" > /sys/fs/cgroup/cgroup.subtree_control
 # Emulation makes everything about 5x slower (more on a busy host): deadlines that bound hung
 # tests stretch with it.
+# A modern node is cgroup v2 with containerd 2.x: the tests here run on the 2.x only.
+export KOORD_TEST_CONTAINERD=2
 export KOORD_TEST_LANE=v2 KOORD_TEST_SLOWDOWN=8 HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-echo "v2-guest.sh: $(uname -r), $(stat -fc %T /sys/fs/cgroup), controllers: $(cat /sys/fs/cgroup/cgroup.subtree_control), $(nproc) cpus"
+echo "v2-guest.sh: $(uname -r), $(stat -fc %T /sys/fs/cgroup), controllers: $(cat /sys/fs/cgroup/cgroup.subtree_control), $(nproc) cpus, containerd $(.cache/containerd2/usr/bin/containerd --version 2>&1 | cut -d' ' -f3)"
 
 rc=0
 if [ $# -gt 0 ]; then

@@ -22,6 +22,7 @@ import yaml
 from koord.hookapi import parse_quantity
 from koord.testing.cgroups import Cgroup, cgroup_version
 from koord.testing.containerd import Containerd
+from koord.testing.runtimes import system_runtime
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
 from koord.testing.processes import stop_process
@@ -153,8 +154,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="koord-demo-"))
     hook_dir = work / "hookserver.d"
     with ExitStack() as stack:
-        say(f"cgroup v{cgroup_version()}; starting a private containerd under {work}")
-        backend = Containerd(work / "containerd").start()
+        runtime = system_runtime()
+        say(f"cgroup v{cgroup_version()}; starting a private containerd {runtime.version} "
+            f"({runtime.binary('containerd')}) under {work}")
+        backend = Containerd(work / "containerd", runtime=runtime).start()
         stack.callback(backend.stop)
         koordlet = start_koordlet(work, hook_dir, backend.endpoint)
         stack.callback(koordlet.wait, 15)

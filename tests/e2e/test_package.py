@@ -70,11 +70,19 @@ def run_in_root(root: Path, *command: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_package_metadata_and_files(deb: Path) -> None:
-    info = subprocess.run(["dpkg-deb", "--field", str(deb), "Package", "Depends"], capture_output=True, text=True,
-                          check=True).stdout
+    info = subprocess.run(["dpkg-deb", "--field", str(deb), "Package", "Depends", "Recommends", "Breaks"],
+                          capture_output=True, text=True, check=True).stdout
     assert "Package: koord-runtime" in info
     for needed in ("haproxy", "python3 (>= 3.11)"):
         assert needed in info
+    # Any containerd from 1.6 to 2.x (Debian 12's 1.6.20, Debian 13's 1.7, unstable's 2.1) or Docker.
+    assert "Recommends: containerd (>= 1.6~) | containerd.io (>= 1.6~) | docker.io" in info
+    assert "Breaks: containerd (<< 1.6~), containerd (>= 3~)" in info
+    for version, accepted in (("1.6.20~ds1-1+b1", True), ("1.7.24~ds1-6", True), ("2.1.9+ds1-5", True),
+                              ("1.5.9~ds1-1", False), ("3.0.0-1", False)):
+        in_range = all(subprocess.run(["dpkg", "--compare-versions", version, op, bound]).returncode == 0
+                       for op, bound in (("ge", "1.6~"), ("lt", "3~")))
+        assert in_range == accepted, version
     files = subprocess.run(["dpkg-deb", "--contents", str(deb)], capture_output=True, text=True, check=True).stdout
     for path in ("./usr/bin/koordlet -> /opt/koord-runtime/bin/koordlet",
                  "./usr/bin/koord-runtime-proxy -> /opt/koord-runtime/bin/koord-runtime-proxy",

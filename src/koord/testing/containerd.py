@@ -28,7 +28,7 @@ from koord.testing.cgroups import hierarchies, pod_dir, remove_tree
 from koord.testing.image import DEFAULT_REF, build_pause_image
 from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target
 from koord.testing.processes import stop_process
-from koord.testing.runtimes import ContainerdRuntime
+from koord.testing.runtimes import ContainerdRuntime, system_runtime
 from koord.testing.wait import scaled
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class Containerd:
         if cgroup_driver not in ("cgroupfs", "systemd"):
             raise ValueError(f"cgroup driver {cgroup_driver!r}: want 'cgroupfs' or 'systemd'")
         self.cgroup_driver = cgroup_driver
-        self.runtime = runtime or ContainerdRuntime(None, "")
+        self.runtime = runtime or system_runtime()
         self.workdir = Path(workdir).resolve()
         self.root = self.workdir / "root"
         self.state = self.workdir / "state"
@@ -231,8 +231,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 {self._nri_toml()}"""
 
     def _nri_toml(self) -> str:
-        """containerd 2.x serves NRI by default at a node-wide path: a private instance keeps its own."""
-        if self.runtime.bin_dir is None:
+        """NRI (on by default from containerd 2.0) listens at a node-wide path: a private instance
+        keeps its own socket and plugin dirs."""
+        if not self.runtime.has_nri:
             return ""
         return f"""
 [plugins."io.containerd.nri.v1.nri"]

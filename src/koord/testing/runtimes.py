@@ -37,6 +37,12 @@ class ContainerdRuntime:
         return int(self.version.split(".")[0])
 
     @property
+    def has_nri(self) -> bool:
+        """containerd 1.7 and later have the NRI plugin (on by default from 2.0)."""
+        major, minor = (int(part) for part in self.version.split(".")[:2])
+        return (major, minor) >= (1, 7)
+
+    @property
     def id(self) -> str:
         """A test id naming the build: ``containerd1.6``, ``containerd2.1``."""
         return "containerd" + ".".join(self.version.split(".")[:2])
