@@ -152,11 +152,14 @@ class TtrpcServer:
         except (OSError, ValueError) as err:
             log.warning("ttrpc: cannot answer stream %d: %s", sid, err)
 
+    def check_complete(self) -> None:
+        """At end of stream: raises ProtocolError if a message was cut short."""
+        self._decoder.close()
+
     def close(self) -> None:
-        """End of the connection: cancels calls in flight; raises ProtocolError if a message was cut short."""
+        """End of the connection: cancels the calls in flight."""
         for task in list(self._tasks):
             task.cancel()
-        self._decoder.close()
 
 
 def _failure(code: Code | int, message: str) -> ttrpc_pb2.Response:
@@ -220,6 +223,10 @@ class TtrpcClient:
             raise RpcError(Code.INTERNAL, f"{service}/{method}: response does not parse as "
                            f"{response_type.__name__}: {err}") from None
         return result
+
+    def check_complete(self) -> None:
+        """At end of stream: raises ProtocolError if a message was cut short."""
+        self._decoder.close()
 
     def close(self, reason: Exception) -> None:
         """Fails every waiting call with ConnectionError naming ``reason``."""

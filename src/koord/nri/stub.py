@@ -170,35 +170,39 @@ class NriStub:
         self._server = server
         reading = asyncio.ensure_future(mux.run())
         stopping = asyncio.ensure_future(self._stop.wait())
+        registering = asyncio.ensure_future(self._register(client))
+        tasks = (reading, stopping, registering)
         try:
-            registering = asyncio.ensure_future(self._register(client))
-            await asyncio.wait({reading, registering, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if not registering.done():
-                registering.cancel()
-            elif registering.exception() is not None:
-                return f"registration failed: {registering.exception()}"
-            else:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if registering.done() and not reading.done() and not stopping.done():
+                if registering.exception() is not None:
+                    reason = f"registration failed: {registering.exception()}"
+                    log.error("NRI plugin %s-%s: %s", self.index, self.name, reason)
+                    return reason
                 self.ready.set()
                 log.info("NRI plugin %s-%s registered at %s, subscribed to %s", self.index, self.name,
                          self.socket_path, ", ".join(events.names(self.subscribed)))
-                await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            return self._ending(reading, server)
+                await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
+            return self._ending(reading, server, client)
         finally:
             self.ready.clear()
             self._client = None
-            stopping.cancel()
-            reading.cancel()
+            for task in tasks:
+                task.cancel()
+            server.close()
             client.close(ConnectionError("NRI connection closed"))
             mux.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _ending(self, reading: asyncio.Future[None], server: TtrpcServer) -> str:
+    def _ending(self, reading: asyncio.Future[None], server: TtrpcServer, client: TtrpcClient) -> str:
         """Why the session ended, logged: a stop, the runtime closing, or what broke the protocol."""
         if not reading.done():
             return "stopped"
         error = reading.exception()
         if error is None:
             try:
-                server.close()
+                server.check_complete()
+                client.check_complete()
             except ProtocolError as err:
                 error = err
         if error is None:
