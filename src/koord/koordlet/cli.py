@@ -33,6 +33,7 @@ from .pleg import Pleg
 from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
+from .runtimehooks.nri import NriOptions, NriServer
 from .runtimehooks.plugins import build_plugins
 from .runtimehooks.reconciler import Reconciler
 from .runtimehooks.rule import RuleError, parse_rules
@@ -89,6 +90,10 @@ class Koordlet:
                                       a.containerd_endpoint, a.runtime_hooks_reconcile_interval,
                                       current_pods=lambda: self.informer.get_all_pods())
                            if a.runtime_hooks_reconcile_interval > 0 else None)
+        nri_options = NriOptions.from_args(a)
+        self.nri = (NriServer(self.hooks, self.executor, nri_options, a.runtime_hooks_disable_stages,
+                              on_connect=self.reconciler.reconcile_now if self.reconciler is not None else None)
+                    if nri_options.enabled else None)
         defaults = parse_rules(None, None)
         for plugin in self.plugins:
             plugin.update_rules(defaults)
@@ -262,6 +267,8 @@ class Koordlet:
         self.registration.write(a.runtime_hooks_config_path)
         if self.reconciler is not None:
             self.reconciler.start()
+        if self.nri is not None:
+            self.nri.start()
         self.metrics.set_module("runtime-hooks", True)
         self._start_pleg()
 
@@ -290,6 +297,8 @@ class Koordlet:
             self.registration.remove(self.args.runtime_hooks_config_path)
             self.registration = None
         self.server.stop()
+        if self.nri is not None:
+            self.nri.stop()
         if self.pleg is not None:
             self.pleg.stop()
             self.pleg = None

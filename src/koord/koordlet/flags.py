@@ -14,6 +14,7 @@ from koord.hookapi import FailurePolicy, HookPoint, unix_socket_path
 from . import goflags, metriccache, metricsadvisor, prediction, qosmanager, upstreamflags
 from .features import ALL_GATE_DEFAULTS, parse_feature_gates
 from .flagtypes import choice, flag_bool, go_duration, port_number
+from .runtimehooks import nri
 from .runtimehooks.server import Network
 from .statesinformer.meta import DEFAULT_KUBE_DIR
 
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     metricsadvisor.add_flags(p)
     qosmanager.add_flags(p)
     prediction.add_flags(p)
+    nri.add_flags(p)
     upstreamflags.add_flags(p)
     upstreamflags.apply_agent_mode(p)
     return p

@@ -1,7 +1,7 @@
 """Upstream koordlet's flags that have no feature here, klog's flags, and the DaemonSet
 defaults of upstream's ``agent_mode``.
 
-Upstream's DaemonSet passes flags for features this koordlet does not build (NRI, audit,
+Upstream's DaemonSet passes flags for features this koordlet does not build (audit,
 TSDB tuning, ...). Each is accepted with its Go type checked, so a manifest
 written for upstream starts, and one warning names the ones given. klog's flags map onto
 Python logging: ``-v`` >= 4 is DEBUG, ``-logtostderr=false`` writes to ``-log_file`` or
@@ -29,7 +29,6 @@ BOOL, INT, UINT, FLOAT, DURATION, STRING, MAP = "bool", "int", "uint", "float", 
 NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "configmap-name": (STRING, "koordlet-config"),
     "configmap-namespace": (STRING, "koordinator-system"),
-    "var-run-root-dir": (STRING, "/host-var-run/"),
     "run-root-dir": (STRING, "/host-run/"),
     "docker-endpoint": (STRING, ""),
     "pouch-endpoint": (STRING, ""),
@@ -54,15 +53,6 @@ NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "tsdb-max-block-duration": (DURATION, "10m0s"),
     "tsdb-head-chunks-write-buffer-size": (INT, "1048576"),
     "qos-extension-plugins": (MAP, ""),
-    "runtime-hooks-nri-connect-timeout": (DURATION, "6s"),
-    "runtime-hooks-nri-backoff-duration": (DURATION, "1s"),
-    "runtime-hooks-nri-backoff-cap": (DURATION, "2562047h47m16.854775807s"),
-    "runtime-hooks-nri-backoff-steps": (INT, "2147483647"),
-    "runtime-hooks-nri-backoff-factor": (FLOAT, "2"),
-    "runtime-hooks-nri-socket-path": (STRING, "nri/nri.sock"),
-    "runtime-hooks-nri-plugin-name": (STRING, "koordlet_nri"),
-    "runtime-hooks-nri-plugin-index": (STRING, "00"),
-    "enable-nri-runtime-hook": (BOOL, "true"),
     "disable-unset-cpu-quota": (BOOL, "false"),
     "audit-log-dir": (STRING, "/var/log/koordlet"),
     "audit-verbose": (INT, "3"),

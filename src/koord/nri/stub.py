@@ -224,13 +224,15 @@ class NriStub:
             raise RpcError(Code.DEADLINE_EXCEEDED, f"no Configure and Synchronize within "
                            f"{self.registration_timeout}s of registering") from None
 
-    async def serve_forever(self, *, backoff: float = 0.5, backoff_max: float = 30.0) -> None:
+    async def serve_forever(self, *, backoff: float = 0.5, backoff_max: float = 30.0, factor: float = 2.0,
+                            steps: int | None = None) -> None:
         """Sessions until :meth:`stop`; each loss goes to ``on_disconnect``, then a retry after a
-        delay that doubles up to ``backoff_max`` and starts over after a session that registered."""
+        delay that grows ``factor`` times per failed attempt, at most ``steps`` times (None:
+        always) and up to ``backoff_max``, and starts over after a session that registered."""
         self._stop = asyncio.Event()
         if self._stopping.is_set():
             self._stop.set()
-        delay = backoff
+        delay, grown = backoff, 0
         while not self._stop.is_set():
             reason = await self.run_once()
             registered = self.subscribed != 0
@@ -242,16 +244,22 @@ class NriStub:
                     self.on_disconnect(reason)
                 except Exception:
                     log.exception("NRI plugin %s-%s: on_disconnect raised", self.index, self.name)
-            delay = backoff if registered else min(delay * 2, backoff_max)
-            log.info("NRI plugin %s-%s: reconnecting in %.1fs (%s)", self.index, self.name, delay, reason)
+            if registered:
+                delay, grown = backoff, 0
+            wait = delay
+            if steps is None or grown < steps:
+                delay, grown = min(delay * factor, backoff_max), grown + 1
+            log.info("NRI plugin %s-%s: reconnecting in %.1fs (%s)", self.index, self.name, wait, reason)
             try:
-                await asyncio.wait_for(self._stop.wait(), delay)
+                await asyncio.wait_for(self._stop.wait(), wait)
             except TimeoutError:
                 pass
 
-    def start(self, **backoff: float) -> None:
-        """Runs :meth:`serve_forever` on a loop in a daemon thread of its own."""
-        self._thread = threading.Thread(target=lambda: asyncio.run(self.serve_forever(**backoff)),
+    def start(self, *, backoff: float = 0.5, backoff_max: float = 30.0, factor: float = 2.0,
+              steps: int | None = None) -> None:
+        """Runs :meth:`serve_forever` (same arguments) on a loop in a daemon thread of its own."""
+        self._thread = threading.Thread(target=lambda: asyncio.run(self.serve_forever(
+            backoff=backoff, backoff_max=backoff_max, factor=factor, steps=steps)),
                                         name=f"nri-{self.name}", daemon=True)
         self._thread.start()
 
