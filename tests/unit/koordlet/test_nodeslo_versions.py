@@ -1,0 +1,83 @@
+"""A NodeSLO file flapping between valid and invalid versions, read by koordlet's own wiring
+(the states informer as the command line builds it, the runtime-hook rules' callback, a
+QoS strategy's thresholds): each invalid version is said once, in one line naming the
+problem, and every reader keeps the last good version."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from koord.koordlet import cli, flags, qosmanager
+from koord.koordlet.metriccache import MetricCache
+from koord.koordlet.qosmanager.framework import Context
+from koord.koordlet.statesinformer import FileObjectsSource
+from koord.testing.cgroupfs import make_fake_v1_cgroup
+
+
+def node_slo(percent: object = 50, enable: object = True) -> str:
+    return ("apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeSLO\nmetadata: {name: n1}\nspec:\n"
+            "  resourceUsedThresholdWithBE:\n"
+            f"    enable: {enable}\n    cpuSuppressThresholdPercent: {percent}\n"
+            "    cpuSuppressPolicy: cfsQuota\n")
+
+
+INVALID = [  # (id, file content, what the one line must say)
+    ("truncated-yaml", node_slo()[:-20], "invalid YAML"),
+    ("threshold-fifty", node_slo(percent="fifty"), "cpuSuppressThresholdPercent='fifty'"),
+    ("enable-sometimes", node_slo(enable="sometimes"), "enable='sometimes'"),
+    ("threshold-10e30", node_slo(percent=10**30), f"cpuSuppressThresholdPercent={10**30}"),
+    ("list-for-object", "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeSLO\nmetadata: {name: n1}\n"
+                        "spec:\n  resourceUsedThresholdWithBE:\n  - enable: true\n",
+     "resourceUsedThresholdWithBE: want an object, got list"),
+]
+
+
+@pytest.fixture
+def koordlet_readers(tmp_path: Path):
+    """The informer with the command line's checks and rule callback (nothing started: the
+    file is read when the test says), and the QoS manager's context a strategy reads from."""
+    root = tmp_path / "cg"
+    make_fake_v1_cgroup(root, "kubepods/besteffort")
+    slo = tmp_path / "nodeslo.yaml"
+    args = flags.parse_args([
+        "--runtime-hooks-addr", str(tmp_path / "k.sock"), "--cgroup-root-dir", str(root),
+        "--node-slo-file", str(slo), "--tsdb-path", str(tmp_path / "tsdb"), "--addr", "",
+        "--containerd-endpoint", str(tmp_path / "no-cri.sock"), "--runtime-hooks-reconcile-interval", "0"])
+    koordlet = cli.Koordlet(args)
+    source = koordlet.informer.objects
+    assert isinstance(source, FileObjectsSource)
+    source.bind(koordlet.informer.set_object)
+    cache = MetricCache(None)
+    manager = qosmanager.QOSManager(qosmanager.QOSConfig.from_args(args, node_name="n1"),
+                                    koordlet.informer, cache, koordlet.executor)
+    try:
+        yield slo, source, manager.ctx
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize(("text", "problem"), [pytest.param(t, p, id=i) for i, t, p in INVALID])
+def test_an_invalid_nodeslo_version_is_said_once_and_the_last_good_one_kept(
+        koordlet_readers: tuple[Path, FileObjectsSource, Context], text: str, problem: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    slo, source, ctx = koordlet_readers
+    for good, bad in ((40, text), (45, text)):  # flapping: valid, invalid, valid, invalid
+        slo.write_text(node_slo(percent=good))
+        source.reload()
+        config = ctx.thresholds("BECPUSuppress")
+        assert config is not None and config.cpu_suppress_threshold_percent == good
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            slo.write_text(bad)
+            source.reload()  # what the file watcher does after the write settled
+            config = ctx.thresholds("BECPUSuppress")  # what the strategy reads on its next tick
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(said) == 1, said
+        assert problem in said[0] and "keeping the last good" in said[0], said
+        assert config is not None and config.cpu_suppress_threshold_percent == good, \
+            "the last good NodeSLO stays in force"
+        assert ctx.informer.get_node_slo_object()["spec"]["resourceUsedThresholdWithBE"][
+            "cpuSuppressThresholdPercent"] == good
