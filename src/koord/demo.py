@@ -22,11 +22,11 @@ import yaml
 from koord.hookapi import parse_quantity
 from koord.testing.cgroups import Cgroup, cgroup_version
 from koord.testing.containerd import Containerd
-from koord.testing.runtimes import system_runtime
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
 from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
+from koord.testing.runtimes import system_runtime
 from koord.testing.wait import scaled
 from koord.testing.workloads import burn_command
 
