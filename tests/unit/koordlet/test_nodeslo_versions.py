@@ -81,3 +81,32 @@ def test_an_invalid_nodeslo_version_is_said_once_and_the_last_good_one_kept(
             "the last good NodeSLO stays in force"
         assert ctx.informer.get_node_slo_object()["spec"]["resourceUsedThresholdWithBE"][
             "cpuSuppressThresholdPercent"] == good
+
+
+def test_a_refused_version_is_said_once_however_often_a_source_delivers_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A list-watch relists every few minutes: the same refused version is not said again,
+    and a version refused after a good one in between is."""
+    from koord.koordlet.statesinformer import NODE_SLO, StatesInformer
+
+    def check(obj: dict) -> None:
+        if obj["spec"].get("bad"):
+            raise ValueError("spec.bad: want nothing here")
+
+    informer = StatesInformer(checks={NODE_SLO: check})
+    changes: list[int] = []
+    informer.register_callback(NODE_SLO, lambda: changes.append(1))
+
+    def version(n: int, bad: bool = False) -> dict:
+        return {"metadata": {"name": "n1"}, "spec": {"n": n, **({"bad": True} if bad else {})}}
+    with caplog.at_level(logging.INFO):
+        informer.set_object(NODE_SLO, version(1))
+        for _ in range(3):
+            informer.set_object(NODE_SLO, version(2, bad=True))
+        informer.set_object(NODE_SLO, version(3))
+        informer.set_object(NODE_SLO, version(4, bad=True))
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    line = "states informer: NodeSLO n1 refused: spec.bad: want nothing here; keeping the last good version"
+    assert said == [line, line]
+    assert informer.get_node_slo_object() == version(3) and len(changes) == 2
+    assert informer.has_synced()
