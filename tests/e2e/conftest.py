@@ -11,6 +11,7 @@ from koord.testing.docker import docker_binaries_present
 from koord.testing.sockets import make_short_socket_dir
 
 from .docker_rig import DockerEnv, DockerRig
+from .fault_rig import fault_node  # noqa: F401 - a fixture for the fault tests
 from .rig import Rig
 
 

@@ -29,6 +29,7 @@ from .flags import parse_args
 from .metrics import KoordletMetrics
 from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
 from .modules import ModuleStarter
+from .nodeslocheck import check_node_slo
 from .pleg import Pleg
 from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import ResourceExecutor
@@ -346,7 +347,8 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
     else:
         log.info("no --node-slo-file/--node-file/--node-metric-file and not in a cluster: "
                  "using defaults")
-    informer = StatesInformer(objects=objects, pods_interval=a.kubelet_sync_interval)
+    informer = StatesInformer(objects=objects, pods_interval=a.kubelet_sync_interval,
+                              checks={NODE_SLO: check_node_slo})
     source = a.pods_source
     if source == "auto":
         source = "kubelet" if isinstance(objects, KubeObjectsSource) else "cri"

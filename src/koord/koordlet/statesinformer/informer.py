@@ -5,6 +5,11 @@ the objects and the pods (immutable, the same objects for every reader) from her
 register callbacks (``"node"``, ``"node_slo"``, ``"node_metric"``, ``"pods"``) run after a
 change, on the informer's threads. A missing object (no NodeSLO) never blocks anything:
 getters return None and modules use their defaults.
+
+An object kind may come with a check (``checks``): a version the check refuses is not
+taken. It is logged once, in one line naming the object and the problem, and readers go on
+with the last good version (none before the first one): they never see, and never each
+complain about, a version they could not use.
 """
 
 from __future__ import annotations
@@ -12,11 +17,11 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .meta import PodMeta
-from .objects import NODE, NODE_METRIC, NODE_SLO, Sink
+from .objects import KIND_NAMES, NODE, NODE_METRIC, NODE_SLO, Sink
 from .pods import PodsUnavailable
 from .specs import merged_node_slo, node_metric_collect_policy
 
@@ -26,6 +31,9 @@ PODS = "pods"
 NODE_TOPOLOGY = "node_topology"
 CALLBACK_KINDS = (NODE, NODE_SLO, NODE_METRIC, PODS, NODE_TOPOLOGY)
 DEFAULT_PODS_SYNC_SECONDS = 10.0
+
+Check = Callable[[dict], None]
+"""Raises ValueError naming the problem when an object's version cannot be used."""
 
 
 class ObjectsSource(Protocol):
@@ -43,8 +51,13 @@ class PodsSource(Protocol):
 
 class StatesInformer:
     def __init__(self, objects: ObjectsSource | None = None, pods: PodsSource | None = None,
-                 pods_interval: float = DEFAULT_PODS_SYNC_SECONDS) -> None:
+                 pods_interval: float = DEFAULT_PODS_SYNC_SECONDS,
+                 checks: Mapping[str, Check] | None = None) -> None:
         self.objects = objects
+        self.checks = dict(checks or {})
+        self._refused: dict[str, str] = {}
+        """The problem last logged per kind, so a source that delivers the same refused
+        version again (a relist) does not log it again."""
         self.pods_source = pods
         self.pods_interval = pods_interval
         self._lock = threading.Lock()
@@ -122,13 +135,37 @@ class StatesInformer:
     # ---- feeding -----------------------------------------------------------------------
 
     def set_object(self, kind: str, obj: dict | None) -> None:
-        """Sink for the objects source: stores and calls back when the content changed."""
+        """Sink for the objects source: stores and calls back when the content changed; a
+        version its kind's check refuses is logged (once) and not stored."""
+        if obj is not None and not self._acceptable(kind, obj):
+            with self._lock:
+                self._seen.add(kind)  # answered: nothing waits for a good version
+            return
+        self._refused.pop(kind, None)
         with self._lock:
             self._seen.add(kind)
             if self._objects.get(kind) == obj:
                 return
             self._objects[kind] = copy.deepcopy(obj)
         self._notify(kind)
+
+    def _acceptable(self, kind: str, obj: dict) -> bool:
+        check = self.checks.get(kind)
+        if check is None:
+            return True
+        try:
+            check(obj)
+            return True
+        except ValueError as exc:
+            problem = str(exc)
+        if self._refused.get(kind) != problem:
+            self._refused[kind] = problem
+            name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj.get("metadata"), dict) else ""
+            with self._lock:
+                kept = "the last good version" if self._objects.get(kind) is not None else "none (defaults)"
+            log.error("states informer: %s %s refused: %s; keeping %s", KIND_NAMES.get(kind, kind),
+                      name or "(no name)", problem, kept)
+        return False
 
     def sync_pods(self) -> bool:
         """Lists pods once; on error the previous list stays. True when the list changed."""
