@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from koord.testing.containerd import Containerd
 from koord.testing.docker import docker_binaries_present
+from koord.testing.kubelet import KubeletClient
+from koord.testing.runtimes import resolve
 from koord.testing.sockets import make_short_socket_dir
 
 from .docker_rig import DockerEnv, DockerRig
@@ -45,3 +48,30 @@ def docker_rig(docker_env: DockerEnv) -> Iterator[DockerRig]:
         yield instance
     finally:
         instance.close()
+
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def containerd2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    """A private containerd 2.x with NRI on, whatever ``$KOORD_TEST_CONTAINERD`` selects: the NRI
+    tests need it (1.6 has no NRI) and fail, never skip, when it is missing."""
+    try:
+        runtime = resolve("2", CHECKOUT)
+    except RuntimeError as err:
+        pytest.fail(f"the NRI tests need containerd 2.x: {err}", pytrace=False)
+    assert runtime.has_nri, f"{runtime.id} has no NRI"
+    instance = Containerd(tmp_path_factory.mktemp("containerd-nri"), runtime=runtime)
+    try:
+        instance.start()
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def kubelet2(containerd2: Containerd) -> Iterator[KubeletClient]:
+    client = containerd2.client()
+    yield client
+    containerd2.remove_pods_of(client)

@@ -17,7 +17,7 @@ import random
 import struct
 import threading
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -29,7 +29,6 @@ from koord.nri.mux import encode_frames
 from koord.nri.stub import Handlers, NriStub
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient
-from koord.testing.runtimes import resolve
 from koord.testing.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -43,28 +42,6 @@ def _example() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def containerd2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    try:
-        runtime = resolve("2", CHECKOUT)
-    except RuntimeError as err:
-        pytest.fail(f"the NRI tests need containerd 2.x: {err}", pytrace=False)
-    assert runtime.has_nri, f"{runtime.id} has no NRI"
-    instance = Containerd(tmp_path_factory.mktemp("containerd-nri"), runtime=runtime)
-    try:
-        instance.start()
-        yield instance
-    finally:
-        instance.stop()
-
-
-@pytest.fixture
-def kubelet2(containerd2: Containerd) -> Iterator[KubeletClient]:
-    client = containerd2.client()
-    yield client
-    containerd2.remove_pods_of(client)
 
 
 class Losses:
