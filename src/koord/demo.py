@@ -26,7 +26,7 @@ from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
 from koord.testing.processes import stop_process
 from koord.testing.proxy import RuntimeProxy
-from koord.testing.runtimes import system_runtime
+from koord.testing.runtimes import resolve, system_runtime
 from koord.testing.wait import scaled
 from koord.testing.workloads import burn_command
 
@@ -150,6 +150,44 @@ def demo_be_suppress(work: Path, backend: Containerd) -> None:
         client.close()
 
 
+def demo_nri(work: Path) -> None:
+    """The same LSR and BE pods on containerd 2.x, created straight on containerd: koordlet's
+    hooks reach them through NRI, with no proxy in the path and its reconciler off."""
+    try:
+        runtime = resolve("2", Path.cwd())
+    except RuntimeError as err:
+        say(f"NRI: no containerd 2.x to show it on ({err})")
+        return
+    say(f"NRI mode: a private containerd {runtime.version} with NRI on, koordlet connected to its NRI socket, "
+        "pods created directly at containerd (no proxy, no reconciler):")
+    with ExitStack() as stack:
+        backend = Containerd(work / "containerd2", runtime=runtime).start()
+        stack.callback(backend.stop)
+        koordlet = KoordletProcess(work / "koordlet-nri", [
+            "--containerd-endpoint", backend.endpoint, "--runtime-hooks-reconcile-interval", "0",
+            f"-var-run-root-dir={backend.workdir}", "-runtime-hooks-nri-socket-path=nri.sock"]).start()
+        stack.callback(koordlet.stop)
+        deadline = time.monotonic() + scaled(20)
+        while "NRI plugin 00-koordlet_nri registered" not in koordlet.logs(400):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"koordlet did not register with NRI:\n{koordlet.logs(60)}")
+            time.sleep(0.1)
+        say(f"    koordlet registered as NRI plugin 00-koordlet_nri at {backend.nri_socket}")
+        client = stack.enter_context(KubeletClient(backend.endpoint, on_pod_created=backend.track_pod_cgroup))
+        stack.callback(client.cleanup)
+        sandbox = client.run_pod("demo-lsr-nri", uid=str(uuid.uuid4()), labels={QOS_LABEL: "LSR"},
+                                 annotations={RESOURCE_STATUS: json.dumps({"cpuset": "0"})}, qos="guaranteed")
+        container = client.run_container(sandbox, "app", backend.image,
+                                         resources={"cpu_period": 100000, "cpu_quota": 100000})
+        say("    LSR pod:")
+        show(client, sandbox, container, ["cpuset", "quota"])
+        sandbox = client.run_pod("demo-be-nri", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
+                                 annotations={EXTENDED_SPEC: json.dumps(BATCH_SPEC)}, qos="besteffort")
+        container = client.run_container(sandbox, "app", backend.image)
+        say("    BE pod with batch resources 500m / 2Gi:")
+        show(client, sandbox, container, ["shares", "quota", "memory"])
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="koord-demo-"))
     hook_dir = work / "hookserver.d"
@@ -191,6 +229,7 @@ def main() -> int:
         show(via_proxy, sandbox, container, ["shares", "quota", "memory"])
         show_node_metric(work, via_proxy, backend)
         demo_be_suppress(work, backend)
+        demo_nri(work)
         say("cleaning up")
     say(f"done; logs are in {work}")
     return 0

@@ -167,7 +167,7 @@ class Containerd:
         if cgroup_driver not in ("cgroupfs", "systemd"):
             raise ValueError(f"cgroup driver {cgroup_driver!r}: want 'cgroupfs' or 'systemd'")
         self.cgroup_driver = cgroup_driver
-        self.runtime = runtime or system_runtime()
+        self._runtime = runtime
         self.workdir = Path(workdir).resolve()
         self.root = self.workdir / "root"
         self.state = self.workdir / "state"
@@ -242,6 +242,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   plugin_path = "{self.workdir / 'nri' / 'plugins'}"
   plugin_config_path = "{self.workdir / 'nri' / 'conf.d'}"
 """
+
+    @property
+    def runtime(self) -> ContainerdRuntime:
+        """The build given, else the one on PATH (looked up when first needed)."""
+        if self._runtime is None:
+            self._runtime = system_runtime()
+        return self._runtime
 
     @property
     def systemd(self) -> bool:
