@@ -11,6 +11,7 @@ container's first instruction ran. They equal what the same pods get through the
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,10 @@ from koord.testing.cgroups import Cgroup, cgroup_version, shares_to_weight
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.sockets import make_short_socket_dir
 from koord.testing.wait import wait_for
+
+from .test_upstream_dropin import upstream_args
 
 pytestmark = pytest.mark.e2e
 cgroup = pytest.mark.cgroup
@@ -162,3 +166,41 @@ def test_restarts_of_containerd_and_koordlet_bring_existing_containers_in_line(
     again = nri_koordlet()
     wait_for(lambda: registrations(again) == 1, "the restarted koordlet to register")
     wait_for(lambda: unhooked.cpu_weight() == shares_to_weight(512), "Synchronize to bring the pod in line")
+
+
+def test_upstream_daemonset_arguments_connect_through_nri(
+        containerd2: Containerd, kubelet2: KubeletClient, tmp_path: Path) -> None:
+    """upstream's container arguments (AllAlpha, AllBeta: CPUNormalization on too), with only the
+    host dirs its DaemonSet mounts moved to temp dirs: ``-var-run-root-dir`` holds
+    ``nri/nri.sock`` (upstream's default path under it), here a link to the private
+    containerd's socket. A Node file gives the CPU normalization ratio."""
+    var_run = tmp_path / "host-var-run"
+    (var_run / "nri").mkdir(parents=True)
+    (var_run / "nri" / "nri.sock").symlink_to(containerd2.nri_socket)
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps({"metadata": {"name": "e2e-node", "annotations": {
+        "node.koordinator.sh/cpu-normalization-ratio": "1.2"}}}))
+    workdir = tmp_path / "koordlet"
+    sockdir = make_short_socket_dir("kl-nri-")
+    args = [*upstream_args(Path("/sys/fs/cgroup"), sockdir / "koordlet.sock"),
+            f"-runtime-hooks-config-path={workdir / 'hookserver.d'}", f"-tsdb-path={workdir / 'tsdb'}",
+            f"-prediction-checkpoint-filepath={workdir / 'prediction'}", "-addr=",
+            f"-containerd-endpoint={containerd2.endpoint}", f"-var-run-root-dir={var_run}",
+            f"-node-file={node}"]
+    koordlet = KoordletProcess(workdir, args, own_flags=False).start()
+    try:
+        wait_for(lambda: registrations(koordlet) == 1, "koordlet to register with containerd's NRI")
+        ls = kubelet2.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"}, qos="burstable")
+        quota = kubelet2.run_container(ls, "quota", containerd2.image, command=["/pause", "cat", own_file("quota")],
+                                       resources={"cpu_period": 100000, "cpu_quota": 100000})
+        want = "83334 100000" if cgroup_version() == 2 else "83334"
+        assert printed(kubelet2, ls, "quota", quota) == want
+        be = kubelet2.run_pod(f"be-{uuid.uuid4().hex[:6]}", labels={QOS: "BE"},
+                              annotations={EXTENDED_SPEC: batch_spec("memory")}, qos="besteffort")
+        memory = kubelet2.run_container(be, "memory", containerd2.image, command=["/pause", "cat", own_file("memory")],
+                                        resources={"cpu_shares": 2})
+        assert printed(kubelet2, be, "memory", memory) == str(TWO_GI)
+    finally:
+        rc = koordlet.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs(tail=200)}")
+        shutil.rmtree(sockdir, ignore_errors=True)
