@@ -9,8 +9,19 @@ if [ "$(stat -fc %T /sys/fs/cgroup)" != "cgroup2fs" ]; then
   exit 1
 fi
 # containerd's overlayfs snapshotter cannot stack on the guest's shared root: give it, and
-# pytest's temp dirs, a tmpfs of the guest's own.
-mount -t tmpfs -o size=4G,mode=1777 tmpfs /tmp
+# pytest's temp dirs, a tmpfs of the guest's own. A checkout under /tmp would be hidden by it:
+# it is set aside on /mnt, then moved back to its path on the tmpfs.
+checkout=$(pwd)
+case "$checkout/" in
+  /tmp/*)
+    mount --bind "$checkout" /mnt
+    mount -t tmpfs -o size=4G,mode=1777 tmpfs /tmp
+    mkdir -p "$checkout"
+    mount --move /mnt "$checkout"
+    cd "$checkout"
+    ;;
+  *) mount -t tmpfs -o size=4G,mode=1777 tmpfs /tmp ;;
+esac
 # No systemd runs here: enable the controllers at the root as systemd does on a node
 # (runc enables them further down for the cgroups it creates).
 echo "+cpuset +cpu +io +memory +pids" > /sys/fs/cgroup/cgroup.subtree_control
