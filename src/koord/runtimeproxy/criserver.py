@@ -13,12 +13,11 @@ forwarded, so an unhooked call is byte-for-byte the same as a direct one.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeGuard
+from typing import Any, TypeGuard
 
 import grpc
 from cri_api.v1 import api_pb2 as cri
@@ -35,6 +34,7 @@ from .config import DEFAULT_DATA_PLANE_IDLE_TIMEOUT
 from .dispatcher import FAST_RECONNECT, HookFailed, RuntimeDispatcher, Target
 from .memtrim import MemoryTrimmer
 from .metrics import ProxyMetrics
+from .relay import Failure, abort, call_options, pass_initial_metadata, trailing, unary_call, unary_handler
 from .store import ContainerRecord, Store
 from .streams import StreamEnded, StreamRelay
 
@@ -52,9 +52,6 @@ SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
-
-_NO_DEADLINE = 1e8  # the sync API reports "no deadline" as a huge number, aio as None
-
 
 class Backend:
     """Channels to the backend runtime and image services.
@@ -97,86 +94,6 @@ class Call:
         request = self.raw if changed is None else changed.SerializeToString()
         return await unary_call(self.upstream(request, timeout=self.timeout, metadata=self.metadata),
                                 self.context)
-
-
-async def unary_call(call: grpc.aio.UnaryUnaryCall, context: grpc.aio.ServicerContext) -> bytes:
-    """The backend's answer to ``call``; its initial metadata (response headers) goes on to our caller."""
-    try:
-        response = await call
-    except grpc.aio.AioRpcError as err:
-        await _send_headers(context, err.initial_metadata())
-        raise
-    await pass_initial_metadata(call, context)
-    return response
-
-
-async def pass_initial_metadata(call: grpc.aio.Call, context: grpc.aio.ServicerContext) -> None:
-    await _send_headers(context, await call.initial_metadata())
-
-
-async def _send_headers(context: grpc.aio.ServicerContext, metadata: Any) -> None:
-    headers = _user_metadata(metadata)
-    if headers:
-        with contextlib.suppress(grpc.aio.UsageError, ValueError):  # already sent (a second forward)
-            await context.send_initial_metadata(headers)
-
-
-def call_options(context: grpc.aio.ServicerContext) -> tuple[float | None, tuple[tuple[str, str], ...]]:
-    remaining = context.time_remaining()
-    timeout = None if remaining is None or remaining > _NO_DEADLINE else max(remaining, 0.001)
-    metadata = tuple((m.key, m.value) for m in context.invocation_metadata() or ()
-                     if not m.key.startswith((":", "grpc-")))
-    return timeout, metadata
-
-
-async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str,
-                 trailing: tuple[tuple[str, str], ...] = ()) -> NoReturn:
-    """Ends the call with ``code``; grpc's abort always raises, which this signature tells the type checker."""
-    await context.abort(code, details, trailing)
-    raise AssertionError("grpc.aio ServicerContext.abort returned")
-
-
-def _user_metadata(metadata: Any) -> tuple[tuple[str, str], ...]:
-    """What a proxy passes on: everything but pseudo-headers and grpc's own."""
-    return tuple((k, v) for k, v in (metadata or ()) if not k.startswith((":", "grpc-")) and k != "content-type")
-
-
-def _trailing(err: grpc.aio.AioRpcError) -> tuple[tuple[str, str], ...]:
-    return _user_metadata(err.trailing_metadata())
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """How a unary call ends when it fails, returned by its body instead of aborting where it stands.
-
-    grpc.aio keeps the exception an abort raises, and with it the traceback: every frame it
-    passed and, through ``__context__``, the backend's error and its frames. Aborting from a
-    frame that held the request kept a request the backend refused in memory for good
-    (+120 MiB after one 60 MiB request containerd refused); ``_unary_handler`` aborts from
-    a frame that no longer holds it, outside any ``except`` block.
-    """
-
-    code: grpc.StatusCode
-    details: str | None
-    trailing: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def of(cls, err: grpc.aio.AioRpcError) -> _Failure:
-        return cls(err.code(), err.details(), _trailing(err))
-
-
-UnaryBody = Callable[[bytes, grpc.aio.ServicerContext], Awaitable["bytes | _Failure"]]
-
-
-def _unary_handler(body: UnaryBody) -> grpc.RpcMethodHandler:
-    async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        outcome = await body(request, context)
-        del request  # see _Failure
-        if isinstance(outcome, _Failure):
-            await _abort(context, outcome.code, outcome.details or "", outcome.trailing)
-        return outcome
-
-    return grpc.unary_unary_rpc_method_handler(handler)
 
 
 Lifecycle = Callable[[Any, "Call"], Awaitable[bytes]]
@@ -280,7 +197,7 @@ class CRIServer(grpc.GenericRpcHandler):
         observe = self.metrics.observe_cri
         note_size = self.trimmer.note
 
-        async def body(request: bytes, context: grpc.aio.ServicerContext) -> bytes | _Failure:
+        async def body(request: bytes, context: grpc.aio.ServicerContext) -> bytes | Failure:
             start = time.perf_counter()
             timeout, metadata = call_options(context)
             note_size(len(request))
@@ -288,12 +205,12 @@ class CRIServer(grpc.GenericRpcHandler):
                 response = await unary_call(upstream(request, timeout=timeout, metadata=metadata), context)
             except grpc.aio.AioRpcError as err:
                 observe(label, err.code().name, time.perf_counter() - start)
-                return _Failure.of(err)
+                return Failure.of(err)
             observe(label, "OK", time.perf_counter() - start)
             note_size(len(response))
             return response
 
-        return _unary_handler(body)
+        return unary_handler(body)
 
     def _stream_passthrough(self, path: str, upstream) -> grpc.RpcMethodHandler:
         """A CRI server stream: relayed like ``_relay``; the proxy ends it at stop and when idle (``StreamRelay``)."""
@@ -308,10 +225,10 @@ class CRIServer(grpc.GenericRpcHandler):
                     yield message
             except grpc.aio.AioRpcError as err:
                 code = err.code().name
-                await _abort(context, err.code(), err.details(), _trailing(err))
+                await abort(context, err.code(), err.details(), trailing(err))
             except StreamEnded as ended:
                 code = grpc.StatusCode.UNAVAILABLE.name
-                await _abort(context, grpc.StatusCode.UNAVAILABLE, str(ended))
+                await abort(context, grpc.StatusCode.UNAVAILABLE, str(ended))
             finally:
                 call.cancel()
                 self.metrics.observe_cri(label, code, time.perf_counter() - start)
@@ -347,7 +264,7 @@ class CRIServer(grpc.GenericRpcHandler):
                 yield message
         except grpc.aio.AioRpcError as err:
             code = err.code().name
-            await _abort(context, err.code(), err.details(), _trailing(err))
+            await abort(context, err.code(), err.details(), trailing(err))
         finally:
             call.cancel()
             self.metrics.observe_cri(label, code, time.perf_counter() - start)
@@ -359,7 +276,7 @@ class CRIServer(grpc.GenericRpcHandler):
         label = path[1:]
         observe = self.metrics.observe_cri
 
-        async def body(request: bytes, context: grpc.aio.ServicerContext) -> bytes | _Failure:
+        async def body(request: bytes, context: grpc.aio.ServicerContext) -> bytes | Failure:
             start = time.perf_counter()
             timeout, metadata = call_options(context)
             self.trimmer.note(len(request))
@@ -375,18 +292,18 @@ class CRIServer(grpc.GenericRpcHandler):
                 code = err.code().name
                 if err.code() is grpc.StatusCode.UNAVAILABLE:
                     self.backend.reachable = False
-                return _Failure.of(err)
+                return Failure.of(err)
             except HookFailed as err:
                 code = grpc.StatusCode.UNKNOWN.name
-                return _Failure(grpc.StatusCode.UNKNOWN, str(err))
+                return Failure(grpc.StatusCode.UNKNOWN, str(err))
             except Exception as err:  # a bug or unreadable backend data: say so, never die silently
                 code = grpc.StatusCode.INTERNAL.name
                 log.exception("%s failed inside the proxy", label)
-                return _Failure(grpc.StatusCode.INTERNAL, f"koord-runtime-proxy: {label}: {type(err).__name__}: {err}")
+                return Failure(grpc.StatusCode.INTERNAL, f"koord-runtime-proxy: {label}: {type(err).__name__}: {err}")
             finally:
                 observe(label, code, time.perf_counter() - start)
 
-        return _unary_handler(body)
+        return unary_handler(body)
 
     def _hooked(self, pod: convert.PodHookRequest | None,
                 container_name: str | None = None) -> TypeGuard[convert.PodHookRequest]:
