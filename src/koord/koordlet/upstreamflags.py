@@ -187,6 +187,7 @@ DS_MODE_DEFAULTS = {
     "sys_fs_root_dir": Path("/host-sys-fs/"),
     "runtime_hooks_config_path": Path("/host-etc-hookserver/"),
     "containerd_endpoint": "/host-var-run/containerd/containerd.sock",
+    "var_run_root_dir": "/host-var-run/",
     "runtime_hooks_addr": "/host-var-run-koordlet/koordlet.sock",
     "tsdb_path": Path("/metric-data/"),
 }

@@ -178,12 +178,19 @@ def server(tmp_path: Path, hooks: Hooks, **kw: object) -> NriServer:
 def test_flags_are_upstreams_and_the_socket_is_joined_under_var_run_root_dir() -> None:
     opts = options()
     assert (opts.enabled, opts.socket_path, opts.plugin_name, opts.plugin_index) == (
-        True, "/host-var-run/nri/nri.sock", "koordlet_nri", "00")
+        True, "/var/run/nri/nri.sock", "koordlet_nri", "00")
+    assert opts.backoff_cap == ((1 << 62) - 1) / 1e9
     assert (opts.connect_timeout, opts.backoff, opts.backoff_factor, opts.backoff_steps) == (6.0, 1.0, 2.0, 2147483647)
     args = flags.parse_args(["-enable-nri-runtime-hook=false", "-var-run-root-dir=/var/run",
                                             "-runtime-hooks-nri-socket-path=/nri/x.sock"])
     assert NriOptions.from_args(args).socket_path == "/var/run/nri/x.sock"
     assert not NriOptions.from_args(args).enabled
+
+
+def test_inside_upstreams_daemonset_the_socket_is_under_host_var_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("agent_mode", "dsMode")
+    args = flags.parse_args(["-cgroup-root-dir=/sys/fs/cgroup"])  # the DaemonSet's /host-cgroup/ is not here
+    assert NriOptions.from_args(args).socket_path == "/host-var-run/nri/nri.sock"
 
 
 @pytest.mark.parametrize("flag", ["-runtime-hooks-nri-plugin-index=1", "-runtime-hooks-nri-plugin-name=a/b",

@@ -41,6 +41,9 @@ SUBSCRIBED = events.mask(api.RUN_POD_SANDBOX, api.REMOVE_POD_SANDBOX, api.CREATE
 
 C = TypeVar("C", PodContext, ContainerContext)
 
+BACKOFF_CAP = ((1 << 62) - 1) / 1e9
+"""Upstream's default cap, 2**62 - 1 ns: in effect, no cap."""
+
 HANDLER_TIMEOUT = 1.5
 """Within containerd's 2 s NRI request timeout: a slow plugin must never stall pod creation beyond it."""
 
@@ -100,8 +103,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     a("--enable-nri-runtime-hook", type=flag_bool, nargs="?", const=True, default=True, metavar="BOOL",
       help="run the runtime hooks as an NRI plugin of the runtime (containerd >= 1.7 with NRI on) "
       "(default: true)")
-    a("--var-run-root-dir", default="/host-var-run/", metavar="DIR",
-      help="the host's /var/run as koordlet sees it (default: %(default)s)")
+    a("--var-run-root-dir", default="/var/run/", metavar="DIR",
+      help="the host's /var/run as koordlet sees it (default: %(default)s; /host-var-run/ with "
+      "agent_mode=dsMode, as in upstream's DaemonSet)")
     a("--runtime-hooks-nri-socket-path", default="nri/nri.sock", metavar="PATH",
       help="NRI socket, under -var-run-root-dir (default: %(default)s)")
     a("--runtime-hooks-nri-plugin-name", type=_plugin_name, default="koordlet_nri", metavar="NAME",
@@ -112,8 +116,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
       help="time to register with the runtime (default: 6s)")
     a("--runtime-hooks-nri-backoff-duration", type=_positive(go_duration), default=1.0, metavar="DURATION",
       help="first wait before reconnecting (default: 1s)")
-    a("--runtime-hooks-nri-backoff-cap", type=_positive(go_duration), default=2562047 * 3600.0, metavar="DURATION",
-      help="longest wait before reconnecting (default: 2562047h47m16.854775807s)")
+    a("--runtime-hooks-nri-backoff-cap", type=_positive(go_duration), default=BACKOFF_CAP, metavar="DURATION",
+      help="longest wait before reconnecting (default: 1281023h53m38.427387903s)")
     a("--runtime-hooks-nri-backoff-steps", type=int, default=2147483647, metavar="N",
       help="how many times the wait grows (default: 2147483647)")
     a("--runtime-hooks-nri-backoff-factor", type=_positive(float), default=2.0, metavar="FACTOR",
