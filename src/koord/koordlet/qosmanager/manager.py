@@ -31,6 +31,10 @@ from .sysconfig import SystemConfig
 
 log = logging.getLogger(__name__)
 
+STRATEGIES: tuple[Callable[[Context], Strategy], ...] = (
+    CPUSuppress, CPUEvict, MemoryEvict, CPUBurst, CgroupReconcile, ResctrlReconcile, SystemConfig)
+"""Every strategy, in start order; each runs only when its gate and interval enable it."""
+
 
 class QOSManager:
     """``QOSManager(config, states_informer, metric_cache, executor).start()/stop()``.
@@ -50,9 +54,7 @@ class QOSManager:
         if isinstance(evictor, Evictor) and evictor.metrics is None:
             evictor.metrics = metrics
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)
-        self.strategies: list[Strategy] = [CPUSuppress(self.ctx), CPUEvict(self.ctx),
-                                           MemoryEvict(self.ctx), CPUBurst(self.ctx), CgroupReconcile(self.ctx),
-                                           ResctrlReconcile(self.ctx), SystemConfig(self.ctx)]
+        self.strategies: list[Strategy] = [cls(self.ctx) for cls in STRATEGIES]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
