@@ -394,8 +394,16 @@ def test_deadline_is_passed_on(
     request = cri.ExecSyncRequest(container_id=running_container, cmd=["/pause", "sleep", "3"], timeout=10)
     direct = rpc_error(lambda: kubelet.runtime.ExecSync(request, timeout=1))
     proxied = rpc_error(lambda: proxied_kubelet.runtime.ExecSync(request, timeout=1))
-    assert direct[0] == "DEADLINE_EXCEEDED"
-    assert proxied[0] == "DEADLINE_EXCEEDED"
+    assert at_deadline(direct), direct
+    assert at_deadline(proxied), proxied
+
+
+def at_deadline(answer: tuple[str, str]) -> bool:
+    """The caller's own DEADLINE_EXCEEDED, or the runtime's answer to the same deadline when it
+    comes first (containerd ends the call with its context's "deadline exceeded" error, which
+    grpc-go sends as UNKNOWN: a race the caller's timer usually wins, less often on a busy node)."""
+    code, details = answer
+    return code == "DEADLINE_EXCEEDED" or (code == "UNKNOWN" and "deadline exceeded" in details.lower())
 
 
 def test_twelve_mib_response_passes(

@@ -199,7 +199,10 @@ def test_upstream_manifest_arguments_run_report_and_stay_within_rbac(machine):
         resources = {r["name"]: parse_quantity(r["capacity"]) for r in zone["resources"]}
         assert resources["cpu"] == sum(1 for c in cpus if c["node"] == node_id)
         meminfo = (SYS / f"node/node{node_id}/meminfo").read_text().split("MemTotal:")[1].split()[0]
-        assert resources["memory"] == int(meminfo) * 1024
+        # A NUMA node's MemTotal moves where memory is hot-plugged (virtio-mem on these VMs):
+        # the zone holds the node's total as read when it was reported, within 5 %.
+        total = int(meminfo) * 1024
+        assert abs(resources["memory"] - total) <= total // 20, (resources["memory"], total)
 
     # the kubelet was asked with the API client's credentials, upstream's way
     assert {"/pods/", "/configz"} <= set(kubelet.paths) and set(kubelet.tokens) == {"Bearer t"}
