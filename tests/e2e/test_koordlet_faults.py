@@ -18,7 +18,8 @@ from .fault_rig import REPORT_SECONDS, FaultNode, MiB, dump
 
 pytestmark = pytest.mark.e2e
 
-PODS, HOLD_MIB, MORE_MIB = 16, 20, 40
+# 8 pods: half vanish, half grow. Emulated in the cgroup v2 lane, each pod costs seconds.
+PODS, HOLD_MIB, MORE_MIB = 8, 20, 40
 
 
 @pytest.mark.cgroup
