@@ -22,6 +22,7 @@ from koord.testing.cgroups import Cgroup, cgroup_version, shares_to_weight
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.kubelet import KubeletClient
+from koord.testing.proxy import RuntimeProxy
 from koord.testing.sockets import make_short_socket_dir
 from koord.testing.wait import wait_for
 
@@ -204,3 +205,26 @@ def test_upstream_daemonset_arguments_connect_through_nri(
         rc = koordlet.stop()
         print(f"--- koordlet log (exit {rc}) ---\n{koordlet.logs(tail=200)}")
         shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def test_proxy_and_nri_together_give_one_answer(
+        containerd2: Containerd, nri_koordlet: Callable[[], KoordletProcess], tmp_path: Path) -> None:
+    """koordlet registered with the proxy and with containerd's NRI at once: a container created
+    through the proxy is adjusted twice with the same values (the proxy's hook, then NRI's on the
+    request it changed), so containerd sees no conflict and the container gets them once."""
+    koordlet = nri_koordlet()
+    wait_for(lambda: registrations(koordlet) == 1, "koordlet to register with containerd's NRI")
+    proxy = RuntimeProxy(tmp_path / "proxy", containerd2.endpoint, hook_config_dir=koordlet.config_dir).start()
+    client = KubeletClient(proxy.endpoint, on_pod_created=containerd2.track_pod_cgroup,
+                           log_root=containerd2.workdir / "pod-logs")
+    try:
+        be = client.run_pod(f"be-{uuid.uuid4().hex[:6]}", labels={QOS: "BE"},
+                            annotations={EXTENDED_SPEC: batch_spec("shares")}, qos="besteffort")
+        shares = client.run_container(be, "shares", containerd2.image, command=["/pause", "cat", own_file("shares")],
+                                      resources={"cpu_shares": 2})
+        assert printed(client, be, "shares", shares) == expected_at_creation("shares", 512, 50000, TWO_GI)
+        logs = koordlet.logs(tail=2000)
+        assert "NRI CreateContainer for pod default/" in logs  # NRI saw the container too
+    finally:
+        containerd2.remove_pods_of(client)
+        proxy.stop()
