@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from koord.hookapi import FailurePolicy, HookPoint
 
+from ..features import ALL_GATE_DEFAULTS
 from ..resources import KubeQoS, Resources
 from .protocol import ContainerContext, HookContext, PodContext
 
@@ -58,6 +59,14 @@ class PluginEnv:
     """koordlet's Prometheus registry for a plugin's metrics; None: a private one."""
     node: str = ""
     """This node's name, the ``node`` label of every metric."""
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    """The gates given on the command line; a gate not named takes upstream's default."""
+    disable_unset_cpu_quota: bool = False
+    """``--disable-unset-cpu-quota``: cpuset-bound pods keep their cfs quota."""
+
+    def gate(self, name: str) -> bool:
+        """Whether feature gate ``name`` (one upstream knows) is on."""
+        return self.feature_gates.get(name, ALL_GATE_DEFAULTS[name])
 
 
 class RuntimePlugin(ABC):

@@ -26,6 +26,7 @@ NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
 NODE_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
 NODE_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
 KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
+NODE_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
 POD_CPU_QOS = "koordinator.sh/cpuQOS"
 
 CPU_MANAGER_POLICIES = ("none", "static")
@@ -158,6 +159,8 @@ class Rules:
     cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
     be_cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
     kubelet_cpu_manager_policy: str = "none"
+    system_qos_cpuset: str = ""
+    """The cpuset of ``node.koordinator.sh/system-qos-resource``: SYSTEM pods' cpus ("" none)."""
     cpu_normalization_ratio: float | None = None
     batch_cfs_quota: bool = True
     """False while BE CPU suppress limits the besteffort dir by cfs quota: BE pods and
@@ -180,6 +183,7 @@ def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None 
         cpu_shared_pools=_shared_pools(pools_from, NODE_CPU_SHARED_POOLS),
         be_cpu_shared_pools=_shared_pools(pools_from, NODE_BE_CPU_SHARED_POOLS),
         kubelet_cpu_manager_policy=_cpu_manager_policy(pools_from),
+        system_qos_cpuset=_system_qos_cpuset(pools_from),
         cpu_normalization_ratio=_normalization_ratio(annotations),
     )
 
@@ -299,6 +303,13 @@ def _cpu_manager_policy(annotations: dict[str, str]) -> str:
         raise RuleError(f"node annotation {KUBELET_CPU_MANAGER_POLICY}: policy={policy!r}: "
                         f"want one of {CPU_MANAGER_POLICIES}")
     return policy
+
+
+def _system_qos_cpuset(annotations: dict[str, str]) -> str:
+    raw = json_annotation(annotations, NODE_SYSTEM_QOS_RESOURCE, error=RuleError, owner="node")
+    if raw is None or raw.get("cpuset") in (None, ""):
+        return ""
+    return cpuset_value(raw["cpuset"], f"node annotation {NODE_SYSTEM_QOS_RESOURCE}: cpuset", RuleError)
 
 
 _RATIO = re.compile(r"[0-9]{1,10}(\.[0-9]{1,10})?")
