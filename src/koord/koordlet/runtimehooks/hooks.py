@@ -93,6 +93,12 @@ class RuntimePlugin(ABC):
         self.rules = rules
         return changed
 
+    def reconcile_sandbox(self, ctx: ContainerContext) -> None:
+        """Sets, in ``ctx.response``, what the reconciler writes to a pod's sandbox (pause)
+        container cgroup; ``ctx.request`` holds the pod's fields, the sandbox's id and no
+        container name. Most plugins leave the sandbox container alone."""
+        return None
+
     def kube_qos_resources(self, qos: KubeQoS) -> Resources | None:
         """Values for the kube-QoS cgroup dir (``kubepods/besteffort`` ...), for the reconciler."""
         return None

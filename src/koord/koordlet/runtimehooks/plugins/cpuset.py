@@ -156,6 +156,9 @@ class CPUSetAllocator(RuntimePlugin):
         self.metrics.record_pools(rules.cpu_shared_pools, rules.be_cpu_shared_pools)
         return super().update_rules(rules)
 
+    def reconcile_sandbox(self, ctx: ContainerContext) -> None:
+        self.set_container_cpuset(ctx)
+
     def unset_pod_cpu_quota(self, ctx: PodContext) -> None:
         if self.disable_unset_cpu_quota:
             return
