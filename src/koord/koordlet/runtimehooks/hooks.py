@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from ..resourceexecutor.executor import CgroupExecutor
     from ..statesinformer.meta import PodMeta
+    from .hostapps import HostApp
     from .rule import Rules
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,10 @@ class RuntimePlugin(ABC):
         """Sets, in ``ctx.response``, what the reconciler writes to a pod's sandbox (pause)
         container cgroup; ``ctx.request`` holds the pod's fields, the sandbox's id and no
         container name. Most plugins leave the sandbox container alone."""
+        return None
+
+    def host_app_resources(self, app: HostApp) -> Resources | None:
+        """Values for a NodeSLO host application's cgroup, for the reconciler; None: none."""
         return None
 
     def kube_qos_resources(self, qos: KubeQoS) -> Resources | None:

@@ -14,6 +14,7 @@ sandbox container      ``reconcile_sandbox``    ``container_dir(cgroup_parent, s
 container (CREATED,    PreCreateContainer       ``container_dir(cgroup_parent, id)``
 RUNNING)
 pod gone since last    PostStopPodSandbox       nothing (plugins clean up, e.g. resctrl)
+NodeSLO host app       (none)                   its existing dir: ``host_app_resources(app)``
 =====================  =======================  ===========================================
 
 The hook requests are built from verbose CRI status by the builder the proxy uses too
@@ -67,8 +68,10 @@ from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_
 from ..resources import KubeQoS, Resources
 from ..statesinformer.meta import PodMeta
 from .hooks import Hooks, RuntimePlugin, describe
+from .hostapps import host_app_updates
 from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
 from .reconcilerpods import ListedPod, container_sizes, same_metadata, sandbox_context, with_current_metadata
+from .rule import Rules
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +204,9 @@ class Reconciler:
         with self._round_lock:
             report = ReconcileReport()
             self._reconcile_kube_qos(report)
+            apps = next((r.host_apps for p in self.plugins if isinstance(r := getattr(p, "rules", None), Rules)), ())
+            for who, update in host_app_updates(apps, [p.host_app_resources for p in self.plugins], self.executor):
+                self._apply(update, who, report)
             try:
                 sandboxes = self._list("ListPodSandbox", cri.ListPodSandboxRequest(filter=cri.PodSandboxFilter(
                     state=cri.PodSandboxStateValue(state=cri.SANDBOX_READY))), cri.PodSandbox, report)
@@ -359,8 +365,7 @@ class Reconciler:
     def _reconcile_sandbox(self, sandbox_id: str, request: bytes, rules: tuple[object, ...],
                            last_answers: dict[str, _Answer], who: str, report: ReconcileReport) -> None:
         """The sandbox container's cgroup: what the plugins' ``reconcile_sandbox`` decide."""
-        key = f"sandbox/{sandbox_id}"
-        inputs = (request, *rules)
+        key, inputs = f"sandbox/{sandbox_id}", (request, *rules)
         answer = reused = self._reused(key, inputs, last_answers)
         if answer is None:
             ctx = sandbox_context(request, sandbox_id)

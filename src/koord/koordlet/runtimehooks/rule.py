@@ -21,6 +21,7 @@ from koord.hookapi import cpuset_value, json_annotation, json_object
 
 from ..resources import KoordQoS, KubeQoS
 from ..slo import CFS_QUOTA_POLICY, SLOError, threshold_config
+from .hostapps import HostApp, HostAppError, parse_host_apps
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
 NODE_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
@@ -166,6 +167,8 @@ class Rules:
     """False while BE CPU suppress limits the besteffort dir by cfs quota: BE pods and
     containers then get quota -1 (see ``batch_cfs_quota_enabled``)."""
     core_sched: CoreSchedRule | None = None
+    host_apps: tuple[HostApp, ...] = ()
+    """NodeSLO's ``hostApplications``, for the reconciler."""
     """None without a NodeSLO: nothing about core scheduling or cpu.idle is written then."""
 
 
@@ -180,6 +183,7 @@ def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None 
         group_identity=_group_identity(node_slo),
         batch_cfs_quota=batch_cfs_quota_enabled(node_slo),
         core_sched=_core_sched(node_slo),
+        host_apps=_host_apps(node_slo),
         cpu_shared_pools=_shared_pools(pools_from, NODE_CPU_SHARED_POOLS),
         be_cpu_shared_pools=_shared_pools(pools_from, NODE_BE_CPU_SHARED_POOLS),
         kubelet_cpu_manager_policy=_cpu_manager_policy(pools_from),
@@ -242,6 +246,13 @@ def _core_sched(node_slo: dict | None) -> CoreSchedRule | None:
         params[attr] = CoreSchedParam(enable=on and cpu_qos.get("enable") is True, expeller=on and expeller,
                                       cpu_idle=on and idle == 1)
     return CoreSchedRule(**params)
+
+
+def _host_apps(node_slo: dict | None) -> tuple[HostApp, ...]:
+    try:
+        return parse_host_apps(node_slo)
+    except HostAppError as exc:
+        raise RuleError(str(exc)) from None
 
 
 def batch_cfs_quota_enabled(node_slo: dict | None) -> bool:

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from koord.hookapi import HookPoint, cpuset_value, json_annotation, parse_quantity
 
-from ...resources import KoordQoS, KubeQoS
+from ...resources import KoordQoS, KubeQoS, Resources
 from ..hooks import Hooks, InvalidInput, PluginEnv, RuntimePlugin
+from ..hostapps import HostApp
 from ..protocol import ContainerContext, ContainerRequest, PodContext
 from ..rule import CPUSharedPool, Rules
 from .cpusetmetrics import CPUSetMetrics
@@ -158,6 +159,18 @@ class CPUSetAllocator(RuntimePlugin):
 
     def reconcile_sandbox(self, ctx: ContainerContext) -> None:
         self.set_container_cpuset(ctx)
+
+    def host_app_resources(self, app: HostApp) -> Resources | None:
+        """LS host applications get every share pool; upstream refuses any other class (an
+        error each round), here they are left alone and said once at debug level."""
+        if self.rules is None:
+            return None
+        try:
+            cpuset = host_app_cpuset(self.rules, app.name, app.qos)
+        except ValueError as exc:
+            log.debug("plugin %s: %s; its cpuset is left alone", self.name, exc)
+            return None
+        return Resources(cpuset_cpus=cpuset) if cpuset else None
 
     def unset_pod_cpu_quota(self, ctx: PodContext) -> None:
         if self.disable_unset_cpu_quota:
