@@ -220,3 +220,47 @@ def test_cpu_normalization_is_not_applied_twice_when_both_modes_run(
     finally:
         containerd.remove_pods_of(client)
         proxy.stop()
+
+
+def two_numa_sysfs(root: Path) -> Path:
+    """A sysfs tree of this 2-cpu machine split across two NUMA nodes: cpu 0 on node 0, cpu 1 on node 1."""
+    for cpu in (0, 1):
+        topo = root / f"devices/system/cpu/cpu{cpu}/topology"
+        topo.mkdir(parents=True)
+        (topo / "physical_package_id").write_text("0\n")
+        (topo / "core_id").write_text(f"{cpu}\n")
+        node = root / f"devices/system/node/node{cpu}"
+        node.mkdir(parents=True)
+        (node / "cpulist").write_text(f"{cpu}\n")
+    (root / "devices/system/cpu/online").write_text("0-1\n")
+    return root
+
+
+@cgroup
+def test_numa_aware_ls_pod_gets_the_share_pool_of_its_numa_node(
+        containerd: Containerd, kubelet: KubeletClient, koordlet_factory, tmp_path: Path) -> None:
+    """The NodeResourceTopology koordlet computes from the CPU topology has one share pool per
+    NUMA node; an LS pod the scheduler placed on node 1 is bound to node 1's pool, its
+    containers and its sandbox (pause) container alike, while an LS pod without a NUMA
+    placement gets every pool."""
+    numa = json.dumps({"numaNodeResources": [{"node": 1, "resources": {"cpu": "1"}}]})
+    placed = kubelet.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"},
+                             annotations={RESOURCE_STATUS: numa}, qos="burstable")
+    anywhere = kubelet.run_pod(f"ls-{uuid.uuid4().hex[:6]}", labels={QOS: "LS"}, qos="burstable")
+    containers = {sandbox: kubelet.run_container(sandbox, "main", containerd.image,
+                                                 resources={"cpuset_cpus": "0"})
+                  for sandbox in (placed, anywhere)}
+    cg = {sandbox: Cgroup.of_container(kubelet.pod_cgroup_parent(sandbox), cid)
+          for sandbox, cid in containers.items()}
+    pause = Cgroup.of_container(kubelet.pod_cgroup_parent(placed), placed)
+    assert cg[placed].cpuset_cpus() == "0"  # what the runtime was asked for: nothing of koordlet's yet
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps({"metadata": {"name": "node1", "annotations": {}}}))
+    koordlet = koordlet_factory("--runtime-hooks-reconcile-interval", "500ms", "--node-file", str(node),
+                                "--sys-root-dir", str(two_numa_sysfs(tmp_path / "sys")),
+                                "--node-topology-sync-interval", "500ms", "--disable-query-kubelet-config",
+                                "--containerd-endpoint", containerd.endpoint)
+    wait_for(lambda: cg[placed].cpuset_cpus() == "1", "the placed pod's container on NUMA node 1's pool")
+    wait_for(lambda: pause.cpuset_cpus() == "1", "the placed pod's sandbox container on NUMA node 1's pool")
+    wait_for(lambda: cg[anywhere].cpuset_cpus() in ("0-1", "0,1"), "the other LS pod on every pool")
+    assert "ERROR" not in koordlet.logs(tail=400)

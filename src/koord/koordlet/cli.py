@@ -78,7 +78,8 @@ class Koordlet:
         self.metrics = KoordletMetrics(node_name())
         env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
                         proc_root=a.proc_root_dir, current_pods=lambda: self.informer.get_all_pods(),
-                        registry=self.metrics.registry, node=self.metrics.node)
+                        registry=self.metrics.registry, node=self.metrics.node,
+                        feature_gates=a.feature_gates, disable_unset_cpu_quota=a.disable_unset_cpu_quota)
         self.plugins: list[RuntimePlugin] = build_plugins(env, a.feature_gates)
         self.hooks = Hooks(a.runtime_hooks_plugin_failure_policy, observe=self.metrics.record_plugin_call)
         for plugin in self.plugins:

@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--node-topology-sync-interval", type=go_duration, default=3.0, metavar="DURATION",
       help="how often the NodeResourceTopology is computed and, with the NodeTopologyReport gate, "
       "reported; 0 disables (default: 3s)")
+    a("--disable-unset-cpu-quota", type=flag_bool, default=False, nargs="?", const=True, metavar="BOOL",
+      help="CPUSetAllocator leaves the cfs quota of pods bound to a scheduler-allocated cpuset "
+      "(default: false: their pod and container quota is set to -1)")
     a("--disable-query-kubelet-config", type=flag_bool, default=False, nargs="?", const=True, metavar="BOOL",
       help="do not read the kubelet's /configz: no CPU manager policy in the NodeResourceTopology "
       "(default: false)")

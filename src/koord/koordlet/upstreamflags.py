@@ -53,7 +53,6 @@ NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "tsdb-max-block-duration": (DURATION, "10m0s"),
     "tsdb-head-chunks-write-buffer-size": (INT, "1048576"),
     "qos-extension-plugins": (MAP, ""),
-    "disable-unset-cpu-quota": (BOOL, "false"),
     "audit-log-dir": (STRING, "/var/log/koordlet"),
     "audit-verbose": (INT, "3"),
     "audit-max-disk-space-mb": (INT, "16"),

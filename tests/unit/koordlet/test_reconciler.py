@@ -10,7 +10,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
-from koord.hookapi import FailurePolicy, HookPoint
+from koord.hookapi import FailurePolicy, HookPoint, parse_cpuset
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
@@ -470,3 +470,36 @@ def test_a_resize_the_pods_source_shows_is_asked_at_the_next_round(fake_cri, tmp
             break
     else:
         pytest.fail("c0 asked every round after its resize reached the runtime")
+
+
+NUMA_POOLS = {"node.koordinator.sh/cpu-shared-pools":
+              '[{"socket":0,"node":0,"cpuset":"0"},{"socket":0,"node":1,"cpuset":"1"}]'}
+LS_POD = "kubepods/burstable/podp1"
+
+
+@pytest.mark.parametrize("annotations, want", [
+    # the sandbox (pause) container gets the cpuset the pod's containers get
+    ({}, "0,1"),
+    ({"scheduling.koordinator.sh/resource-status": '{"numaNodeResources":[{"node":1,"resources":{"cpu":"1"}}]}'},
+     "1"),
+    ({"scheduling.koordinator.sh/resource-status": '{"cpuset":"0"}'}, "0"),
+])
+def test_sandbox_container_gets_the_pods_cpuset(fake_cri, tmp_path, annotations, want):
+    from koord.koordlet.runtimehooks.hooks import PluginEnv
+    from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator
+    from koord.koordlet.runtimehooks.rule import parse_rules
+
+    for rel in (f"{LS_POD}/p1", f"{LS_POD}/c1"):
+        make_fake_v1_cgroup(tmp_path, rel)
+        (tmp_path / "cpuset" / rel / "cpuset.cpus").write_text("0-3\n")
+    fake_cri.add_pod("p1", "web", {QOS: "LS"}, "/" + LS_POD, annotations=annotations)
+    fake_cri.add_container("c1", "p1", "main")
+    executor = CgroupExecutor(tmp_path, version=1)
+    plugin = CPUSetAllocator(PluginEnv(executor, tmp_path, tmp_path))
+    plugin.update_rules(parse_rules(None, {"metadata": {"annotations": NUMA_POOLS}}))
+    reconciler, _ = make(fake_cri, tmp_path, plugin=plugin)
+    report = reconciler.reconcile_once()
+    assert report.errors == []
+    for rel in (f"{LS_POD}/p1", f"{LS_POD}/c1"):
+        assert parse_cpuset(read(tmp_path, "cpuset", rel, "cpuset.cpus")) == parse_cpuset(want)
+    assert f"{LS_POD}/p1:cpuset_cpus" in report.written

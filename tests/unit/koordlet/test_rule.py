@@ -108,8 +108,10 @@ def test_node_annotations() -> None:
         "node.koordinator.sh/be-cpu-shared-pools": json.dumps([{"socket": 0, "node": 0, "cpuset": "0-15"}]),
         "kubelet.koordinator.sh/cpu-manager-policy": json.dumps({"policy": "static", "options": {}}),
         "node.koordinator.sh/cpu-normalization-ratio": "1.20",
+        "node.koordinator.sh/system-qos-resource": json.dumps({"cpuset": "16-17"}),
     }}}
     rules = parse_rules(None, n)
+    assert rules.system_qos_cpuset == "16-17"
     assert rules.cpu_shared_pools == (CPUSharedPool(0, 0, "0-7"), CPUSharedPool(1, 1, "8-15"))
     assert rules.be_cpu_shared_pools == (CPUSharedPool(0, 0, "0-15"),)
     assert rules.kubelet_cpu_manager_policy == "static"
@@ -128,6 +130,10 @@ def test_node_annotations() -> None:
      "node.koordinator.sh/be-cpu-shared-pools[0].cpuset"),
     ("kubelet.koordinator.sh/cpu-manager-policy", '{"policy":"dynamic"}',
      "kubelet.koordinator.sh/cpu-manager-policy"),
+    ("node.koordinator.sh/system-qos-resource", "bad-fmt", "node.koordinator.sh/system-qos-resource"),
+    ("node.koordinator.sh/system-qos-resource", '{"cpuset":"16-x"}',
+     "node.koordinator.sh/system-qos-resource: cpuset"),
+    ("node.koordinator.sh/system-qos-resource", '{"cpuset":7}', "node.koordinator.sh/system-qos-resource: cpuset"),
     ("node.koordinator.sh/cpu-normalization-ratio", "fast", "node.koordinator.sh/cpu-normalization-ratio"),
     ("node.koordinator.sh/cpu-normalization-ratio", "0.8", "node.koordinator.sh/cpu-normalization-ratio"),
     ("node.koordinator.sh/cpu-normalization-ratio", "inf", "node.koordinator.sh/cpu-normalization-ratio"),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from koord.hookapi import FailurePolicy, HookPoint
 
+from ..features import ALL_GATE_DEFAULTS
 from ..resources import KubeQoS, Resources
 from .protocol import ContainerContext, HookContext, PodContext
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
     from ..resourceexecutor.executor import CgroupExecutor
     from ..statesinformer.meta import PodMeta
+    from .hostapps import HostApp
     from .rule import Rules
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,14 @@ class PluginEnv:
     """koordlet's Prometheus registry for a plugin's metrics; None: a private one."""
     node: str = ""
     """This node's name, the ``node`` label of every metric."""
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    """The gates given on the command line; a gate not named takes upstream's default."""
+    disable_unset_cpu_quota: bool = False
+    """``--disable-unset-cpu-quota``: cpuset-bound pods keep their cfs quota."""
+
+    def gate(self, name: str) -> bool:
+        """Whether feature gate ``name`` (one upstream knows) is on."""
+        return self.feature_gates.get(name, ALL_GATE_DEFAULTS[name])
 
 
 class RuntimePlugin(ABC):
@@ -83,6 +93,16 @@ class RuntimePlugin(ABC):
         changed = rules != self.rules
         self.rules = rules
         return changed
+
+    def reconcile_sandbox(self, ctx: ContainerContext) -> None:
+        """Sets, in ``ctx.response``, what the reconciler writes to a pod's sandbox (pause)
+        container cgroup; ``ctx.request`` holds the pod's fields, the sandbox's id and no
+        container name. Most plugins leave the sandbox container alone."""
+        return None
+
+    def host_app_resources(self, app: HostApp) -> Resources | None:
+        """Values for a NodeSLO host application's cgroup, for the reconciler; None: none."""
+        return None
 
     def kube_qos_resources(self, qos: KubeQoS) -> Resources | None:
         """Values for the kube-QoS cgroup dir (``kubepods/besteffort`` ...), for the reconciler."""

@@ -283,6 +283,11 @@ class ContainerContext:
         if through_proxy:
             bvt = resources.cpu_bvt_warp_ns
             resources = Resources(cpu_bvt_warp_ns=bvt) if bvt is not None else Resources()
+        elif resources.cpuset_cpus == "":
+            # "" asks the runtime for no cpuset of the container's own; in a cgroup file it
+            # would mean no cpus at all, so it is not written there.
+            resources = resources.copy()
+            resources.cpuset_cpus = None
         if resources.is_empty() or not self.request.container_id:
             return None
         return CgroupUpdate(executor.container_dir(self.request.pod_cgroup_parent, self.request.container_id),

@@ -10,9 +10,11 @@ level                  stage replayed           written to
 kube-QoS               (none)                   ``kube_qos_dir(qos)``: merged
                                                 ``plugin.kube_qos_resources(qos)``
 pod sandbox (READY)    PreRunPodSandbox         ``pod_dir(cgroup_parent)``
+sandbox container      ``reconcile_sandbox``    ``container_dir(cgroup_parent, sandbox id)``
 container (CREATED,    PreCreateContainer       ``container_dir(cgroup_parent, id)``
 RUNNING)
 pod gone since last    PostStopPodSandbox       nothing (plugins clean up, e.g. resctrl)
+NodeSLO host app       (none)                   its existing dir: ``host_app_resources(app)``
 =====================  =======================  ===========================================
 
 The hook requests are built from verbose CRI status by the builder the proxy uses too
@@ -66,7 +68,10 @@ from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_
 from ..resources import KubeQoS, Resources
 from ..statesinformer.meta import PodMeta
 from .hooks import Hooks, RuntimePlugin, describe
+from .hostapps import host_app_updates
 from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
+from .reconcilerpods import ListedPod, container_sizes, same_metadata, sandbox_context, with_current_metadata
+from .rule import Rules
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +92,6 @@ STARTING_WINDOW = 60.0
 """Seconds after its creation a container not running yet is young: kubelet starts what it
 creates at once, so one older than this failed to start (and kubelet will remove it); it
 does not keep the loop on quick rounds."""
-KUBELET_LABEL_PREFIX = "io.kubernetes."
-"""Labels kubelet adds to a sandbox itself (pod name, namespace, uid): not in the pod object."""
 _Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
 
 
@@ -98,15 +101,6 @@ class _Answer:
 
     inputs: tuple[object, ...]
     update: CgroupUpdate | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Pod:
-    """A listed sandbox as a round uses it: its name for log lines and its hook request."""
-
-    who: str
-    request: bytes
-    """A serialized PodHookRequest (see ``Reconciler._cri_pods``)."""
 
 
 @dataclass
@@ -120,36 +114,6 @@ class ReconcileReport:
     """Young containers not running yet (see STARTING_WINDOW)."""
     written: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-
-
-def with_current_metadata(record: bytes, pod: PodMeta | None) -> bytes:
-    """``record`` (a serialized PodHookRequest from CRI) with the labels and annotations of
-    ``pod`` (the pods source's view of the same pod), as the proxy would see them were the
-    pod created now: the pod's labels plus the ones kubelet adds to every sandbox, the pod's
-    annotations; serialized. ``record`` itself when the source does not know the pod."""
-    if pod is None:
-        return record
-    out = PodHookRequest.FromString(record)
-    kubelet_own = {k: v for k, v in out.labels.items() if k.startswith(KUBELET_LABEL_PREFIX)}
-    out.ClearField("labels")
-    out.labels.update(kubelet_own)
-    out.labels.update(pod.labels)
-    out.ClearField("annotations")
-    out.annotations.update(pod.annotations)
-    return out.SerializeToString()
-
-
-def _same_metadata(a: PodMeta | None, b: PodMeta | None) -> bool:
-    """What ``with_current_metadata`` takes from a pod is the same in both."""
-    if a is None or b is None:
-        return a is b
-    return a is b or (a.labels == b.labels and a.annotations == b.annotations)
-
-
-def _sizes(pods: dict[str, PodMeta]) -> dict[str, object]:
-    """Container id -> its (requests, limits) in the pods source: what changes when kubelet
-    resizes a container."""
-    return {c.id: (c.requests, c.limits) for pod in pods.values() for c in pod.containers if c.id}
 
 
 class Reconciler:
@@ -171,7 +135,7 @@ class Reconciler:
         hooks run on them (a round that reuses an answer compares them by identity): a
         parsed message holds an arena of kilobytes, a busy node's worth of them a megabyte,
         where the bytes are a tenth of that."""
-        self._known_pods: dict[str, _Pod] = {}
+        self._known_pods: dict[str, ListedPod] = {}
         """Sandbox id -> the pod of the last round, for PostStopPodSandbox."""
         self._containers: dict[str, tuple[bytes, bytes, object]] = {}
         """Created and running containers' verbose status (a digest of it as received), the
@@ -240,6 +204,9 @@ class Reconciler:
         with self._round_lock:
             report = ReconcileReport()
             self._reconcile_kube_qos(report)
+            apps = next((r.host_apps for p in self.plugins if isinstance(r := getattr(p, "rules", None), Rules)), ())
+            for who, update in host_app_updates(apps, [p.host_app_resources for p in self.plugins], self.executor):
+                self._apply(update, who, report)
             try:
                 sandboxes = self._list("ListPodSandbox", cri.ListPodSandboxRequest(filter=cri.PodSandboxFilter(
                     state=cri.PodSandboxStateValue(state=cri.SANDBOX_READY))), cri.PodSandbox, report)
@@ -265,7 +232,7 @@ class Reconciler:
             last_answers, self._answers = self._answers, {}
             current = self._current_pods_by_uid(report)
             pods = self._reconcile_pods(sandboxes, current, rules, last_answers, report)
-            self._reconcile_containers(containers, pods, _sizes(current), rules, last_answers, report)
+            self._reconcile_containers(containers, pods, container_sizes(current), rules, last_answers, report)
             self._forget_stopped_pods(pods, report)
             log.debug("reconciler round: %d pods, %d containers, %d writes, %d errors",
                       report.pods, report.containers, len(report.written), len(report.errors))
@@ -333,7 +300,7 @@ class Reconciler:
         same record and of the same labels and annotations (so answers keyed by the request
         can be reused); noted in ``made``."""
         last = self._pod_requests.get(sandbox_id)
-        if last is not None and last[0] is record and _same_metadata(last[1], pod):
+        if last is not None and last[0] is record and same_metadata(last[1], pod):
             request = last[2]
         else:
             request = with_current_metadata(record, pod)
@@ -368,8 +335,8 @@ class Reconciler:
         return self._refreshing and zlib.crc32(key.encode()) % REFRESH_ROUNDS == self._round % REFRESH_ROUNDS
 
     def _reconcile_pods(self, sandboxes, current: dict[str, PodMeta], rules: tuple[object, ...],
-                        last_answers: dict[str, _Answer], report: ReconcileReport) -> dict[str, _Pod]:
-        pods: dict[str, _Pod] = {}
+                        last_answers: dict[str, _Answer], report: ReconcileReport) -> dict[str, ListedPod]:
+        pods: dict[str, ListedPod] = {}
         cri_pods: dict[str, tuple[bytes, str]] = {}
         pod_requests: dict[str, tuple[bytes, PodMeta | None, bytes]] = {}
         for sandbox in sandboxes:
@@ -379,7 +346,7 @@ class Reconciler:
                 # verbose status is asked once per sandbox, not every round.
                 record, uid = cri_pods[sandbox.id] = self._cri_pods.get(sandbox.id) or self._pod_record(sandbox.id)
                 request = self._pod_request(sandbox.id, record, current.get(uid), pod_requests)
-                pods[sandbox.id] = _Pod(who, request)
+                pods[sandbox.id] = ListedPod(who, request)
                 inputs = (request, *rules)
                 reused = self._reused(sandbox.id, inputs, last_answers)
                 answer = reused or self._hooks_answer(
@@ -388,11 +355,24 @@ class Reconciler:
                 if answer is not None:
                     report.pods += 1
                     self._apply_answer(sandbox.id, answer, reused is not None, who, report)
+                self._reconcile_sandbox(sandbox.id, request, rules, last_answers, who, report)
             except Exception as exc:  # one broken pod must not stop the round
                 self._error(report, who, exc)
         self._cri_pods = cri_pods
         self._pod_requests = pod_requests
         return pods
+
+    def _reconcile_sandbox(self, sandbox_id: str, request: bytes, rules: tuple[object, ...],
+                           last_answers: dict[str, _Answer], who: str, report: ReconcileReport) -> None:
+        """The sandbox container's cgroup: what the plugins' ``reconcile_sandbox`` decide."""
+        key, inputs = f"sandbox/{sandbox_id}", (request, *rules)
+        answer = reused = self._reused(key, inputs, last_answers)
+        if answer is None:
+            ctx = sandbox_context(request, sandbox_id)
+            for plugin in self.plugins:
+                plugin.reconcile_sandbox(ctx)
+            answer = self._answers[key] = _Answer(inputs, ctx.cgroup_update(self.executor, through_proxy=False))
+        self._apply_answer(key, answer, reused is not None, f"{who} sandbox container", report)
 
     def _container_record(self, container_id: str, size: object) -> bytes:
         """The container's record: cached, or from its verbose status when first seen, when
@@ -424,7 +404,7 @@ class Reconciler:
             self._containers[container_id] = cached
         return cached[1]
 
-    def _reconcile_containers(self, containers, pods: dict[str, _Pod], sizes: dict[str, object],
+    def _reconcile_containers(self, containers, pods: dict[str, ListedPod], sizes: dict[str, object],
                               rules: tuple[object, ...], last_answers: dict[str, _Answer],
                               report: ReconcileReport) -> None:
         listed = {container.id for container in containers}
@@ -458,7 +438,7 @@ class Reconciler:
         if time.time_ns() - container.created_at < STARTING_WINDOW * 1e9:
             report.starting += 1
 
-    def _forget_stopped_pods(self, pods: dict[str, _Pod], report: ReconcileReport) -> None:
+    def _forget_stopped_pods(self, pods: dict[str, ListedPod], report: ReconcileReport) -> None:
         for sandbox_id in self._known_pods.keys() - pods.keys():
             ctx = PodContext.from_proto(PodHookRequest.FromString(self._known_pods[sandbox_id].request))
             if self._run_hooks(HookPoint.POST_STOP_POD_SANDBOX, ctx, report):

@@ -21,11 +21,13 @@ from koord.hookapi import cpuset_value, json_annotation, json_object
 
 from ..resources import KoordQoS, KubeQoS
 from ..slo import CFS_QUOTA_POLICY, SLOError, threshold_config
+from .hostapps import HostApp, HostAppError, parse_host_apps
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
 NODE_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
 NODE_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
 KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
+NODE_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
 POD_CPU_QOS = "koordinator.sh/cpuQOS"
 
 CPU_MANAGER_POLICIES = ("none", "static")
@@ -158,11 +160,15 @@ class Rules:
     cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
     be_cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
     kubelet_cpu_manager_policy: str = "none"
+    system_qos_cpuset: str = ""
+    """The cpuset of ``node.koordinator.sh/system-qos-resource``: SYSTEM pods' cpus ("" none)."""
     cpu_normalization_ratio: float | None = None
     batch_cfs_quota: bool = True
     """False while BE CPU suppress limits the besteffort dir by cfs quota: BE pods and
     containers then get quota -1 (see ``batch_cfs_quota_enabled``)."""
     core_sched: CoreSchedRule | None = None
+    host_apps: tuple[HostApp, ...] = ()
+    """NodeSLO's ``hostApplications``, for the reconciler."""
     """None without a NodeSLO: nothing about core scheduling or cpu.idle is written then."""
 
 
@@ -177,9 +183,11 @@ def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None 
         group_identity=_group_identity(node_slo),
         batch_cfs_quota=batch_cfs_quota_enabled(node_slo),
         core_sched=_core_sched(node_slo),
+        host_apps=_host_apps(node_slo),
         cpu_shared_pools=_shared_pools(pools_from, NODE_CPU_SHARED_POOLS),
         be_cpu_shared_pools=_shared_pools(pools_from, NODE_BE_CPU_SHARED_POOLS),
         kubelet_cpu_manager_policy=_cpu_manager_policy(pools_from),
+        system_qos_cpuset=_system_qos_cpuset(pools_from),
         cpu_normalization_ratio=_normalization_ratio(annotations),
     )
 
@@ -238,6 +246,13 @@ def _core_sched(node_slo: dict | None) -> CoreSchedRule | None:
         params[attr] = CoreSchedParam(enable=on and cpu_qos.get("enable") is True, expeller=on and expeller,
                                       cpu_idle=on and idle == 1)
     return CoreSchedRule(**params)
+
+
+def _host_apps(node_slo: dict | None) -> tuple[HostApp, ...]:
+    try:
+        return parse_host_apps(node_slo)
+    except HostAppError as exc:
+        raise RuleError(str(exc)) from None
 
 
 def batch_cfs_quota_enabled(node_slo: dict | None) -> bool:
@@ -299,6 +314,13 @@ def _cpu_manager_policy(annotations: dict[str, str]) -> str:
         raise RuleError(f"node annotation {KUBELET_CPU_MANAGER_POLICY}: policy={policy!r}: "
                         f"want one of {CPU_MANAGER_POLICIES}")
     return policy
+
+
+def _system_qos_cpuset(annotations: dict[str, str]) -> str:
+    raw = json_annotation(annotations, NODE_SYSTEM_QOS_RESOURCE, error=RuleError, owner="node")
+    if raw is None or raw.get("cpuset") in (None, ""):
+        return ""
+    return cpuset_value(raw["cpuset"], f"node annotation {NODE_SYSTEM_QOS_RESOURCE}: cpuset", RuleError)
 
 
 _RATIO = re.compile(r"[0-9]{1,10}(\.[0-9]{1,10})?")

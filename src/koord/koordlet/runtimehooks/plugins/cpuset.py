@@ -1,56 +1,148 @@
 """CPUSetAllocator: pins containers to the cpus the scheduler or the node's pools grant.
 
-Decisions (upstream koordlet's cpuset rule):
+Decisions (upstream koordlet's cpuset rule), first match wins:
 
-- a pod whose ``scheduling.koordinator.sh/resource-status`` carries a cpuset gets exactly
-  that set, and loses its CFS quota (-1) at the container and at the pod level: cpus bound
-  to it are its own, and kubelet's pod-level quota (set when it creates the pod cgroup, before
-  any hook runs) would otherwise keep throttling the pod while its containers read ``max``;
-- LS pods get every shared pool of the node, BE pods every BE shared pool;
-- pods without a QoS label (and LSE/LSR pods not yet allocated) get the shared pools too,
-  unless kubelet runs the static cpu manager policy: then kubelet owns their cpusets and
-  they stay untouched. LS/BE pods are Koordinator's and get pools under either policy;
-- SYSTEM pods stay untouched; so does any pod when the node has no matching pool, because
-  an empty cpuset would mean "no cpus", not "all cpus".
+1. a pod whose ``scheduling.koordinator.sh/resource-status`` carries a cpuset (LSE/LSR) gets
+   exactly that set, and loses its CFS quota (-1) at the container and at the pod level
+   unless ``--disable-unset-cpu-quota``: cpus bound to it are its own, and kubelet's
+   pod-level quota would otherwise keep throttling the pod while its containers read ``max``;
+2. a NUMA-aware pod (the status's ``numaNodeResources`` grant cpu or batch-cpu on some NUMA
+   node) gets the share pools of exactly those NUMA nodes: the BE pools for a QoS=BE pod
+   when the BECPUManager gate is on, the LS pools for any pod that is not QoS=BE;
+3. a QoS=SYSTEM pod gets the node's ``node.koordinator.sh/system-qos-resource`` cpuset;
+4. an LS pod gets every share pool;
+5. a pod in the kube besteffort tier (QoS=BE included) gets the empty cpuset: it is left to
+   BE CPU suppress, and the empty value clears a cpuset kubelet's static policy passed;
+6. any other pod gets every share pool, unless kubelet runs the static cpu manager policy:
+   kubelet owns its cpuset then and it stays untouched.
+
+The sandbox (pause) container is decided like the pod's containers. Host applications of
+NodeSLO (only QoS=LS ones) get every share pool.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
-from koord.hookapi import HookPoint, cpuset_value, format_cpuset, json_annotation, parse_cpuset
+from koord.hookapi import HookPoint, cpuset_value, json_annotation, parse_quantity
 
-from ...resources import KoordQoS
-from ..hooks import Hooks, InvalidInput, RuntimePlugin
-from ..protocol import ContainerContext, PodContext
-from ..rule import CPUSharedPool
+from ...resources import KoordQoS, KubeQoS, Resources
+from ..hooks import Hooks, InvalidInput, PluginEnv, RuntimePlugin
+from ..hostapps import HostApp
+from ..protocol import ContainerContext, ContainerRequest, PodContext
+from ..rule import CPUSharedPool, Rules
+from .cpusetmetrics import CPUSetMetrics
 
 log = logging.getLogger(__name__)
 
 RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+BATCH_CPU = "kubernetes.io/batch-cpu"
+BE_CPU_MANAGER = "BECPUManager"
+PER_CPU_METRIC = "PerCPUMetric"
+
+
+@dataclass(frozen=True)
+class ResourceStatus:
+    """The parts of a pod's resource-status this plugin reads."""
+
+    cpuset: str | None
+    numa_cpu_nodes: tuple[int, ...]
+    """NUMA nodes granting the pod cpu or batch-cpu, in the annotation's order."""
+
+
+def resource_status(annotations: dict[str, str]) -> ResourceStatus:
+    """The pod's resource-status; InvalidInput naming the field when it is malformed."""
+    status = json_annotation(annotations, RESOURCE_STATUS, error=InvalidInput)
+    if status is None:
+        return ResourceStatus(None, ())
+    where = f"pod annotation {RESOURCE_STATUS}"
+    cpuset = status.get("cpuset")
+    allocated = None if cpuset is None or cpuset == "" else cpuset_value(cpuset, f"{where}: cpuset", InvalidInput)
+    numa = status.get("numaNodeResources")
+    if numa is None:
+        return ResourceStatus(allocated, ())
+    if not isinstance(numa, list):
+        raise InvalidInput(f"{where}: numaNodeResources={numa!r:.60} is not a list")
+    nodes: list[int] = []
+    for i, item in enumerate(numa):
+        at = f"{where}: numaNodeResources[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidInput(f"{at}={item!r:.60} is not an object")
+        node = item.get("node", 0)
+        if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+            raise InvalidInput(f"{at}.node={node!r:.40}: want a non-negative integer")
+        resources = item.get("resources")
+        if resources is None:
+            continue
+        if not isinstance(resources, dict):
+            raise InvalidInput(f"{at}.resources={resources!r:.60} is not an object")
+        if _grants_cpu(resources, at):
+            nodes.append(node)
+    return ResourceStatus(allocated, tuple(nodes))
+
+
+def _grants_cpu(resources: dict, where: str) -> bool:
+    """A non-zero cpu, or a positive batch-cpu, in one NUMA node's resources."""
+    try:
+        cpu = parse_quantity(resources["cpu"]) if "cpu" in resources else 0
+        batch = parse_quantity(resources[BATCH_CPU]) if BATCH_CPU in resources else 0
+    except ValueError as exc:
+        raise InvalidInput(f"{where}.resources: {exc}") from None
+    return cpu != 0 or batch > 0
 
 
 def resource_status_cpuset(annotations: dict[str, str]) -> str | None:
     """The cpuset the scheduler allocated to a pod, or None; InvalidInput when the annotation is bad."""
-    status = json_annotation(annotations, RESOURCE_STATUS, error=InvalidInput)
-    if status is None:
-        return None
-    cpuset = status.get("cpuset")
-    if cpuset is None or cpuset == "":
-        return None
-    return cpuset_value(cpuset, f"pod annotation {RESOURCE_STATUS}: cpuset", InvalidInput)
+    return resource_status(annotations).cpuset
 
 
 def join_pools(pools: tuple[CPUSharedPool, ...]) -> str:
-    cpus: set[int] = set()
-    for pool in pools:
-        cpus.update(parse_cpuset(pool.cpuset))
-    return format_cpuset(cpus)
+    """The pools' cpusets joined with commas, in order, as the rule hands them to the runtime."""
+    return ",".join(pool.cpuset for pool in pools)
+
+
+def numa_pools(pools: tuple[CPUSharedPool, ...], nodes: tuple[int, ...]) -> str:
+    """The cpusets of the pools on ``nodes``, one per (node, pool) match, in the nodes' order."""
+    return ",".join(pool.cpuset for node in nodes for pool in pools if pool.node == node)
+
+
+def container_cpuset(rules: Rules, req: ContainerRequest, status: ResourceStatus,
+                     be_cpu_manager: bool) -> str | None:
+    """Rules 2-6 of the module's docstring: the cpuset, ``""`` to clear it, None to leave it."""
+    qos = req.koord_qos
+    if status.numa_cpu_nodes:
+        if qos is KoordQoS.BE and be_cpu_manager:
+            return numa_pools(rules.be_cpu_shared_pools, status.numa_cpu_nodes)
+        if qos is not KoordQoS.BE:
+            return numa_pools(rules.cpu_shared_pools, status.numa_cpu_nodes)
+    if qos is KoordQoS.SYSTEM and rules.system_qos_cpuset:
+        return rules.system_qos_cpuset
+    if qos is KoordQoS.LS:
+        return join_pools(rules.cpu_shared_pools)
+    if req.kube_qos is KubeQoS.BESTEFFORT:
+        return ""
+    if rules.kubelet_cpu_manager_policy == "static":
+        return None
+    return join_pools(rules.cpu_shared_pools)
+
+
+def host_app_cpuset(rules: Rules, name: str, qos: str) -> str:
+    """A NodeSLO host application's cpuset: every share pool; ValueError unless it is LS."""
+    if qos != KoordQoS.LS.value:
+        raise ValueError(f"host application {name}: qos {qos!r}: only LS is supported")
+    return join_pools(rules.cpu_shared_pools)
 
 
 class CPUSetAllocator(RuntimePlugin):
     name = "CPUSetAllocator"
     answers_from_request_and_rules = True
+
+    def __init__(self, env: PluginEnv) -> None:
+        super().__init__(env)
+        self.disable_unset_cpu_quota = env.disable_unset_cpu_quota
+        self.be_cpu_manager = env.gate(BE_CPU_MANAGER)
+        self.metrics = CPUSetMetrics(env.node, env.registry, per_cpu=env.gate(PER_CPU_METRIC))
 
     def register(self, hooks: Hooks) -> None:
         for stage in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
@@ -61,7 +153,28 @@ class CPUSetAllocator(RuntimePlugin):
         hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name, "unset pod cpu quota of cpuset pods",
                            self.unset_pod_cpu_quota)
 
+    def update_rules(self, rules: Rules) -> bool:
+        self.metrics.record_pools(rules.cpu_shared_pools, rules.be_cpu_shared_pools)
+        return super().update_rules(rules)
+
+    def reconcile_sandbox(self, ctx: ContainerContext) -> None:
+        self.set_container_cpuset(ctx)
+
+    def host_app_resources(self, app: HostApp) -> Resources | None:
+        """LS host applications get every share pool; upstream refuses any other class (an
+        error each round), here they are left alone and said once at debug level."""
+        if self.rules is None:
+            return None
+        try:
+            cpuset = host_app_cpuset(self.rules, app.name, app.qos)
+        except ValueError as exc:
+            log.debug("plugin %s: %s; its cpuset is left alone", self.name, exc)
+            return None
+        return Resources(cpuset_cpus=cpuset) if cpuset else None
+
     def unset_pod_cpu_quota(self, ctx: PodContext) -> None:
+        if self.disable_unset_cpu_quota:
+            return
         allocated = resource_status_cpuset(ctx.request.annotations)
         if allocated is not None:
             ctx.response.resources.cpu_quota = -1
@@ -69,24 +182,17 @@ class CPUSetAllocator(RuntimePlugin):
 
     def set_container_cpuset(self, ctx: ContainerContext) -> None:
         req, res = ctx.request, ctx.response.resources
-        who = f"pod {req.pod_meta} container {req.container_name}"
-        qos = req.koord_qos
-        allocated = resource_status_cpuset(req.pod_annotations)
-        if allocated is not None:
-            res.cpuset_cpus = allocated
-            res.cpu_quota = -1
-            log.debug("plugin %s: %s: allocated cpuset %s", self.name, who, allocated)
+        who = f"pod {req.pod_meta} container {req.container_name or '(sandbox)'}"
+        status = resource_status(req.pod_annotations)
+        if status.cpuset is not None:
+            res.cpuset_cpus = status.cpuset
+            if not self.disable_unset_cpu_quota:
+                res.cpu_quota = -1
+            log.debug("plugin %s: %s: allocated cpuset %s", self.name, who, status.cpuset)
             return
         if self.rules is None:
             return
-        if qos is KoordQoS.BE:
-            pools = self.rules.be_cpu_shared_pools
-        elif qos is KoordQoS.LS:
-            pools = self.rules.cpu_shared_pools
-        elif qos is KoordQoS.SYSTEM or self.rules.kubelet_cpu_manager_policy == "static":
-            return
-        else:
-            pools = self.rules.cpu_shared_pools
-        if pools:
-            res.cpuset_cpus = join_pools(pools)
-            log.debug("plugin %s: %s: shared pool cpuset %s", self.name, who, res.cpuset_cpus)
+        cpuset = container_cpuset(self.rules, req, status, self.be_cpu_manager)
+        if cpuset is not None:
+            res.cpuset_cpus = cpuset
+            log.debug("plugin %s: %s: cpuset %r from the rule", self.name, who, cpuset)
