@@ -57,8 +57,11 @@ class QOSMetrics:
             "the suppress formula's last result before the policy's steps and minimums",
             ["node"], registry=r)
         self.evictions = Counter(
-            "koordlet_pod_eviction", "pods evicted by the QoS manager, by reason",
+            "koordlet_pod_eviction", "Number of eviction launched by koordlet",
             ["node", "reason"], registry=r)
+        self.eviction_detail = Counter(
+            "koordlet_pod_eviction_detail", "evict detail launched by koordlet",
+            ["node", "pod_namespace", "pod_name", "reason"], registry=r)
         container = ["node", "pod_namespace", "pod_name", "container_id", "container_name"]
         self.container_scaled_cfs_burst = TickGauge(Gauge(
             "koordlet_container_scaled_cfs_burst_us",
@@ -75,6 +78,10 @@ class QOSMetrics:
         self.strategy_errors = Counter(
             "koordlet_qos_strategy_errors", "QoS strategy ticks that raised, by strategy",
             ["node", "strategy"], registry=r)
+
+    def record_eviction(self, namespace: str, name: str, reason: str) -> None:
+        self.evictions.labels(self.node, reason).inc()
+        self.eviction_detail.labels(self.node, namespace, name, reason).inc()
 
     def begin_cpu_burst(self) -> None:
         """Each CPUBurst tick reports only the containers it handled (gone ones vanish at
