@@ -34,7 +34,7 @@ from .pleg import Pleg
 from .pprof import PprofServer
 from .ratelimit import limit_client
 from .resourceexecutor.executor import CgroupExecutor
-from .resourceexecutor.updater import ResourceExecutor
+from .resourceexecutor.updater import CACHE_TTL_SECONDS, ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.nri import NriOptions, NriServer
 from .runtimehooks.plugins import build_plugins
@@ -76,8 +76,10 @@ class Koordlet:
     def __post_init__(self) -> None:
         a = self.args
         driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
+        force = max(0, a.resource_force_update_seconds)
+        # A cached write must outlive the force-update interval or the interval means nothing.
         self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir,
-                                         force_update_seconds=max(0, a.resource_force_update_seconds))
+                                         force_update_seconds=force, cache_ttl=max(CACHE_TTL_SECONDS, 2 * force))
         self.metrics = KoordletMetrics(node_name())
         env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
                         proc_root=a.proc_root_dir, current_pods=lambda: self.informer.get_all_pods(),

@@ -163,8 +163,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     proc.add_argument("--pprof-addr", type=parse_addr, default=("", 9317), metavar="HOST:PORT",
                       help="where --enable-pprof serves (default: :9317)")
     proc.add_argument("--resource-force-update-seconds", type=_go_int, default=60, metavar="INT",
-                      help="a cgroup value koordlet wrote is written again at most this often even "
-                      "when unchanged (default: 60)")
+                      help="a cgroup value koordlet wrote or found less than this many seconds ago is "
+                      "not written again while unchanged (default: 60)")
     klog = parser.add_argument_group("klog (upstream's logging flags, mapped onto Python logging)")
     k = klog.add_argument
     k("--v", type=_verbosity, default=0, metavar="LEVEL",

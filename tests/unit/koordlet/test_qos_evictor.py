@@ -145,3 +145,16 @@ def test_kill_without_api_server_needs_no_events(fake_cri) -> None:
     assert stopped_ids(fake_cri) == [("c-a", 0), ("c-b", 0)]
     assert {cid: c.state for cid, c in fake_cri.containers.items()} == {
         "c-exited": cri.CONTAINER_EXITED, "c-a": cri.CONTAINER_EXITED, "c-b": cri.CONTAINER_EXITED}
+
+
+@pytest.mark.parametrize("later, kept", [(299.0, 1.0), (300.0, None)])
+def test_eviction_detail_series_expire_after_five_minutes(later: float, kept: float | None) -> None:
+    now = [0.0]
+    registry = CollectorRegistry()
+    metrics = QOSMetrics("node-1", registry, clock=lambda: now[0])
+    metrics.record_eviction("default", "be-1", "evicted")
+    now[0] = later
+    metrics.expire_eviction_detail()
+    labels = {"node": "node-1", "pod_namespace": "default", "pod_name": "be-1", "reason": "evicted"}
+    assert registry.get_sample_value("koordlet_pod_eviction_detail_total", labels) == kept
+    assert registry.get_sample_value("koordlet_pod_eviction_total", {"node": "node-1", "reason": "evicted"}) == 1

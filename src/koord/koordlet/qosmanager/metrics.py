@@ -4,7 +4,9 @@ on ``--addr`` with the rest."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -40,9 +42,18 @@ class TickGauge:
             self.gauge.remove(*labels)
 
 
+EVICTION_DETAIL_EXPIRE_SECONDS = 300.0
+"""As upstream's expiring counter: a pod's ``koordlet_pod_eviction_detail`` series goes
+this long after its last eviction (pods come and go; their series must not pile up)."""
+
+
 class QOSMetrics:
-    def __init__(self, node: str = "", registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, node: str = "", registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
+        self._clock = clock
+        self._detail_lock = threading.Lock()
+        self._detail_at: dict[tuple[str, ...], float] = {}
         r = registry if registry is not None else CollectorRegistry()
         self.registry = r
         self.be_suppress_cores = Gauge(
@@ -81,7 +92,20 @@ class QOSMetrics:
 
     def record_eviction(self, namespace: str, name: str, reason: str) -> None:
         self.evictions.labels(self.node, reason).inc()
-        self.eviction_detail.labels(self.node, namespace, name, reason).inc()
+        labels = (self.node, namespace, name, reason)
+        self.eviction_detail.labels(*labels).inc()
+        with self._detail_lock:
+            self._detail_at[labels] = self._clock()
+        self.expire_eviction_detail()
+
+    def expire_eviction_detail(self) -> None:
+        """Removes the detail series not incremented in the last 5 minutes; the eviction
+        strategies call it every tick."""
+        now = self._clock()
+        with self._detail_lock:
+            for labels in [k for k, t in self._detail_at.items() if now - t >= EVICTION_DETAIL_EXPIRE_SECONDS]:
+                del self._detail_at[labels]
+                self.eviction_detail.remove(*labels)
 
     def begin_cpu_burst(self) -> None:
         """Each CPUBurst tick reports only the containers it handled (gone ones vanish at
