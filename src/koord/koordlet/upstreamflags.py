@@ -209,7 +209,8 @@ def refused_flags(args: argparse.Namespace) -> list[str]:
     for name, (kind, default, why) in REFUSED_UNLESS_DEFAULT.items():
         value = getattr(args, name.replace("-", "_"))
         if value is not None and not _same(kind, value, default):
-            out.append(f"argument --{name}: {str(value)!r:.60} refused: {why}; only upstream's "
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+            out.append(f"argument --{name}: {shown!r:.60} refused: {why}; only upstream's "
                        f"default {default!r} is accepted")
     return out
 
