@@ -317,7 +317,7 @@ def test_memory_evict_stops_the_right_be_pod(containerd: Containerd, kubelet: Ku
         (proc / "meminfo").write_text(f"MemTotal: {total_kb} kB\nMemFree: {total_kb // 2} kB\n"
                                       f"MemAvailable: {total_kb // 2} kB\n")  # relieved: 50%
         time.sleep(2)
-        assert_evicted_alone(kubelet, node.registry, [small, ls], "EvictPodByNodeMemoryUsage")
+        assert_evicted_alone(kubelet, node.registry, [small, ls], "evicted")
     finally:
         node.qos.stop()
         assert not kubelet.cleanup()
@@ -348,7 +348,7 @@ def test_cpu_evict_stops_the_busiest_labelled_pod_when_the_node_is_busy(
         node.slo(enable=True, cpuEvictThresholdPercent=25, cpuEvictLowerPercent=20, cpuEvictTimeWindowSeconds=3)
         wait_for(lambda: stopped(kubelet, pods["busy"]), "the full-core burner stopped", 30)
         time.sleep(5)  # more evict rounds: the node is below the threshold now
-        assert_evicted_alone(kubelet, node.registry, [pods["light"], pods["ls"]], "EvictPodByNodeCPUUsage")
+        assert_evicted_alone(kubelet, node.registry, [pods["light"], pods["ls"]], "evicted")
     finally:
         node.qos.stop()
         assert not kubelet.cleanup()
@@ -381,7 +381,7 @@ def test_be_cpu_evict_stops_the_be_pod_starved_most_for_its_request(
     wait_for(lambda: stopped(rig.kubelet, burner), "the burner stopped", 30)
     time.sleep(5)  # more evict rounds: the release is covered
     assert rig.qos is not None
-    assert_evicted_alone(rig.kubelet, rig.qos.ctx.metrics.registry, [idle], "EvictPodByBECPUSatisfaction")
+    assert_evicted_alone(rig.kubelet, rig.qos.ctx.metrics.registry, [idle], "evicted")
 
 
 def test_koordlet_process_suppresses_and_restores(containerd: Containerd, kubelet: KubeletClient,

@@ -102,6 +102,7 @@ API_CALLS = {
     "create_cluster_custom_object": ("topology.node.k8s.io", "noderesourcetopologies", "create"),
     "replace_cluster_custom_object": ("topology.node.k8s.io", "noderesourcetopologies", "update"),
     "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
+    "create_namespaced_event": ("", "events", "create"),
 }
 EXTRA = [  # list-watch of every kind listed, and the kubelet reached through nodes/proxy
     ("", "nodes", "watch"), ("slo.koordinator.sh", "nodeslos", "watch"),
@@ -114,8 +115,8 @@ def test_every_api_call_of_the_code_is_mapped():
     src = Path(__file__).resolve().parents[2] / "src" / "koord" / "koordlet"
     called = set()
     for path in src.rglob("*.py"):
-        called |= set(re.findall(r"\.(list_node|[a-z_]*custom_object[a-z_]*|create_namespaced_pod_eviction)\b",
-                                 path.read_text()))
+        called |= set(re.findall(r"\.(list_node|[a-z_]*custom_object[a-z_]*|create_namespaced_pod_eviction"
+                                 r"|create_namespaced_event)\b", path.read_text()))
     assert called == set(API_CALLS)
 
 

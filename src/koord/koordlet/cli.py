@@ -31,8 +31,10 @@ from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
 from .modules import ModuleStarter
 from .nodeslocheck import check_node_slo
 from .pleg import Pleg
+from .pprof import PprofServer
+from .ratelimit import limit_client
 from .resourceexecutor.executor import CgroupExecutor
-from .resourceexecutor.updater import ResourceExecutor
+from .resourceexecutor.updater import CACHE_TTL_SECONDS, ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.nri import NriOptions, NriServer
 from .runtimehooks.plugins import build_plugins
@@ -74,7 +76,10 @@ class Koordlet:
     def __post_init__(self) -> None:
         a = self.args
         driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
-        self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir)
+        force = max(0, a.resource_force_update_seconds)
+        # A cached write must outlive the force-update interval or the interval means nothing.
+        self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir,
+                                         force_update_seconds=force, cache_ttl=max(CACHE_TTL_SECONDS, 2 * force))
         self.metrics = KoordletMetrics(node_name())
         env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
                         proc_root=a.proc_root_dir, current_pods=lambda: self.informer.get_all_pods(),
@@ -115,6 +120,7 @@ class Koordlet:
         self.pleg: Pleg | None = None
         self.predict_server: prediction.PeakPredictServer | None = None
         self.modules = ModuleStarter(self.metrics.set_module)
+        self.pprof: PprofServer | None = None
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
@@ -139,6 +145,7 @@ class Koordlet:
         the process (OSError), as before: the proxy could not reach koordlet at all.
         """
         self._serve_metrics()
+        self._serve_pprof()
         self.metrics.set_module("resource-executor", True)  # built in __post_init__
         self.modules.run("metric-cache", lambda: metriccache.from_args(self.args),
                          lambda cache: setattr(self, "metric_cache", cache))
@@ -291,10 +298,23 @@ class Koordlet:
         if self.qos_manager is not None:  # started (its start is retried until it is)
             self.qos_manager.cgroups_changed()
 
+    def _serve_pprof(self) -> None:
+        """As upstream, a pprof address that cannot be bound is logged and koordlet goes on."""
+        if not self.args.enable_pprof:
+            return
+        host, port = self.args.pprof_addr
+        try:
+            self.pprof = PprofServer(host, port).start()
+        except OSError as exc:
+            log.error("pprof: cannot listen on %s:%d: %s", host, port, exc)
+
     def stop(self) -> None:
         """Reverse order. Unregisters first so the proxy stops calling, then stops serving;
         no module is retried once stopping began."""
         self.modules.stop()
+        if self.pprof is not None:
+            self.pprof.stop()
+            self.pprof = None
         if self.registration is not None:
             self.registration.remove(self.args.runtime_hooks_config_path)
             self.registration = None
@@ -341,7 +361,8 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
                       "NodeSLO or NodeMetric; using defaults")
         else:
             try:
-                objects = KubeObjectsSource(kube_api_client(kubeconfig_path(a)), name)
+                objects = KubeObjectsSource(kube_api_client(kubeconfig_path(a), a.kube_api_qps,
+                                                            a.kube_api_burst), name)
             except Exception as exc:  # bad kubeconfig, no service account, no kubernetes package
                 log.error("cannot reach the API server: %s; no Node, NodeSLO or NodeMetric; "
                           "using defaults", exc)
@@ -389,16 +410,17 @@ def node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def kube_api_client(kubeconfig: Path | None):
+def kube_api_client(kubeconfig: Path | None, qps: float = 20.0, burst: int = 30):
+    """The API client, its requests limited to ``qps`` after a ``burst`` (``ratelimit``)."""
     from kubernetes import client, config
 
     # urllib3 warns at each of its retries; an outage is logged once by Reachability instead.
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
     if kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(kubeconfig))
+        return limit_client(config.new_client_from_config(config_file=str(kubeconfig)), qps, burst)
     config.load_incluster_config()
-    return client.ApiClient()
+    return limit_client(client.ApiClient(), qps, burst)
 
 
 def warn_about_upstream_only(args: argparse.Namespace) -> None:

@@ -181,6 +181,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(str(exc))
     args = parser.parse_args(goflags.to_argparse(pairs, known, store_true=frozenset({"help"})))
     args.unparsed = rest
+    for refused in upstreamflags.refused_flags(args):
+        parser.error(refused)
     if args.version:
         print(version_text("koordlet"))
         parser.exit(0)

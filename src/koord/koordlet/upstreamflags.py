@@ -1,9 +1,13 @@
-"""Upstream koordlet's flags that have no feature here, klog's flags, and the DaemonSet
-defaults of upstream's ``agent_mode``.
+"""Upstream koordlet's flags that have no feature here, its process-level flags (API client
+rate limit, pprof), klog's flags, and the DaemonSet defaults of upstream's ``agent_mode``.
 
-Upstream's DaemonSet passes flags for features this koordlet does not build (audit,
-TSDB tuning, ...). Each is accepted with its Go type checked, so a manifest
-written for upstream starts, and one warning names the ones given. klog's flags map onto
+Upstream's DaemonSet passes flags for features this koordlet does not build (TSDB
+tuning, ...). Each flag whose value cannot change what koordlet does here is accepted with
+its Go type checked, so a manifest written for upstream starts, and one warning names the
+ones given (``NOT_IMPLEMENTED``). A flag whose feature is missing here but whose
+non-default value would change what upstream does (the audit log, another runtime, ...)
+is accepted at its default (and named in the same warning) and refused otherwise, exit 2
+with a line naming it (``REFUSED_UNLESS_DEFAULT``). klog's flags map onto
 Python logging: ``-v`` >= 4 is DEBUG, ``-logtostderr=false`` writes to ``-log_file`` or
 ``-log_dir``, ``-stderrthreshold`` bounds what reaches stderr, ``-skip_headers`` drops the
 time/level prefix.
@@ -30,14 +34,9 @@ NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "configmap-name": (STRING, "koordlet-config"),
     "configmap-namespace": (STRING, "koordinator-system"),
     "run-root-dir": (STRING, "/host-run/"),
-    "docker-endpoint": (STRING, ""),
-    "pouch-endpoint": (STRING, ""),
-    "default-runtime-type": (STRING, "containerd"),
     "hami-core-library-directory-path": (STRING, "/usr/local/vgpu/libvgpu.so"),
     "pod-resources-proxy-path": (STRING, "/var/run/koordlet/pod-resources"),
     "xpu-device-infos-dir": (STRING, "/var/run/koordlet/xpu-device-infos/"),
-    "report-interval": (DURATION, "0s"),
-    "enable-pod-taskids": (BOOL, "false"),
     "xpu-enforce-collect-from-device-infos": (BOOL, "false"),
     "collect-node-storage-info-interval": (DURATION, "1s"),
     "cpi-collector-interval": (DURATION, "1m0s"),
@@ -52,17 +51,8 @@ NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "tsdb-min-block-duration": (DURATION, "10m0s"),
     "tsdb-max-block-duration": (DURATION, "10m0s"),
     "tsdb-head-chunks-write-buffer-size": (INT, "1048576"),
-    "qos-extension-plugins": (MAP, ""),
-    "audit-log-dir": (STRING, "/var/log/koordlet"),
-    "audit-verbose": (INT, "3"),
-    "audit-max-disk-space-mb": (INT, "16"),
-    "audit-max-concurrent-readers": (INT, "4"),
-    "audit-max-events-limit": (INT, "2048"),
-    "resource-force-update-seconds": (INT, "60"),
-    "enable-pprof": (BOOL, "false"),
-    "pprof-addr": (STRING, ":9317"),
-    "kube-api-qps": (FLOAT, "20"),
-    "kube-api-burst": (INT, "30"),
+    # controller-runtime's list caching, registered by a package upstream links in
+    "disable-no-deepcopy": (BOOL, "false"),
     # klog flags without a counterpart here
     "vmodule": (STRING, ""),
     "log_backtrace_at": (STRING, ":0"),
@@ -71,7 +61,32 @@ NOT_IMPLEMENTED: dict[str, tuple[str, str]] = {
     "log_file_max_size": (UINT, "1800"),
     "legacy_stderr_threshold_behavior": (BOOL, "false"),
 }
-"""Upstream flag name -> (Go type, upstream default)."""
+"""Upstream flag name -> (Go type, upstream default). Why ignoring each changes nothing:
+the ConfigMap names are read by no module upstream either; ``run-root-dir`` only locates
+sockets that ``--containerd-endpoint`` and ``--var-run-root-dir`` name here; the device
+paths (HAMi, pod-resources proxy, XPU) and the CPI, cold-page and storage collectors'
+intervals belong to collectors and plugins not built here (their feature gates say so);
+``metric-gc-interval-seconds``/``metric-expire-seconds`` are read by nothing upstream;
+the TSDB flags tune storage, not the values stored; ``disable-no-deepcopy`` tunes
+controller-runtime's list cache, which koordlet does not use; the klog ones shape log
+lines only."""
+
+REFUSED_UNLESS_DEFAULT: dict[str, tuple[str, str, str]] = {
+    "docker-endpoint": (STRING, "", "Docker is not supported here: only containerd's CRI"),
+    "pouch-endpoint": (STRING, "", "PouchContainer is not supported here: only containerd's CRI"),
+    "default-runtime-type": (STRING, "containerd", "only containerd is supported here"),
+    "report-interval": (DURATION, "0s", "the NodeMetric report interval comes from the NodeMetric "
+                        "spec here (collectPolicy.reportIntervalSeconds)"),
+    "enable-pod-taskids": (BOOL, "false", "pod task ids are not collected here"),
+    "qos-extension-plugins": (MAP, "", "no QoS extension plugin is built here"),
+    "audit-log-dir": (STRING, "/var/log/koordlet", "there is no audit log here (QoS actions are "
+                      "logged and, for evictions, recorded as pod Events)"),
+    "audit-verbose": (INT, "3", "there is no audit log here"),
+    "audit-max-disk-space-mb": (INT, "16", "there is no audit log here"),
+    "audit-max-concurrent-readers": (INT, "4", "there is no audit log here"),
+    "audit-max-events-limit": (INT, "2048", "there is no audit log here"),
+}
+"""Upstream flag name -> (Go type, upstream default, what is missing here)."""
 
 SEVERITIES = {"INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
               "FATAL": logging.CRITICAL, "0": logging.INFO, "1": logging.WARNING, "2": logging.ERROR,
@@ -95,6 +110,13 @@ def _go_float(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r:.40}: want a number") from None
+
+
+def _go_finite(text: str) -> float:
+    value = _go_float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r:.40}: want a finite number")
+    return value
 
 
 def _go_duration(text: str) -> str:
@@ -125,6 +147,22 @@ _TYPES: dict[str, Callable[[str], Any]] = {
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
+    from .pprof import parse_addr
+
+    proc = parser.add_argument_group("process (upstream's options.go)")
+    proc.add_argument("--kube-api-qps", type=_go_finite, default=20.0, metavar="FLOAT",
+                      help="requests per second to the API server after the burst; 0 means 5, "
+                      "negative means no limit, as client-go (default: 20)")
+    proc.add_argument("--kube-api-burst", type=lambda t: _go_int(t, unsigned=True), default=30, metavar="INT",
+                      help="requests the API client may send at once; 0 means 10 (default: 30)")
+    proc.add_argument("--enable-pprof", type=flag_bool, nargs="?", const=True, default=False, metavar="BOOL",
+                      help="serve thread stacks and a heap snapshot on --pprof-addr under /debug/pprof/ "
+                      "(default: false)")
+    proc.add_argument("--pprof-addr", type=parse_addr, default=("", 9317), metavar="HOST:PORT",
+                      help="where --enable-pprof serves (default: :9317)")
+    proc.add_argument("--resource-force-update-seconds", type=_go_int, default=60, metavar="INT",
+                      help="a cgroup value koordlet wrote or found less than this many seconds ago is "
+                      "not written again while unchanged (default: 60)")
     klog = parser.add_argument_group("klog (upstream's logging flags, mapped onto Python logging)")
     k = klog.add_argument
     k("--v", type=_verbosity, default=0, metavar="LEVEL",
@@ -148,11 +186,37 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         extra: dict = {"nargs": "?", "const": True} if kind == BOOL else {}
         ignored.add_argument(f"--{name}", type=_TYPES[kind], default=None, metavar=kind.upper(),
                              help=f"upstream's {kind} flag (default: {default or 'empty'})", **extra)
+    refused = parser.add_argument_group(
+        "upstream flags without a feature here: accepted at upstream's default (and ignored with "
+        "one warning), refused otherwise")
+    for name, (kind, default, why) in REFUSED_UNLESS_DEFAULT.items():
+        extra = {"nargs": "?", "const": True} if kind == BOOL else {}
+        refused.add_argument(f"--{name}", type=_TYPES[kind], default=None, metavar=kind.upper(),
+                             help=f"upstream's {kind} flag; {why} (default: {default or 'empty'})", **extra)
+
+
+def _same(kind: str, value: Any, default: str) -> bool:
+    if kind == DURATION:
+        return bool(parse_duration(value) == parse_duration(default))
+    return bool(value == _TYPES[kind](default))
+
+
+def refused_flags(args: argparse.Namespace) -> list[str]:
+    """One line per upstream-only flag given a value other than upstream's default."""
+    out = []
+    for name, (kind, default, why) in REFUSED_UNLESS_DEFAULT.items():
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and not _same(kind, value, default):
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+            out.append(f"argument --{name}: {shown!r:.60} refused: {why}; only upstream's "
+                       f"default {default!r} is accepted")
+    return out
 
 
 def ignored_flags(args: argparse.Namespace) -> list[str]:
-    """The names of the upstream-only flags that were given."""
-    return [name for name in NOT_IMPLEMENTED if getattr(args, name.replace("-", "_")) is not None]
+    """The names of the upstream-only flags that were given (and not refused), sorted."""
+    names = list(NOT_IMPLEMENTED) + list(REFUSED_UNLESS_DEFAULT)
+    return sorted(name for name in names if getattr(args, name.replace("-", "_")) is not None)
 
 
 def configure_logging(args: argparse.Namespace) -> None:

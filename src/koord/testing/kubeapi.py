@@ -4,10 +4,12 @@ Cluster-scoped Node, NodeSLO, NodeMetric and NodeResourceTopology: list (with
 ``fieldSelector=metadata.name=``), watch (newline-delimited JSON events from a
 resourceVersion), get, the NodeMetric ``/status`` PUT with resourceVersion conflicts (409)
 as the real API server answers them, and create (POST) / update (PUT) of
-NodeResourceTopology. ``crds=False`` answers 404 for every Koordinator and topology kind,
-as an API server without those CRDs does. Every request is recorded as (verb, path) for
-RBAC checks. Serves plain HTTP on loopback at a free port; the real ``kubernetes`` client
-talks to it.
+NodeResourceTopology. Pod evictions (POST ``.../pods/<name>/eviction``, answered with
+``eviction_status``: 201, or 429 as when a PodDisruptionBudget refuses) and Events (POST
+``.../namespaces/<ns>/events``) are recorded in ``evictions`` and ``events``.
+``crds=False`` answers 404 for every Koordinator and topology kind, as an API server
+without those CRDs does. Every request is recorded as (verb, path) for RBAC checks.
+Serves plain HTTP on loopback at a free port; the real ``kubernetes`` client talks to it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class FakeKubeAPI:
         self._history: list[tuple[int, str, dict]] = []  # (resourceVersion, path, event)
         self.status_updates: list[dict] = []
         self.conflicts_to_inject = 0
+        self.evictions: list[dict] = []
+        self.events: list[dict] = []
+        self.eviction_status = 201
         self.closing = threading.Event()
         api = self
 
@@ -252,12 +257,36 @@ class FakeKubeAPI:
             return self._status(h, 409, "Conflict", "the object has been modified")
         self._send(h, 200, self.put(base, body))
 
+    def _namespaced_post(self, h: BaseHTTPRequestHandler, path: str, body: dict) -> bool:
+        """An eviction or an Event; False for any other path."""
+        parts = path.strip("/").split("/")  # api v1 namespaces <ns> (events | pods <name> eviction)
+        if parts[:3] != ["api", "v1", "namespaces"] or len(parts) not in (5, 7):
+            return False
+        if len(parts) == 5 and parts[4] == "events":
+            self.requests.append(("create", path))
+            self.events.append(body)
+            self._send(h, 201, body)
+            return True
+        if len(parts) == 7 and parts[4] == "pods" and parts[6] == "eviction":
+            self.requests.append(("create", path))
+            self.evictions.append(body)
+            if self.eviction_status == 429:
+                self._status(h, 429, "TooManyRequests",
+                             "Cannot evict pod as it would violate the pod's disruption budget.")
+            else:
+                self._send(h, self.eviction_status, {"kind": "Status", "apiVersion": "v1",
+                                                     "status": "Success", "code": self.eviction_status})
+            return True
+        return False
+
     def _post(self, h: BaseHTTPRequestHandler) -> None:
-        """Create: only NodeResourceTopology (koordlet creates its node's)."""
+        """Create: NodeResourceTopology (koordlet creates its node's), pod evictions, Events."""
         url = urlparse(h.path)
         base, name, _ = self._split(url.path)
         length = int(h.headers.get("Content-Length", "0"))
         body = json.loads(h.rfile.read(length) or b"{}")
+        if self._namespaced_post(h, url.path, body):
+            return None
         if not self._served(h, "create", base):
             return None
         if not base.endswith("noderesourcetopologies") or name is not None:

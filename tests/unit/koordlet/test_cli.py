@@ -260,3 +260,21 @@ def test_resctrl_with_default_flags_uses_sys_fs_resctrl():
     resctrl = [p for p in koordlet.plugins if p.name == "Resctrl"]
     assert len(resctrl) == 1
     assert resctrl[0].root == Path("/sys/fs/resctrl")
+
+
+@pytest.mark.parametrize("argv, force, ttl", [
+    ([], 60, 120.0),
+    (["-resource-force-update-seconds=5"], 5, 120.0),
+    (["-resource-force-update-seconds=600"], 600, 1200.0),
+    (["-resource-force-update-seconds=-1"], 0, 120.0),
+])
+def test_resource_force_update_seconds_reaches_the_executor(tmp_path: Path, short_socket_dir: Path, argv: list[str],
+                                                            force: float, ttl: float) -> None:
+    make_fake_v1_cgroup(tmp_path / "cg", "kubepods")
+    koordlet = cli.Koordlet(flags.parse_args([
+        "--runtime-hooks-addr", str(short_socket_dir / "k.sock"), "--cgroup-root-dir", str(tmp_path / "cg"),
+        *PRIVATE_PATHS(tmp_path), *argv]))
+    try:
+        assert (koordlet.executor.force_update_seconds, koordlet.executor.cache_ttl) == (force, ttl)
+    finally:
+        koordlet.modules.stop()

@@ -96,19 +96,26 @@ def test_flag_rows_match_the_parser(doc: str) -> None:
             assert name in known and name not in upstreamflags.NOT_IMPLEMENTED, f"-{name}: {text}"
         elif text.startswith("missing: ignored"):
             assert name in upstreamflags.NOT_IMPLEMENTED, f"-{name} is not in NOT_IMPLEMENTED"
+        elif text.startswith("missing: refused unless at upstream's default"):
+            assert name in upstreamflags.REFUSED_UNLESS_DEFAULT, f"-{name} is not in REFUSED_UNLESS_DEFAULT"
         else:
             assert text.startswith("missing: not accepted"), f"-{name}: {text!r}"
             assert name not in known
     ignored = {n for n, c in table(doc, "Flags").items() if c[-1].startswith("missing: ignored")}
     assert set(upstreamflags.NOT_IMPLEMENTED) == ignored
+    refused = {n for n, c in table(doc, "Flags").items() if c[-1].startswith("missing: refused")}
+    assert set(upstreamflags.REFUSED_UNLESS_DEFAULT) == refused
 
 
-def test_flags_not_accepted_exit_2(doc: str) -> None:
-    refused = [n for n, c in table(doc, "Flags").items() if c[-1].startswith("missing: not accepted")]
-    assert refused, "the table says every upstream flag is accepted; drop this test's premise"
+def test_flags_refused_unless_at_upstreams_default_exit_2_otherwise(doc: str) -> None:
+    refused = [n for n, c in table(doc, "Flags").items() if c[-1].startswith("missing: refused")]
+    assert refused, "the table refuses no flag; drop this test's premise"
     for name in refused:
+        kind, default, _ = upstreamflags.REFUSED_UNLESS_DEFAULT[name]
+        other = {"bool": "true" if default == "false" else "false", "int": "12345", "duration": "7s",
+                 "map": "x=y"}.get(kind, default + "-other")
         with pytest.raises(SystemExit) as exc:
-            flags.parse_args([f"-{name}"])
+            flags.parse_args([f"-{name}={other}"])
         assert exc.value.code == 2, name
 
 

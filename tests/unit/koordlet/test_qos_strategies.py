@@ -45,9 +45,11 @@ class RecordingEvictor(Evictor):
         super().__init__("/nonexistent.sock")
         self.stopped: list[tuple[str, str, str]] = []
 
-    def _stop_containers(self, pod: PodMeta, reason: str, message: str) -> bool:
-        self.stopped.append((pod.uid, reason, message))
-        return True
+    def _stop_containers(self, pod: PodMeta, message: str, detail: str) -> str | None:
+        """Records (uid, the strategy's reason, the numbers): the message is upstream's
+        ``<reason>, kill pod: <name>``."""
+        self.stopped.append((pod.uid, message.split(",")[0], detail))
+        return None
 
 
 class Rig:
@@ -375,7 +377,7 @@ def test_be_memory_evict_and_cool_down(tmp_path: Path) -> None:
     assert [u for u, _, _ in rig.evictor.stopped] == ["p100-20g", "p100-5g"]
     uid, reason, message = rig.evictor.stopped[0]
     assert reason == "EvictPodByNodeMemoryUsage" and "95% >= 80%" in message
-    assert rig.metric("koordlet_pod_eviction_total", reason="EvictPodByNodeMemoryUsage") == 2
+    assert rig.metric("koordlet_pod_eviction_total", reason="evicted") == 2
     rig.now += 1
     memory_samples(rig)
     s.run_once()
@@ -521,7 +523,7 @@ def test_failed_eviction_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFi
         for _ in range(3):
             rig.strategy("MemoryEvict").run_once()
     errors = [r for r in caplog.records if "p100-20g" in r.getMessage() or "default/p100-20g" in r.getMessage()]
-    assert len(errors) == 1 and "stopping containers failed" in errors[0].getMessage()
+    assert len(errors) == 1 and "stopping its containers through CRI failed" in errors[0].getMessage()
     evictor.close()
 
 

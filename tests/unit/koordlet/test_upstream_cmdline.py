@@ -213,13 +213,13 @@ def test_every_upstream_flag_is_known():
 
 
 def test_ignored_upstream_flags_and_gates_are_named_once(caplog):
-    args = flags.parse_args(["-enable-pprof", "-audit-verbose=4", "-feature-gates=TerwayQoS=true",
-                             "-v=1", "left", "over"])
+    args = flags.parse_args(["-tsdb-stripe-size=1", "-audit-verbose=3", "-disable-no-deepcopy",
+                             "-feature-gates=TerwayQoS=true", "-v=1", "left", "over"])
     with caplog.at_level(logging.WARNING):
         cli.warn_about_upstream_only(args)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3
-    assert "--audit-verbose, --enable-pprof" in lines[0]
+    assert lines[0].endswith(": --audit-verbose, --disable-no-deepcopy, --tsdb-stripe-size")
     assert lines[1].endswith("(no effect): TerwayQoS")  # RdtResctrl is on by default and built
     assert "left over" in lines[2]
 

@@ -236,6 +236,7 @@ class EvictStrategy(Strategy):
         self.cool_until = self.ctx.clock() + self.cool_time
 
     def run_once(self) -> None:
+        self.ctx.metrics.expire_eviction_detail()
         now = self.ctx.clock()
         if now < self.cool_until:
             return

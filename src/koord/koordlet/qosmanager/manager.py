@@ -40,7 +40,8 @@ class QOSManager:
     """``QOSManager(config, states_informer, metric_cache, executor).start()/stop()``.
 
     ``config`` is the parsed flags (``add_flags``) or a QOSConfig; ``api_client`` (a
-    ``kubernetes.client.ApiClient``) makes evictions go through the Eviction API.
+    ``kubernetes.client.ApiClient``) receives the eviction Events and, with
+    ``only_evict_by_api``, the evictions themselves.
     """
 
     def __init__(self, config: argparse.Namespace | QOSConfig, states_informer: StatesInformer,
@@ -50,7 +51,8 @@ class QOSManager:
         cfg = config if isinstance(config, QOSConfig) else QOSConfig.from_args(config)
         metrics = QOSMetrics(cfg.node_name, registry)
         if evictor is None:
-            evictor = Evictor(cfg.cri_endpoint, only_by_api=cfg.only_evict_by_api, api_client=api_client)
+            evictor = Evictor(cfg.cri_endpoint, only_by_api=cfg.only_evict_by_api, api_client=api_client,
+                              metrics=metrics)
         if isinstance(evictor, Evictor) and evictor.metrics is None:
             evictor.metrics = metrics
         self.ctx = Context(cfg, states_informer, metric_cache, executor, metrics, evictor, clock)

@@ -4,7 +4,9 @@ on ``--addr`` with the rest."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -40,9 +42,18 @@ class TickGauge:
             self.gauge.remove(*labels)
 
 
+EVICTION_DETAIL_EXPIRE_SECONDS = 300.0
+"""As upstream's expiring counter: a pod's ``koordlet_pod_eviction_detail`` series goes
+this long after its last eviction (pods come and go; their series must not pile up)."""
+
+
 class QOSMetrics:
-    def __init__(self, node: str = "", registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, node: str = "", registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
+        self._clock = clock
+        self._detail_lock = threading.Lock()
+        self._detail_at: dict[tuple[str, ...], float] = {}
         r = registry if registry is not None else CollectorRegistry()
         self.registry = r
         self.be_suppress_cores = Gauge(
@@ -57,8 +68,11 @@ class QOSMetrics:
             "the suppress formula's last result before the policy's steps and minimums",
             ["node"], registry=r)
         self.evictions = Counter(
-            "koordlet_pod_eviction", "pods evicted by the QoS manager, by reason",
+            "koordlet_pod_eviction", "Number of eviction launched by koordlet",
             ["node", "reason"], registry=r)
+        self.eviction_detail = Counter(
+            "koordlet_pod_eviction_detail", "evict detail launched by koordlet",
+            ["node", "pod_namespace", "pod_name", "reason"], registry=r)
         container = ["node", "pod_namespace", "pod_name", "container_id", "container_name"]
         self.container_scaled_cfs_burst = TickGauge(Gauge(
             "koordlet_container_scaled_cfs_burst_us",
@@ -75,6 +89,23 @@ class QOSMetrics:
         self.strategy_errors = Counter(
             "koordlet_qos_strategy_errors", "QoS strategy ticks that raised, by strategy",
             ["node", "strategy"], registry=r)
+
+    def record_eviction(self, namespace: str, name: str, reason: str) -> None:
+        self.evictions.labels(self.node, reason).inc()
+        labels = (self.node, namespace, name, reason)
+        self.eviction_detail.labels(*labels).inc()
+        with self._detail_lock:
+            self._detail_at[labels] = self._clock()
+        self.expire_eviction_detail()
+
+    def expire_eviction_detail(self) -> None:
+        """Removes the detail series not incremented in the last 5 minutes; the eviction
+        strategies call it every tick."""
+        now = self._clock()
+        with self._detail_lock:
+            for labels in [k for k, t in self._detail_at.items() if now - t >= EVICTION_DETAIL_EXPIRE_SECONDS]:
+                del self._detail_at[labels]
+                self.eviction_detail.remove(*labels)
 
     def begin_cpu_burst(self) -> None:
         """Each CPUBurst tick reports only the containers it handled (gone ones vanish at
