@@ -13,11 +13,13 @@ pod sandbox (READY)    PreRunPodSandbox         ``pod_dir(cgroup_parent)``
 container (CREATED,    PreCreateContainer       ``container_dir(cgroup_parent, id)``
 RUNNING)
 pod gone since last    PostStopPodSandbox       nothing (plugins clean up, e.g. resctrl)
+every listed pod       (none)                   ``plugin.reconcile_pods``: a plugin's own
+                                                state per pod (resctrl groups and tasks)
 =====================  =======================  ===========================================
 
 The hook requests are built from verbose CRI status by the builder the proxy uses too
-(``koord.hookapi.fromcri``), so a plugin computes the same values in both modes. Changes a cgroup
-cannot carry (envs, annotations) are ignored here.
+(``koord.hookapi.fromcri``), so a plugin computes the same values in both modes. Changes a
+cgroup cannot carry (envs, annotations) are ignored here.
 
 When every plugin answers from the request and its rules alone
 (``RuntimePlugin.answers_from_request_and_rules``), a pod or container whose request (the
@@ -31,12 +33,11 @@ refresh rounds). The rounds a pods change or a rule change asks for in between (
 second on a node running short jobs) write only new answers and refresh nothing, so a
 round's cost and the refreshes' pace do not grow with the churn.
 
-A container the runtime lists as created, not yet running, may have no cgroup yet
-(containerd makes it at StartContainer) or one the runtime is about to write the spec's
-resources to (runc makes the directory, which PLEG reports at once, then writes them): its
-answer is not kept, so each round writes it again until one lists the container running. A
-round that saw such a container created within ``STARTING_WINDOW`` asks for the next round
-within ``STARTING_RETRY``, since nothing else may ask for one once the container starts.
+A container listed as created, not yet running, may have no cgroup yet (containerd makes
+it at StartContainer) or one the runtime is about to write the spec's resources to (runc
+makes the directory, which PLEG reports at once, then writes them): its answer is not kept,
+so each round writes it again until one lists it running. A round that saw such a container
+created within ``STARTING_WINDOW`` asks for the next round within ``STARTING_RETRY``.
 
 A sandbox's labels and annotations in CRI are the pod's at creation and never change, while
 a pod's annotations (oom-score-adj, the cpuset status, ...) and labels (core-sched group) may
@@ -67,6 +68,7 @@ from ..resources import KubeQoS, Resources
 from ..statesinformer.meta import PodMeta
 from .hooks import Hooks, RuntimePlugin, describe
 from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
+from .reconcilepods import reconcile_plugins, running_pods, same_metadata, sizes, with_current_metadata
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +87,8 @@ STARTING_RETRY = 1.0
 """Seconds to the next round after one that saw a young container not running yet."""
 STARTING_WINDOW = 60.0
 """Seconds after its creation a container not running yet is young: kubelet starts what it
-creates at once, so one older than this failed to start (and kubelet will remove it); it
-does not keep the loop on quick rounds."""
-KUBELET_LABEL_PREFIX = "io.kubernetes."
-"""Labels kubelet adds to a sandbox itself (pod name, namespace, uid): not in the pod object."""
+creates at once, so an older one failed to start (kubelet will remove it) and does not keep
+the loop on quick rounds."""
 _Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
 
 
@@ -118,38 +118,9 @@ class ReconcileReport:
     stopped_pods: int = 0
     starting: int = 0
     """Young containers not running yet (see STARTING_WINDOW)."""
+    unreadable: int = 0  # listed sandboxes and containers whose records do not decode
     written: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-
-
-def with_current_metadata(record: bytes, pod: PodMeta | None) -> bytes:
-    """``record`` (a serialized PodHookRequest from CRI) with the labels and annotations of
-    ``pod`` (the pods source's view of the same pod), as the proxy would see them were the
-    pod created now: the pod's labels plus the ones kubelet adds to every sandbox, the pod's
-    annotations; serialized. ``record`` itself when the source does not know the pod."""
-    if pod is None:
-        return record
-    out = PodHookRequest.FromString(record)
-    kubelet_own = {k: v for k, v in out.labels.items() if k.startswith(KUBELET_LABEL_PREFIX)}
-    out.ClearField("labels")
-    out.labels.update(kubelet_own)
-    out.labels.update(pod.labels)
-    out.ClearField("annotations")
-    out.annotations.update(pod.annotations)
-    return out.SerializeToString()
-
-
-def _same_metadata(a: PodMeta | None, b: PodMeta | None) -> bool:
-    """What ``with_current_metadata`` takes from a pod is the same in both."""
-    if a is None or b is None:
-        return a is b
-    return a is b or (a.labels == b.labels and a.annotations == b.annotations)
-
-
-def _sizes(pods: dict[str, PodMeta]) -> dict[str, object]:
-    """Container id -> its (requests, limits) in the pods source: what changes when kubelet
-    resizes a container."""
-    return {c.id: (c.requests, c.limits) for pod in pods.values() for c in pod.containers if c.id}
 
 
 class Reconciler:
@@ -265,8 +236,9 @@ class Reconciler:
             last_answers, self._answers = self._answers, {}
             current = self._current_pods_by_uid(report)
             pods = self._reconcile_pods(sandboxes, current, rules, last_answers, report)
-            self._reconcile_containers(containers, pods, _sizes(current), rules, last_answers, report)
+            self._reconcile_containers(containers, pods, sizes(current), rules, last_answers, report)
             self._forget_stopped_pods(pods, report)
+            self._tell_plugins(len(sandboxes), pods, containers, report)
             log.debug("reconciler round: %d pods, %d containers, %d writes, %d errors",
                       report.pods, report.containers, len(report.written), len(report.errors))
             return report
@@ -277,6 +249,7 @@ class Reconciler:
                                         request_serializer=type(request).SerializeToString)(
             request, timeout=CRI_TIMEOUT)
         items, unreadable = crilist.decode_items(raw, item_type)
+        report.unreadable += len(unreadable)
         for item_id in unreadable:
             what = f"{item_type.DESCRIPTOR.name} {item_id or '(no readable id)'}"
             report.errors.append(f"{what}: not readable")
@@ -333,7 +306,7 @@ class Reconciler:
         same record and of the same labels and annotations (so answers keyed by the request
         can be reused); noted in ``made``."""
         last = self._pod_requests.get(sandbox_id)
-        if last is not None and last[0] is record and _same_metadata(last[1], pod):
+        if last is not None and last[0] is record and same_metadata(last[1], pod):
             request = last[2]
         else:
             request = with_current_metadata(record, pod)
@@ -464,6 +437,14 @@ class Reconciler:
             if self._run_hooks(HookPoint.POST_STOP_POD_SANDBOX, ctx, report):
                 report.stopped_pods += 1
         self._known_pods = pods
+
+    def _tell_plugins(self, listed: int, pods: dict[str, _Pod], containers: list[cri.Container],
+                      report: ReconcileReport) -> None:
+        """Every plugin's ``reconcile_pods``: complete when every listed item was understood."""
+        running = running_pods({sandbox_id: pod.request for sandbox_id, pod in pods.items()}, containers)
+        for problem in reconcile_plugins(self.plugins, running, len(pods) == listed and not report.unreadable):
+            log.warning("reconciler: %s", problem)
+            report.errors.append(problem)
 
     def _run_hooks(self, stage: HookPoint, ctx: HookContext, report: ReconcileReport) -> bool:
         """False when a plugin failed under the Fail policy (the error is in the report)."""
