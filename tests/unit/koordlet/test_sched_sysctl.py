@@ -1,10 +1,11 @@
 """The kernel switches of GroupIdentity and CoreSched on a fake /proc/sys tree: which policy
 sets which switch (upstream's initSysctl / initSystem), when bvt is answered at all
-(upstream's prepare), and files that hold what a switch cannot."""
+(upstream's prepare), and files that hold what a switch cannot; host applications' bvt."""
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
 from koord.koordlet.runtimehooks.protocol import PodContext, PodMeta, PodRequest
-from koord.koordlet.runtimehooks.rule import parse_rules
+from koord.koordlet.runtimehooks.rule import RuleError, parse_rules
 
 from .test_plugin_coresched import FakeCookies
 
@@ -109,3 +110,62 @@ def test_core_sched_switches(tmp_path: Path, name: str, switches: dict, node_slo
     assert read(proc, switches) == want_switches
     assert sorted(p.name for p in (proc / "sys" / "kernel").iterdir()) == sorted(
         Path(n).name for n in switches)
+
+
+def host_apps_slo(apps: list, cpu_qos: dict | None = None) -> dict:
+    strategy = {k: {"cpuQOS": {"enable": True}} for k in ("lsrClass", "lsClass", "beClass")}
+    if cpu_qos is not None:
+        strategy["lsClass"] = {"cpuQOS": cpu_qos}
+    return {"spec": {"resourceQOSStrategy": strategy, "hostApplications": apps}}
+
+
+# upstream's Test_bvtPlugin_ruleUpdateCbForHostApp, and the default dirs of GetHostAppCgroupRelativePath
+@pytest.mark.parametrize("name, app, cgroup_dir, want", [
+    ("upstream case: LS with cgroupPath", {"name": "test-app", "qos": "LS",
+                                           "cgroupPath": {"parentDir": "test-ls", "relativePath": "test-app"}},
+     "test-ls/test-app", "2"),
+    ("BE default dir", {"name": "nginx", "qos": "BE"}, "host-best-effort/nginx", "-1"),
+    ("LSR default dir", {"name": "db", "qos": "LSR"}, "host-latency-sensitive/db", "2"),
+    ("no class: the name under the root", {"name": "misc"}, "misc", "0"),
+    ("SYSTEM stays neutral", {"name": "sys", "qos": "SYSTEM"}, "sys", "0"),
+    ("an unknown class is none", {"name": "gold", "qos": "GOLD"}, "gold", "0"),
+    ("under besteffort", {"name": "x", "qos": "BE", "cgroupPath": {"base": "KubepodsBesteffort",
+                                                                    "relativePath": "x"}},
+     "kubepods/besteffort/x", "-1"),
+])
+def test_host_application_bvt(tmp_path: Path, name: str, app: dict, cgroup_dir: str, want: str) -> None:
+    cgroups = tmp_path / "cgroup"
+    for d in ("kubepods", cgroup_dir):
+        (cgroups / "cpu" / d).mkdir(parents=True, exist_ok=True)
+        (cgroups / "cpu" / d / "cpu.bvt_warp_ns").write_text("0\n")
+    plugin = GroupIdentity(PluginEnv(CgroupExecutor(cgroups, version=1), tmp_path / "sys-fs", proc_tree(tmp_path, {})))
+    plugin.update_rules(parse_rules(host_apps_slo([app]), None))
+    assert plugin.reconcile_pods([], complete=True) == []
+    assert (cgroups / "cpu" / cgroup_dir / "cpu.bvt_warp_ns").read_text().strip() == want
+
+
+def test_host_application_without_cgroup_is_skipped(tmp_path: Path) -> None:
+    cgroups = tmp_path / "cgroup"
+    (cgroups / "cpu" / "kubepods").mkdir(parents=True)
+    (cgroups / "cpu" / "kubepods" / "cpu.bvt_warp_ns").write_text("0\n")
+    plugin = GroupIdentity(PluginEnv(CgroupExecutor(cgroups, version=1), tmp_path / "sys-fs", proc_tree(tmp_path, {})))
+    plugin.update_rules(parse_rules(host_apps_slo([{"name": "absent", "qos": "BE"}]), None))
+    assert plugin.reconcile_pods([], complete=True) == []
+    assert not (cgroups / "cpu" / "host-best-effort").exists()
+
+
+@pytest.mark.parametrize("apps, field", [
+    ({"name": "x"}, "spec.hostApplications="),
+    (["x"], "spec.hostApplications[0]"),
+    ([{"name": f"a{i}"} for i in range(257)], "at most 256"),
+    ([{"name": "a/b"}], "spec.hostApplications[0].name"),
+    ([{}], "spec.hostApplications[0].name"),
+    ([{"name": "a", "qos": 3}], "spec.hostApplications[0].qos"),
+    ([{"name": "a", "cgroupPath": {"base": "Elsewhere"}}], "spec.hostApplications[0].cgroupPath.base"),
+    ([{"name": "a", "cgroupPath": {"parentDir": "../etc"}}], "spec.hostApplications[0].cgroupPath.parentDir"),
+    ([{"name": "a", "cgroupPath": {"relativePath": 3}}], "spec.hostApplications[0].cgroupPath.relativePath"),
+    ([{"name": "a", "cgroupPath": {}}], "names the cgroup root itself"),
+])
+def test_hostile_host_applications_name_the_field(apps: object, field: str) -> None:
+    with pytest.raises(RuleError, match=re.escape(field)):
+        parse_rules({"spec": {"hostApplications": apps}}, None)

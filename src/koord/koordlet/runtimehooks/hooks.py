@@ -103,7 +103,8 @@ class RuntimePlugin(ABC):
 
     def reconcile_pods(self, pods: list[RunningPod], complete: bool) -> list[str]:
         """After each reconciler round that could list the runtime's pods: every running pod,
-        for state kept per pod rather than per cgroup (a plugin's own directories).
+        for what a plugin keeps beside the pods' cgroups (its own directories, host
+        applications' cgroups).
         ``complete``: every listed sandbox is in ``pods`` (state of a pod missing from an
         incomplete list may still be in use). Returns the problems, each naming its pod."""
         return []

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from koord.hookapi import cpuset_value, json_annotation, json_object
 
-from ..resources import KoordQoS, KubeQoS
+from ..resources import QOS_LABEL, KoordQoS, KubeQoS
 from ..slo import CFS_QUOTA_POLICY, SLOError, threshold_config
 
 NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
@@ -85,6 +86,11 @@ class GroupIdentityRule:
             KoordQoS.SYSTEM: self.system.bvt,
         }.get(qos, NONE_BVT)
 
+    def host_app_bvt(self, qos: KoordQoS) -> int:
+        """A host application's value by its class, as upstream: SYSTEM and no class stay neutral."""
+        return {KoordQoS.LSE: self.lsr.bvt, KoordQoS.LSR: self.lsr.bvt, KoordQoS.LS: self.ls.bvt,
+                KoordQoS.BE: self.be.bvt}.get(qos, NONE_BVT)
+
     def kube_qos_bvt(self, kube_qos: KubeQoS) -> int | None:
         """The kube-QoS dir's value: guaranteed stays 0 (kernel requirement upstream notes)."""
         if kube_qos is KubeQoS.BURSTABLE:
@@ -145,6 +151,27 @@ class CoreSchedRule:
 _CORE_SCHED_DEFAULTS = {"lsrClass": True, "lsClass": True, "beClass": False}
 
 
+MAX_HOST_APPS = 256
+"""As the QoS manager's CPU suppress bounds them."""
+HOST_APP_BASES = {"CgroupRoot": None, "Kubepods": KubeQoS.GUARANTEED, "KubepodsBurstable": KubeQoS.BURSTABLE,
+                  "KubepodsBesteffort": KubeQoS.BESTEFFORT}
+"""``cgroupPath.base`` of a host application -> the kube-QoS dir it is under (None: the root)."""
+
+
+@dataclass(frozen=True)
+class HostApp:
+    """A host application of NodeSLO ``spec.hostApplications``: its class and cgroup."""
+
+    name: str
+    qos: KoordQoS
+    base: KubeQoS | None
+    """The kube-QoS dir ``rel`` is under; None: the cgroup root."""
+    rel: str
+
+    def cgroup_dir(self, kube_qos_dir: Callable[[KubeQoS], str]) -> str:
+        return "/".join(p for p in (kube_qos_dir(self.base) if self.base else "", self.rel) if p)
+
+
 @dataclass(frozen=True)
 class CPUSharedPool:
     socket: int
@@ -164,6 +191,7 @@ class Rules:
     containers then get quota -1 (see ``batch_cfs_quota_enabled``)."""
     core_sched: CoreSchedRule | None = None
     """None without a NodeSLO: nothing about core scheduling or cpu.idle is written then."""
+    host_apps: tuple[HostApp, ...] = ()
 
 
 def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None = None) -> Rules:
@@ -177,6 +205,7 @@ def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None 
         group_identity=_group_identity(node_slo),
         batch_cfs_quota=batch_cfs_quota_enabled(node_slo),
         core_sched=_core_sched(node_slo),
+        host_apps=_host_apps(node_slo),
         cpu_shared_pools=_shared_pools(pools_from, NODE_CPU_SHARED_POOLS),
         be_cpu_shared_pools=_shared_pools(pools_from, NODE_BE_CPU_SHARED_POOLS),
         kubelet_cpu_manager_policy=_cpu_manager_policy(pools_from),
@@ -238,6 +267,51 @@ def _core_sched(node_slo: dict | None) -> CoreSchedRule | None:
         params[attr] = CoreSchedParam(enable=on and cpu_qos.get("enable") is True, expeller=on and expeller,
                                       cpu_idle=on and idle == 1)
     return CoreSchedRule(**params)
+
+
+def _host_apps(node_slo: dict | None) -> tuple[HostApp, ...]:
+    """Upstream's host application dirs: ``cgroupPath`` (base, parentDir, relativePath) when
+    given, else ``host-latency-sensitive/<name>`` (LSE, LSR, LS), ``host-best-effort/<name>``
+    (BE) or ``<name>`` (any other class). The NodeSLO's shape was checked by ``_group_identity``."""
+    if node_slo is None:
+        return ()
+    apps = node_slo.get("spec", node_slo).get("hostApplications")
+    if apps is None:
+        return ()
+    if not isinstance(apps, list) or len(apps) > MAX_HOST_APPS:
+        raise RuleError(f"spec.hostApplications={apps!r:.40}: want a list of at most {MAX_HOST_APPS}")
+    out = []
+    for i, item in enumerate(apps):
+        where = f"spec.hostApplications[{i}]"
+        app = _object(item, where)
+        name = app.get("name")
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise RuleError(f"{where}.name={name!r:.40}: want a name without '/'")
+        qos_text = app.get("qos", "")
+        if not isinstance(qos_text, str):
+            raise RuleError(f"{where}.qos={qos_text!r:.40}: want a QoS class name")
+        qos = KoordQoS.of({QOS_LABEL: qos_text})  # an unknown class is none, as for pods
+        path = app.get("cgroupPath")
+        if path is None:
+            top = {KoordQoS.LSE: "host-latency-sensitive", KoordQoS.LSR: "host-latency-sensitive",
+                   KoordQoS.LS: "host-latency-sensitive", KoordQoS.BE: "host-best-effort"}.get(qos, "")
+            out.append(HostApp(name, qos, None, "/".join(p for p in (top, name) if p)))
+            continue
+        path = _object(path, f"{where}.cgroupPath")
+        base = path.get("base") or "CgroupRoot"
+        if base not in HOST_APP_BASES:
+            raise RuleError(f"{where}.cgroupPath.base={base!r:.40}: want one of {', '.join(HOST_APP_BASES)}")
+        parts = []
+        for key in ("parentDir", "relativePath"):
+            value = path.get(key) or ""
+            if not isinstance(value, str) or ".." in value.split("/") or "\x00" in value:
+                raise RuleError(f"{where}.cgroupPath.{key}={value!r:.40}: want a path without '..'")
+            parts.append(value.strip("/"))
+        rel = "/".join(p for p in parts if p)
+        if not rel and HOST_APP_BASES[base] is None:
+            raise RuleError(f"{where}.cgroupPath names the cgroup root itself")
+        out.append(HostApp(name, qos, HOST_APP_BASES[base], rel))
+    return tuple(out)
 
 
 def batch_cfs_quota_enabled(node_slo: dict | None) -> bool:

@@ -10,6 +10,11 @@ the bvt values do nothing. Whenever rules that enable a class arrive, such a ker
 before the reconciler or a hook writes any bvt. While no class is enabled and the switch is
 0, no bvt is written at all (there is nothing to undo); older kernels without the switch
 always take the values.
+
+Host applications (NodeSLO ``hostApplications``) get their class's value in their cgroup
+(``cpu.bvt_warp_ns`` of ``host-latency-sensitive/<name>``, ``host-best-effort/<name>`` or
+their ``cgroupPath``) at each reconciler round, as upstream's host application reconciler;
+an application whose cgroup does not exist is skipped.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import logging
 from koord.hookapi import HookPoint
 
 from ... import schedsysctl
+from ...resourceexecutor.executor import CgroupError, cgroup_dir_exists
 from ...resources import KubeQoS, Resources
-from ..hooks import Hooks, InvalidInput, RuntimePlugin
+from ..hooks import Hooks, InvalidInput, RunningPod, RuntimePlugin
 from ..protocol import PodContext
 from ..rule import GroupIdentityRule, RuleError, Rules
 
@@ -115,3 +121,28 @@ class GroupIdentity(RuntimePlugin):
             return None
         bvt = rule.kube_qos_bvt(qos)
         return None if bvt is None else Resources(cpu_bvt_warp_ns=bvt)
+
+    def reconcile_pods(self, pods: list[RunningPod], complete: bool) -> list[str]:
+        """The host applications' bvt (they are no pods: nothing else writes their cgroups)."""
+        rule = self._rule()
+        if rule is None or self.rules is None:
+            return []
+        executor = self.env.executor
+        problems = []
+        for app in self.rules.host_apps:
+            cgroup_dir = app.cgroup_dir(executor.kube_qos_dir)
+            bvt = rule.host_app_bvt(app.qos)
+            values = Resources(cpu_bvt_warp_ns=bvt)
+            try:
+                if not cgroup_dir_exists(executor, cgroup_dir, values):
+                    log.debug("plugin %s: host application %s: no cgroup %s", self.name, app.name, cgroup_dir)
+                    continue
+                written = executor.apply(cgroup_dir, values)
+            except CgroupError as exc:
+                if not executor.gone(exc):
+                    problems.append(f"host application {app.name}: {exc}")
+                continue
+            if written:
+                log.info("plugin %s: host application %s (%s): cpu.bvt_warp_ns %d in %s", self.name, app.name,
+                         app.qos.value or "no class", bvt, cgroup_dir)
+        return problems
