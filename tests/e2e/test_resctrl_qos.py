@@ -1,6 +1,7 @@
-"""Class-level resctrl (RdtResctrl) end to end: real BE and LS pods on containerd, their real
-thread ids, and a resctrl tree shaped like the kernel's under a temporary sys-fs root (no
-machine here has RDT); the ResctrlCollector reading the groups' monitoring files.
+"""Class-level resctrl (RdtResctrl) and the per-pod Resctrl hook in Standalone mode end to end:
+real pods on containerd, their real thread ids, and a resctrl tree shaped like the kernel's
+under a temporary sys-fs root (no machine here has RDT); the ResctrlCollector reading the
+groups' monitoring files.
 
 The tree stands in for the kernel only where no kernel is available: the groups' schemata,
 the LSR/LS/BE group dirs and their ``tasks`` are what koordlet wrote.
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from koord.hookapi import FailurePolicy
 from koord.koordlet.metriccache import Aggregation
 from koord.koordlet.metriccache import kinds as k
 from koord.koordlet.metricsadvisor.collectors.resctrl import ResctrlCollector
@@ -21,8 +23,12 @@ from koord.koordlet.metricsadvisor.framework import Env
 from koord.koordlet.qosmanager import QOSConfig
 from koord.koordlet.qosmanager.resctrl import ResctrlReconcile
 from koord.koordlet.resctrlfs import parse_schemata
-from koord.koordlet.runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION
-from koord.testing.cgroups import Cgroup
+from koord.koordlet.resourceexecutor.updater import ResourceExecutor
+from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION, Resctrl
+from koord.koordlet.runtimehooks.reconciler import Reconciler
+from koord.koordlet.runtimehooks.rule import parse_rules
+from koord.testing.cgroups import CGROUP_ROOT, Cgroup
 from koord.testing.containerd import Containerd
 from koord.testing.resctrltree import add_group_files, make_cpuinfo, make_resctrl_tree
 from koord.testing.wait import wait_for
@@ -99,3 +105,64 @@ def test_class_groups_get_masks_and_their_pods_tasks(qos_rig: QOSRig, containerd
     rig.cache.append(collector.collect(now))
     assert rig.cache.aggregate(k.RESCTRL_LLC, now - 1, now + 1, Aggregation.LAST,
                                {k.QOS: "BE", k.CACHE_ID: "1"}) == 3 << 20
+
+
+@pytest.mark.cgroup
+def test_class_groups_take_the_sandbox_of_pods_from_kubelet(qos_rig: QOSRig, containerd: Containerd,  # noqa: F811
+                                                           tmp_path: Path) -> None:
+    """Pods from kubelet's /pods carry no sandbox id: the sandbox's threads join all the same."""
+    rig = qos_rig
+    sys_fs, proc = tmp_path / "sys-fs", tmp_path / "proc"
+    root = make_resctrl_tree(sys_fs, cbm="fff", cache_ids=(0, 1))
+    make_cpuinfo(proc)
+    sandbox, cid = rig.run_pod("be-pod", "besteffort", "BE", [])
+    rig.slo({"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True, "catRangeEndPercent": 30}}}})
+    rig.start(QOSConfig(reconcile_interval=1.0, gates={"RdtResctrl": True}, sys_fs_root=sys_fs, proc_root=proc))
+    parent = rig.kubelet.pod_cgroup_parent(sandbox)
+    container, sandbox_cg = Cgroup.of_container(parent, cid), Cgroup.of_container(parent, sandbox)
+    wait_for(lambda: in_group(root, "BE", container), "the BE container's threads in the BE group", 30)
+    wait_for(lambda: in_group(root, "BE", sandbox_cg), "the BE sandbox's threads in the BE group", 30)
+
+
+@pytest.mark.cgroup
+def test_pod_groups_in_standalone_mode(qos_rig: QOSRig, containerd: Containerd, tmp_path: Path) -> None:  # noqa: F811
+    """The Resctrl hook without the proxy: reconciler rounds make an annotated pod's group, move
+    its container's and sandbox's threads in, remove a group left by a pod gone before
+    koordlet started, and the pod's own group once it stops."""
+    rig = qos_rig
+    sys_fs, proc = tmp_path / "sys-fs", tmp_path / "proc"
+    root = make_resctrl_tree(sys_fs, cbm="fff", cache_ids=(0, 1))
+    make_cpuinfo(proc)
+    (root / "koordlet-gone-before-start").mkdir()
+    hooked_sandbox, hooked_cid = rig.run_pod(
+        "hooked", "besteffort", "BE", [], annotations={RESCTRL_ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'})
+    plain_sandbox, plain_cid = rig.run_pod("plain", "besteffort", "BE", [])
+    executor = ResourceExecutor(CGROUP_ROOT, driver="cgroupfs", kube_dir=rig.kube)
+    plugin = Resctrl(PluginEnv(executor, sys_fs, proc))
+    plugin.update_rules(parse_rules(None, None))
+    hooks = Hooks(FailurePolicy.IGNORE)
+    plugin.register(hooks)
+    reconciler = Reconciler(hooks, executor, [plugin], containerd.endpoint, interval=3600)
+    uid = rig.kubelet.sandbox_configs[hooked_sandbox].metadata.uid
+    group = f"koordlet-{uid}"
+    parent = rig.kubelet.pod_cgroup_parent(hooked_sandbox)
+    hooked = (Cgroup.of_container(parent, hooked_cid), Cgroup.of_container(parent, hooked_sandbox))
+    try:
+        def round_moved() -> set[int]:
+            report = reconciler.reconcile_once()
+            assert not report.errors, report.errors
+            return in_group(root, group, *hooked)
+        moved = wait_for(round_moved, "the hooked pod's container and sandbox threads in its group", 30)
+        print(f"group {group} tasks {sorted(group_tasks(root, group))}; pod threads {sorted(moved)}")
+        assert (root / group / "schemata").read_text() == "MB:0=40;1=40\n"
+        assert not (root / "koordlet-gone-before-start").exists()
+        plain_parent = rig.kubelet.pod_cgroup_parent(plain_sandbox)
+        plain = threads(Cgroup.of_container(plain_parent, plain_cid))
+        assert sorted(p.name for p in root.iterdir() if p.name.startswith("koordlet-")) == [group]
+        assert not plain & group_tasks(root, group)
+
+        rig.kubelet.stop_pod(hooked_sandbox)
+        reconciler.reconcile_once()
+        assert not (root / group).exists()
+    finally:
+        reconciler.stop()

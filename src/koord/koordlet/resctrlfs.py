@@ -11,10 +11,11 @@ update. All files read are bounded in size.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ AMD_MAX_MB_GBPS = 25 * 8 * 0.8
 """Upstream's AMD MBA scale: 2048 means unlimited, else a share of 160 GB/s (Milan, with a
 0.8 discount); a percent p becomes int(160 x p / 100)."""
 _NOT_GROUPS = {"info", "mon_groups", "mon_data"}
+MS_RELATIME = 1 << 21
 
 
 class ResctrlError(ValueError):
@@ -284,6 +286,43 @@ class ResctrlFS:
                     values[name] = _int(_read(f), f)
             out[int(parts[2])] = values
         return out
+
+
+def mount_resctrl(target: Path) -> None:
+    """``mount -t resctrl resctrl <target>``, as upstream mounts it (relatime, no options)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"resctrl", os.fsencode(target), b"resctrl", ctypes.c_ulong(MS_RELATIME), None) != 0:
+        code = ctypes.get_errno()
+        raise ResctrlError(f"mount -t resctrl resctrl {target}: {os.strerror(code)}")
+
+
+Mount = Callable[[Path], None]
+
+
+def enable(fs: ResctrlFS, proc_root: Path, mount: Mount = mount_resctrl) -> tuple[bool, str]:
+    """Upstream's support check and CheckAndTryEnableResctrlCat: (usable, what was done or why
+    not). A mounted tree is used as it is; else the CPU must list ``cat_l3`` and ``mba``, and
+    the file system is mounted, after which L3 CAT (``info/L3/cbm_mask``) must be there."""
+    if fs.mounted():
+        return True, ""
+    try:
+        flags = cpu_info(proc_root).flags
+    except ResctrlError as exc:
+        return False, f"cannot tell whether the CPU has RDT: {exc}"
+    missing = [f for f in ("cat_l3", "mba") if f not in flags]
+    if missing:
+        return False, f"the CPU flags in {Path(proc_root) / 'cpuinfo'} lack {' and '.join(missing)}"
+    if not fs.root.is_dir():
+        return False, f"{fs.root} does not exist (a kernel without resctrl?)"
+    try:
+        mount(fs.root)
+    except ResctrlError as exc:
+        return False, str(exc)
+    if not fs.mounted():
+        return False, f"mounted resctrl at {fs.root}, but it has no schemata"
+    if not (fs.root / "info" / "L3" / "cbm_mask").is_file():
+        return False, f"mounted resctrl at {fs.root}, but L3 CAT is not enabled (no info/L3/cbm_mask)"
+    return True, f"mounted resctrl at {fs.root}"
 
 
 def _same(resource: str, current: Mapping[int, str], wanted: Mapping[int, str]) -> bool:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
 import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.resctrlfs import ResctrlError
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
+from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv, RunningPod
 from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl, l3_mask
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
@@ -19,6 +21,7 @@ from koord.koordlet.runtimehooks.protocol import (
     PodMeta,
     PodRequest,
 )
+from koord.testing.resctrltree import RDT_FLAGS, make_cpuinfo, make_resctrl_tree
 
 ANNOTATION = "node.koordinator.sh/resctrl"
 PARENT = "/kubepods/besteffort/poduid1"
@@ -108,12 +111,91 @@ def test_pods_without_annotation_are_ignored(node: Path) -> None:
     assert sorted(p.name for p in (node / "sys" / "fs" / "resctrl").iterdir()) == ["info", "schemata"]
 
 
-def test_without_resctrl_does_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    hooks = hooks_for(tmp_path)
-    for _ in range(2):
-        hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
-    assert not (tmp_path / "sys").exists()
-    assert sum("resctrl not mounted" in r.message for r in caplog.records) == 1
+def fake_mount(works: bool):
+    def mount(target: Path) -> None:
+        if not works:
+            raise ResctrlError(f"mount -t resctrl resctrl {target}: No such device")
+        make_resctrl_tree(target.parent)
+    return mount
+
+
+@pytest.mark.parametrize("name, cpu_flags, resctrl_dir, mount_works, says", [
+    ("no cpuinfo", None, True, True, "cannot tell whether the CPU has RDT"),
+    ("CPU without RDT", ("sse2",), True, True, "lack cat_l3 and mba"),
+    ("kernel without resctrl", RDT_FLAGS, False, True, "does not exist (a kernel without resctrl?)"),
+    ("mount refused", RDT_FLAGS, True, False, "No such device"),
+    ("mounted by the plugin", RDT_FLAGS, True, True, "mounted resctrl at"),
+])
+def test_support_and_mount(tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, cpu_flags: tuple | None,
+                           resctrl_dir: bool, mount_works: bool, says: str) -> None:
+    if cpu_flags is not None:
+        make_cpuinfo(tmp_path / "proc", flags=cpu_flags)
+    if resctrl_dir:
+        (tmp_path / "sys" / "fs" / "resctrl").mkdir(parents=True)
+    plugin = Resctrl(PluginEnv(CgroupExecutor(tmp_path / "cgroup"), tmp_path / "sys" / "fs", tmp_path / "proc"))
+    plugin.mount = fake_mount(mount_works)
+    hooks = Hooks(FailurePolicy.FAIL)
+    plugin.register(hooks)
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
+    assert sum(says in r.message for r in caplog.records) == 1
+    assert group(tmp_path).is_dir() == (says == "mounted resctrl at")
+
+
+def test_this_machine_says_in_one_line_why_not(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The real /proc/cpuinfo; a sys-fs root without resctrl, so nothing is ever mounted here."""
+    plugin = Resctrl(PluginEnv(CgroupExecutor(tmp_path / "cgroup"), tmp_path / "sys-fs", Path("/proc")))
+    hooks = Hooks(FailurePolicy.FAIL)
+    plugin.register(hooks)
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, pod_ctx({ANNOTATION: '{"mb":{"schemata":{"percent":20}}}'}))
+            assert plugin.reconcile_pods([], complete=True) == []
+    said = [r.message for r in caplog.records if "resctrl unavailable" in r.message]
+    print(said)
+    assert len(said) == 1
+    assert not (tmp_path / "sys-fs").exists()
+
+
+def running(uid: str, annotations: dict, container_ids: tuple[str, ...] = ("cid1",),
+            sandbox_id: str = "sb1") -> RunningPod:
+    return RunningPod(PodMeta(name="p", namespace="ns", uid=uid), annotations, PARENT, sandbox_id, container_ids)
+
+
+def test_reconcile_moves_container_and_sandbox_tasks_once(node: Path) -> None:
+    sandbox = node / "cgroup" / "cpu" / PARENT.strip("/") / "sb1"
+    sandbox.mkdir()
+    (sandbox / "tasks").write_text("100\n")
+    plugin = Resctrl(PluginEnv(CgroupExecutor(node / "cgroup"), node / "sys" / "fs", node / "proc"))
+    pods = [running("uid1", {ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'}, ("cid1", "cid-gone"))]
+    assert plugin.reconcile_pods(pods, complete=True) == []
+    assert (group(node) / "schemata").read_text() == "MB:0=40;1=40\n"
+    assert (group(node) / "tasks").read_text().split() == ["101", "102", "100"]
+    assert plugin.reconcile_pods(pods, complete=True) == []
+    assert (group(node) / "tasks").read_text().split() == ["101", "102", "100"], "tasks written twice"
+
+
+@pytest.mark.parametrize("name, complete, left", [
+    ("complete list: groups of pods gone or unannotated removed", True, ["BE", "info", "koordlet-uid1"]),
+    ("incomplete list: nothing removed", False, ["BE", "info", "koordlet-gone", "koordlet-uid1", "koordlet-uid2"]),
+])
+def test_reconcile_removes_groups_of_pods_gone(node: Path, name: str, complete: bool, left: list[str]) -> None:
+    root = node / "sys" / "fs" / "resctrl"
+    for leftover in ("koordlet-gone", "koordlet-uid2", "BE"):
+        (root / leftover).mkdir()
+        (root / leftover / "schemata").write_text("")
+    plugin = Resctrl(PluginEnv(CgroupExecutor(node / "cgroup"), node / "sys" / "fs", node / "proc"))
+    pods = [running("uid1", {ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'}), running("uid2", {})]
+    assert plugin.reconcile_pods(pods, complete) == []
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == left
+
+
+def test_reconcile_names_the_pod_of_a_bad_annotation(node: Path) -> None:
+    plugin = Resctrl(PluginEnv(CgroupExecutor(node / "cgroup"), node / "sys" / "fs", node / "proc"))
+    problems = plugin.reconcile_pods([running("uid1", {ANNOTATION: "{"})], complete=True)
+    assert len(problems) == 1 and "pod ns/p" in problems[0] and "bad JSON" in problems[0]
+    assert not group(node).exists()
 
 
 @pytest.mark.parametrize("annotation, reason", [

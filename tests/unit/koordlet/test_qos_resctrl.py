@@ -3,7 +3,9 @@ upstream's mask and MBA tables, whole ticks, and what the kernel would refuse.""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from koord.koordlet.resctrlfs import ResctrlError, l3_mask, mb_value, parse_sche
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION
 from koord.testing.pods import FakeStatesInformer
-from koord.testing.resctrltree import add_group_files, make_cpuinfo, make_resctrl_tree
+from koord.testing.resctrltree import RDT_FLAGS, add_group_files, make_cpuinfo, make_resctrl_tree
 
 from .qos_fakes import pod
 
@@ -204,3 +206,52 @@ def test_cpuinfo_parser_is_total(tmp_path_factory, data: bytes) -> None:
     (proc / "cpuinfo").write_bytes(data)
     info = cpu_info(proc)
     assert isinstance(info.flags, frozenset)
+
+
+@pytest.mark.parametrize("name, sandbox_id, children, container_ids, want", [
+    ("CRI source: by the sandbox id", "sb1", ["sb1"], True, [100, 101]),
+    ("kubelet source: the child no container owns", "", ["sandbox-x"], True, [100, 101]),
+    ("kubelet source: no other child", "", [], True, [101]),
+    ("kubelet source: a container without id yet", "", ["sandbox-x"], False, []),
+])
+def test_pod_tasks_include_the_sandbox(tmp_path: Path, name: str, sandbox_id: str, children: list[str],
+                                       container_ids: bool, want: list[int]) -> None:
+    be = pod("be", "BE", "besteffort", containers=1)
+    container = be.containers[0] if container_ids else dataclasses.replace(be.containers[0], id="", cgroup_dir="")
+    be = dataclasses.replace(be, sandbox_id=sandbox_id, containers=(container,))
+    informer = FakeStatesInformer([be], slo(beClass={"enable": True}))
+    strategy, root = rig(tmp_path, informer)
+    cgroup_tasks(tmp_path, f"{be.cgroup_dir}/be-c0", [101])
+    for child in children:
+        cgroup_tasks(tmp_path, f"{be.cgroup_dir}/{child}", [100])
+    strategy.run_once()
+    assert sorted(strategy.fs.tasks("BE")) == want
+
+
+def fake_mount(tmp_path: Path, works: bool = True):
+    def mount(target: Path) -> None:
+        if not works:
+            raise ResctrlError(f"mount -t resctrl resctrl {target}: No such device")
+        make_resctrl_tree(target.parent)
+    return mount
+
+
+@pytest.mark.parametrize("name, cpu_flags, root_dir, works, want_groups, says", [
+    ("not mounted: mounted, then used", RDT_FLAGS, True, True, True, "mounted resctrl at"),
+    ("mount refused", RDT_FLAGS, True, False, False, "No such device; nothing is done"),
+    ("no resctrl dir", RDT_FLAGS, False, True, False, "does not exist (a kernel without resctrl?)"),
+    ("CPU without RDT", ("sse2",), True, True, False, "lack cat_l3 and mba"),
+])
+def test_mounts_resctrl_as_upstream(tmp_path: Path, caplog, name: str, cpu_flags: tuple, root_dir: bool,
+                                    works: bool, want_groups: bool, says: str) -> None:
+    strategy, root = rig(tmp_path, FakeStatesInformer([], slo(beClass={"enable": True})), rdt=False)
+    shutil.rmtree(root)
+    if root_dir:
+        root.mkdir()
+    make_cpuinfo(tmp_path / "proc", flags=cpu_flags)
+    strategy.mount = fake_mount(tmp_path, works)
+    with caplog.at_level(logging.INFO):
+        strategy.run_once()
+        strategy.run_once()
+    assert (root / "BE").is_dir() == want_groups
+    assert caplog.text.count(says) == 1

@@ -12,13 +12,19 @@ As upstream, nothing is done unless ``/proc/cpuinfo`` lists both ``cat_l3`` and 
 Everything is computed and checked before the first write: a mask the kernel would refuse,
 or too few free CLOSIDs for the three groups, is an error and nothing is created or written.
 Unlike upstream, the mask is computed from ``info/L3/cbm_mask`` and the cache ids from the
-root ``schemata`` (upstream reads both through the node CPU info in the metric cache), and
-the resctrl file system is never mounted by koordlet.
+root ``schemata`` (upstream reads both through the node CPU info in the metric cache).
+As upstream, a resctrl file system not mounted is mounted (``resctrlfs.enable``) when the
+CPU lists both flags.
+
+A pod's thread ids are those of its containers' cgroups and its sandbox's. The sandbox's
+cgroup is named by its id where the pods come from CRI; from kubelet's ``/pods`` (no sandbox
+id) it is the pod cgroup's one child that is none of its containers', as upstream finds it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,13 +32,16 @@ from ..features import RDT_RESCTRL
 from ..resctrlfs import (
     CPUInfo,
     Info,
+    Mount,
     ResctrlError,
     ResctrlFS,
     check_l3,
     check_mb,
     cpu_info,
+    enable,
     l3_mask,
     mb_value,
+    mount_resctrl,
 )
 from ..resourceexecutor.executor import CgroupError
 from ..runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION
@@ -85,12 +94,20 @@ class ResctrlReconcile(Strategy):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx, ctx.config.reconcile_interval, RDT_RESCTRL)
         self.fs = ResctrlFS(ctx.config.sys_fs_root)
+        self.mount: Mount = mount_resctrl
         self.last: list[GroupPlan] | None = None
         self._cpu: CPUInfo | None = None
 
     def supported(self) -> CPUInfo | None:
-        """The CPU's RDT flags (read once: they do not change) and the mount (every tick)."""
+        """The CPU's RDT flags (read once: they do not change) and the mount, tried when the
+        tree is not mounted (``resctrlfs.enable``), every tick."""
         ctx = self.ctx
+        ok, why = enable(self.fs, ctx.config.proc_root, self.mount)
+        if not ok:
+            ctx.log_once(self.name + "/support", f"resctrl unavailable: {why}; nothing is done")
+            return None
+        if why:
+            log.info("%s: %s", self.name, why)
         try:
             cpu = self._cpu = self._cpu or cpu_info(ctx.config.proc_root)
         except ResctrlError as exc:
@@ -101,10 +118,6 @@ class ResctrlReconcile(Strategy):
         if missing:
             ctx.log_once(self.name + "/support", f"resctrl unsupported: the CPU flags in "
                          f"{ctx.config.proc_root}/cpuinfo lack {' and '.join(missing)}; nothing is done")
-            return None
-        if not self.fs.mounted():
-            ctx.log_once(self.name + "/support", f"resctrl not mounted at {self.fs.root} (mount -t "
-                         "resctrl resctrl /sys/fs/resctrl); nothing is done", logging.WARNING)
             return None
         ctx.log_once(self.name + "/support", None)
         return cpu
@@ -170,9 +183,7 @@ class ResctrlReconcile(Strategy):
         sandbox too, for VM-based runtimes). A cgroup gone meanwhile has none."""
         executor = self.ctx.executor
         dirs = [c.cgroup_dir for c in pod.containers if c.cgroup_dir]
-        if pod.sandbox_id:
-            driver = SYSTEMD if pod.cgroup_dir.endswith(".slice") else CGROUPFS
-            dirs.append(container_cgroup_dir(pod.cgroup_dir, pod.sandbox_id, driver))
+        dirs += self.sandbox_dirs(pod)
         tids: list[int] = []
         for d in dirs:
             try:
@@ -180,3 +191,22 @@ class ResctrlReconcile(Strategy):
             except CgroupError:
                 continue
         return tids
+
+    def sandbox_dirs(self, pod: PodMeta) -> list[str]:
+        """The sandbox's cgroup: by its id when known; else, once every container has an id
+        (before, a child could be a container's), the pod cgroup's children that are none of
+        its containers'."""
+        if not pod.cgroup_dir:
+            return []
+        if pod.sandbox_id:
+            driver = SYSTEMD if pod.cgroup_dir.endswith(".slice") else CGROUPFS
+            return [container_cgroup_dir(pod.cgroup_dir, pod.sandbox_id, driver)]
+        if not pod.containers or not all(c.cgroup_dir for c in pod.containers):
+            return []
+        known = {c.cgroup_dir.rstrip("/").rsplit("/", 1)[-1] for c in pod.containers}
+        try:
+            pod_path = self.ctx.executor.path(pod.cgroup_dir, "tasks", keep=False).parent
+            children = [e.name for e in os.scandir(pod_path) if e.is_dir(follow_symlinks=False)]
+        except (CgroupError, OSError):
+            return []
+        return [f"{pod.cgroup_dir.rstrip('/')}/{name}" for name in sorted(children) if name not in known]

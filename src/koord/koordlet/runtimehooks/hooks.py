@@ -19,13 +19,13 @@ from koord.hookapi import FailurePolicy, HookPoint
 
 from ..features import ALL_GATE_DEFAULTS
 from ..resources import KubeQoS, Resources
-from .protocol import ContainerContext, HookContext, PodContext
+from .protocol import ContainerContext, HookContext, PodContext, PodMeta
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from ..resourceexecutor.executor import CgroupExecutor
-    from ..statesinformer.meta import PodMeta
+    from ..statesinformer import meta as statesinformer
     from .hostapps import HostApp
     from .rule import Rules
 
@@ -54,7 +54,7 @@ class PluginEnv:
     executor: CgroupExecutor
     sys_fs_root: Path
     proc_root: Path
-    current_pods: Callable[[], list[PodMeta]] | None = None
+    current_pods: Callable[[], list[statesinformer.PodMeta]] | None = None
     """The states informer's pods (e.g. to find processes that existed before koordlet)."""
     registry: CollectorRegistry | None = None
     """koordlet's Prometheus registry for a plugin's metrics; None: a private one."""
@@ -68,6 +68,19 @@ class PluginEnv:
     def gate(self, name: str) -> bool:
         """Whether feature gate ``name`` (one upstream knows) is on."""
         return self.feature_gates.get(name, ALL_GATE_DEFAULTS[name])
+
+
+@dataclass(frozen=True)
+class RunningPod:
+    """A pod the reconciler found running (a ready sandbox) in one round."""
+
+    meta: PodMeta
+    annotations: dict[str, str]
+    """The pods source's current ones when it knows the pod, else the sandbox's."""
+    cgroup_parent: str
+    sandbox_id: str
+    container_ids: tuple[str, ...]
+    """Its created and running containers."""
 
 
 class RuntimePlugin(ABC):
@@ -107,6 +120,14 @@ class RuntimePlugin(ABC):
     def kube_qos_resources(self, qos: KubeQoS) -> Resources | None:
         """Values for the kube-QoS cgroup dir (``kubepods/besteffort`` ...), for the reconciler."""
         return None
+
+    def reconcile_pods(self, pods: list[RunningPod], complete: bool) -> list[str]:
+        """After each reconciler round that could list the runtime's pods: every running pod,
+        for what a plugin keeps beside the pods' cgroups (its own directories, host
+        applications' cgroups).
+        ``complete``: every listed sandbox is in ``pods`` (state of a pod missing from an
+        incomplete list may still be in use). Returns the problems, each naming its pod."""
+        return []
 
 
 _C = TypeVar("_C", PodContext, ContainerContext)

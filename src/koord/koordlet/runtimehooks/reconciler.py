@@ -15,11 +15,13 @@ container (CREATED,    PreCreateContainer       ``container_dir(cgroup_parent, i
 RUNNING)
 pod gone since last    PostStopPodSandbox       nothing (plugins clean up, e.g. resctrl)
 NodeSLO host app       (none)                   its existing dir: ``host_app_resources(app)``
+every listed pod       (none)                   ``plugin.reconcile_pods``: a plugin's own
+                                                state per pod (resctrl groups and tasks)
 =====================  =======================  ===========================================
 
 The hook requests are built from verbose CRI status by the builder the proxy uses too
-(``koord.hookapi.fromcri``), so a plugin computes the same values in both modes. Changes a cgroup
-cannot carry (envs, annotations) are ignored here.
+(``koord.hookapi.fromcri``), so a plugin computes the same values in both modes. Changes a
+cgroup cannot carry (envs, annotations) are ignored here.
 
 When every plugin answers from the request and its rules alone
 (``RuntimePlugin.answers_from_request_and_rules``), a pod or container whose request (the
@@ -33,12 +35,11 @@ refresh rounds). The rounds a pods change or a rule change asks for in between (
 second on a node running short jobs) write only new answers and refresh nothing, so a
 round's cost and the refreshes' pace do not grow with the churn.
 
-A container the runtime lists as created, not yet running, may have no cgroup yet
-(containerd makes it at StartContainer) or one the runtime is about to write the spec's
-resources to (runc makes the directory, which PLEG reports at once, then writes them): its
-answer is not kept, so each round writes it again until one lists the container running. A
-round that saw such a container created within ``STARTING_WINDOW`` asks for the next round
-within ``STARTING_RETRY``, since nothing else may ask for one once the container starts.
+A container listed as created, not yet running, may have no cgroup yet (containerd makes
+it at StartContainer) or one the runtime is about to write the spec's resources to (runc
+makes the directory, which PLEG reports at once, then writes them): its answer is not kept,
+so each round writes it again until one lists it running. A round that saw such a container
+created within ``STARTING_WINDOW`` asks for the next round within ``STARTING_RETRY``.
 
 A sandbox's labels and annotations in CRI are the pod's at creation and never change, while
 a pod's annotations (oom-score-adj, the cpuset status, ...) and labels (core-sched group) may
@@ -55,7 +56,6 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
@@ -70,7 +70,17 @@ from ..statesinformer.meta import PodMeta
 from .hooks import Hooks, RuntimePlugin, describe
 from .hostapps import host_app_updates
 from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
-from .reconcilerpods import ListedPod, container_sizes, same_metadata, sandbox_context, with_current_metadata
+from .reconcilerpods import (
+    Answer,
+    ListedPod,
+    ReconcileReport,
+    container_sizes,
+    reconcile_plugins,
+    running_pods,
+    same_metadata,
+    sandbox_context,
+    with_current_metadata,
+)
 from .rule import Rules
 
 log = logging.getLogger(__name__)
@@ -93,27 +103,6 @@ STARTING_WINDOW = 60.0
 creates at once, so one older than this failed to start (and kubelet will remove it); it
 does not keep the loop on quick rounds."""
 _Item = TypeVar("_Item", cri.PodSandbox, cri.Container)
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """The cgroup update the hooks made of ``inputs`` (objects compared by identity)."""
-
-    inputs: tuple[object, ...]
-    update: CgroupUpdate | None
-
-
-@dataclass
-class ReconcileReport:
-    """What one round did; ``written`` holds ``<cgroup dir>:<resource>`` per changed file."""
-
-    pods: int = 0
-    containers: int = 0
-    stopped_pods: int = 0
-    starting: int = 0
-    """Young containers not running yet (see STARTING_WINDOW)."""
-    written: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
 
 
 class Reconciler:
@@ -147,7 +136,7 @@ class Reconciler:
         self._pod_requests: dict[str, tuple[bytes, PodMeta | None, bytes]] = {}
         """Sandbox id -> (CRI record, pods source's pod, the request made of them) of the last round."""
         self._reuse_answers = all(p.answers_from_request_and_rules for p in self.plugins)
-        self._answers: dict[str, _Answer] = {}
+        self._answers: dict[str, Answer] = {}
         """Sandbox or container id -> the last round's answer, when answers may be reused."""
         self._round = 0
         """Refresh rounds so far (see REFRESH_ROUNDS)."""
@@ -234,6 +223,7 @@ class Reconciler:
             pods = self._reconcile_pods(sandboxes, current, rules, last_answers, report)
             self._reconcile_containers(containers, pods, container_sizes(current), rules, last_answers, report)
             self._forget_stopped_pods(pods, report)
+            self._tell_plugins(len(sandboxes), pods, containers, report)
             log.debug("reconciler round: %d pods, %d containers, %d writes, %d errors",
                       report.pods, report.containers, len(report.written), len(report.errors))
             return report
@@ -244,6 +234,7 @@ class Reconciler:
                                         request_serializer=type(request).SerializeToString)(
             request, timeout=CRI_TIMEOUT)
         items, unreadable = crilist.decode_items(raw, item_type)
+        report.unreadable += len(unreadable)
         for item_id in unreadable:
             what = f"{item_type.DESCRIPTOR.name} {item_id or '(no readable id)'}"
             report.errors.append(f"{what}: not readable")
@@ -307,7 +298,7 @@ class Reconciler:
         made[sandbox_id] = (record, pod, request)
         return request
 
-    def _reused(self, key: str, inputs: tuple[object, ...], last_answers: dict[str, _Answer]) -> _Answer | None:
+    def _reused(self, key: str, inputs: tuple[object, ...], last_answers: dict[str, Answer]) -> Answer | None:
         """The last round's answer for ``key`` when made of the same objects and ``key`` is not
         due for a refresh this round."""
         last = last_answers.get(key)
@@ -318,13 +309,13 @@ class Reconciler:
         return last
 
     def _hooks_answer(self, key: str, inputs: tuple[object, ...], stage: HookPoint, ctx: HookContext,
-                      report: ReconcileReport) -> _Answer | None:
+                      report: ReconcileReport) -> Answer | None:
         """The hooks' answer on ``ctx``, None when a plugin failed under the Fail policy; kept for
         the next round when no plugin failed."""
         errors = len(report.errors)
         if not self._run_hooks(stage, ctx, report):
             return None
-        answer = _Answer(inputs, ctx.cgroup_update(self.executor, through_proxy=False))
+        answer = Answer(inputs, ctx.cgroup_update(self.executor, through_proxy=False))
         if len(report.errors) == errors:
             self._answers[key] = answer
         return answer
@@ -335,7 +326,7 @@ class Reconciler:
         return self._refreshing and zlib.crc32(key.encode()) % REFRESH_ROUNDS == self._round % REFRESH_ROUNDS
 
     def _reconcile_pods(self, sandboxes, current: dict[str, PodMeta], rules: tuple[object, ...],
-                        last_answers: dict[str, _Answer], report: ReconcileReport) -> dict[str, ListedPod]:
+                        last_answers: dict[str, Answer], report: ReconcileReport) -> dict[str, ListedPod]:
         pods: dict[str, ListedPod] = {}
         cri_pods: dict[str, tuple[bytes, str]] = {}
         pod_requests: dict[str, tuple[bytes, PodMeta | None, bytes]] = {}
@@ -363,7 +354,7 @@ class Reconciler:
         return pods
 
     def _reconcile_sandbox(self, sandbox_id: str, request: bytes, rules: tuple[object, ...],
-                           last_answers: dict[str, _Answer], who: str, report: ReconcileReport) -> None:
+                           last_answers: dict[str, Answer], who: str, report: ReconcileReport) -> None:
         """The sandbox container's cgroup: what the plugins' ``reconcile_sandbox`` decide."""
         key, inputs = f"sandbox/{sandbox_id}", (request, *rules)
         answer = reused = self._reused(key, inputs, last_answers)
@@ -371,7 +362,7 @@ class Reconciler:
             ctx = sandbox_context(request, sandbox_id)
             for plugin in self.plugins:
                 plugin.reconcile_sandbox(ctx)
-            answer = self._answers[key] = _Answer(inputs, ctx.cgroup_update(self.executor, through_proxy=False))
+            answer = self._answers[key] = Answer(inputs, ctx.cgroup_update(self.executor, through_proxy=False))
         self._apply_answer(key, answer, reused is not None, f"{who} sandbox container", report)
 
     def _container_record(self, container_id: str, size: object) -> bytes:
@@ -405,7 +396,7 @@ class Reconciler:
         return cached[1]
 
     def _reconcile_containers(self, containers, pods: dict[str, ListedPod], sizes: dict[str, object],
-                              rules: tuple[object, ...], last_answers: dict[str, _Answer],
+                              rules: tuple[object, ...], last_answers: dict[str, Answer],
                               report: ReconcileReport) -> None:
         listed = {container.id for container in containers}
         for gone in self._containers.keys() - listed:
@@ -445,6 +436,14 @@ class Reconciler:
                 report.stopped_pods += 1
         self._known_pods = pods
 
+    def _tell_plugins(self, listed: int, pods: dict[str, ListedPod], containers: list[cri.Container],
+                      report: ReconcileReport) -> None:
+        """Every plugin's ``reconcile_pods``: complete when every listed item was understood."""
+        running = running_pods({sandbox_id: pod.request for sandbox_id, pod in pods.items()}, containers)
+        for problem in reconcile_plugins(self.plugins, running, len(pods) == listed and not report.unreadable):
+            log.warning("reconciler: %s", problem)
+            report.errors.append(problem)
+
     def _run_hooks(self, stage: HookPoint, ctx: HookContext, report: ReconcileReport) -> bool:
         """False when a plugin failed under the Fail policy (the error is in the report)."""
         try:
@@ -456,7 +455,7 @@ class Reconciler:
                              for plugin, exc in errors)
         return True
 
-    def _apply_answer(self, key: str, answer: _Answer, reused: bool, who: str, report: ReconcileReport) -> None:
+    def _apply_answer(self, key: str, answer: Answer, reused: bool, who: str, report: ReconcileReport) -> None:
         """Writes the answer, except a reused one between refresh rounds: it was written
         when made, and the refresh round puts back what someone else changed. An answer
         whose write failed is not reused: the next round makes and writes it again."""

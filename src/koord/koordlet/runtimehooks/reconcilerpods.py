@@ -1,5 +1,6 @@
-"""The reconciler's view of a pod: its request as the pods source shows it now, and the
-request of its sandbox (pause) container.
+"""The reconciler's view of a pod: its request as the pods source shows it now, the request
+of its sandbox (pause) container, the running pods handed to ``RuntimePlugin.reconcile_pods``,
+and what a round keeps of its answers and reports.
 
 The sandbox container has a cgroup of its own under the pod's, which the runtime made with
 the pod's resources; upstream's reconciler decides its cpuset (``RuntimePlugin.
@@ -9,13 +10,40 @@ its pause process on others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from cri_api.v1 import api_pb2 as cri
 
 from koord.hookapi import PodHookRequest
 
 from ..statesinformer.meta import PodMeta
-from .protocol import ContainerContext, ContainerRequest
+from .hooks import RunningPod, RuntimePlugin
+from .protocol import CgroupUpdate, ContainerContext, ContainerRequest, PodRequest
 from .protocol import PodMeta as RequestPodMeta
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The cgroup update the hooks made of ``inputs`` (objects compared by identity)."""
+
+    inputs: tuple[object, ...]
+    update: CgroupUpdate | None
+
+
+@dataclass
+class ReconcileReport:
+    """What one round did; ``written`` holds ``<cgroup dir>:<resource>`` per changed file."""
+
+    pods: int = 0
+    containers: int = 0
+    stopped_pods: int = 0
+    starting: int = 0
+    """Young containers not running yet (see STARTING_WINDOW)."""
+    unreadable: int = 0  # listed sandboxes and containers whose records do not decode
+    written: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +97,28 @@ def sandbox_context(request: bytes, sandbox_id: str) -> ContainerContext:
     return ContainerContext(ContainerRequest(
         pod_meta=RequestPodMeta.from_proto(pod.pod_meta), container_id=sandbox_id,
         pod_labels=dict(pod.labels), pod_annotations=dict(pod.annotations), pod_cgroup_parent=pod.cgroup_parent))
+
+
+def running_pods(requests: Mapping[str, bytes], containers: Iterable[cri.Container]) -> list[RunningPod]:
+    """The pods of a round: sandbox id -> its serialized PodHookRequest, with the ids of the
+    listed containers of each."""
+    ids: dict[str, list[str]] = defaultdict(list)
+    for container in containers:
+        ids[container.pod_sandbox_id].append(container.id)
+    pods = []
+    for sandbox_id, request in requests.items():
+        req = PodRequest.from_proto(PodHookRequest.FromString(request))
+        pods.append(RunningPod(req.meta, req.annotations, req.cgroup_parent, sandbox_id, tuple(ids[sandbox_id])))
+    return pods
+
+
+def reconcile_plugins(plugins: Iterable[RuntimePlugin], running: list[RunningPod], complete: bool) -> list[str]:
+    """Each plugin's ``reconcile_pods``; the problems, each naming its plugin (a plugin that
+    raised is one problem: the others still run)."""
+    problems = []
+    for plugin in plugins:
+        try:
+            problems += [f"plugin {plugin.name}: {p}" for p in plugin.reconcile_pods(running, complete)]
+        except Exception as exc:  # a plugin's bug must not end the round
+            problems.append(f"plugin {plugin.name}: {exc!r}")
+    return problems

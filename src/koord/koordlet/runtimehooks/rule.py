@@ -87,6 +87,11 @@ class GroupIdentityRule:
             KoordQoS.SYSTEM: self.system.bvt,
         }.get(qos, NONE_BVT)
 
+    def host_app_bvt(self, qos: KoordQoS) -> int:
+        """A host application's value by its class, as upstream: SYSTEM and no class stay neutral."""
+        return {KoordQoS.LSE: self.lsr.bvt, KoordQoS.LSR: self.lsr.bvt, KoordQoS.LS: self.ls.bvt,
+                KoordQoS.BE: self.be.bvt}.get(qos, NONE_BVT)
+
     def kube_qos_bvt(self, kube_qos: KubeQoS) -> int | None:
         """The kube-QoS dir's value: guaranteed stays 0 (kernel requirement upstream notes)."""
         if kube_qos is KubeQoS.BURSTABLE:
@@ -167,9 +172,9 @@ class Rules:
     """False while BE CPU suppress limits the besteffort dir by cfs quota: BE pods and
     containers then get quota -1 (see ``batch_cfs_quota_enabled``)."""
     core_sched: CoreSchedRule | None = None
+    """None without a NodeSLO: nothing about core scheduling or cpu.idle is written then."""
     host_apps: tuple[HostApp, ...] = ()
     """NodeSLO's ``hostApplications``, for the reconciler."""
-    """None without a NodeSLO: nothing about core scheduling or cpu.idle is written then."""
 
 
 def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None = None) -> Rules:

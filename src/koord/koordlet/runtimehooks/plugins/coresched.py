@@ -6,6 +6,11 @@ class's ``schedIdle`` (``kubepods/besteffort`` 1 when BE's schedIdle is 1, ``bur
 it), through the reconciler's kube-QoS level. SCHED_IDLE groups yield the cpu to every
 non-idle sibling at once, which is what protects LS pods from BE ones without group identity.
 
+Kernel switches (``schedsysctl``): at every NodeSLO that enables core scheduling for a
+class, a kernel with ``kernel.sched_group_identity_enabled`` gets it set to 0 (group
+identity's bvt -1 and core scheduling exclude each other) and one with ``kernel.sched_core``
+(Anolis) gets that set to 1, before any cookie is given, as upstream's initSystem does.
+
 Core-scheduling cookies (``cookies.py``): when a class enables core scheduling, koordlet
 probes the kernel once and says in one line whether it supports it; where it does, every
 process of a new container (PostStartContainer) and of a running one (the reconciler's
@@ -26,6 +31,7 @@ import logging
 
 from koord.hookapi import HookPoint
 
+from ... import schedsysctl
 from ...resourceexecutor.executor import CgroupError
 from ...statesinformer.meta import PodMeta, container_cgroup_dir, driver_of_cgroup_parent
 from ..hooks import HookError, Hooks, PluginEnv, RuntimePlugin
@@ -64,6 +70,8 @@ class CoreSched(RuntimePlugin):
 
     def update_rules(self, rules: Rules) -> bool:
         changed = super().update_rules(rules)
+        if rules.core_sched is not None and rules.core_sched.enabled:
+            self._switch_kernel()
         if changed and rules.core_sched is not None and rules.core_sched.enabled and self.supported is None:
             self.supported, why = supported(self.ops)
             if self.supported:
@@ -72,6 +80,23 @@ class CoreSched(RuntimePlugin):
                 log.warning("plugin %s: core scheduling is not supported by this kernel: %s; "
                             "cpu.idle is still applied, pods start as usual", self.name, why)
         return changed
+
+    def _switch_kernel(self) -> None:
+        """Group identity off, then core scheduling on, on the kernels that have the switches."""
+        proc = self.env.proc_root
+        try:
+            if (schedsysctl.exists(proc, schedsysctl.GROUP_IDENTITY)
+                    and schedsysctl.switch(proc, schedsysctl.GROUP_IDENTITY, False)):
+                log.info("plugin %s: set kernel.sched_group_identity_enabled to 0: group identity "
+                         "excludes core scheduling", self.name)
+            if schedsysctl.exists(proc, schedsysctl.SCHED_CORE) and schedsysctl.switch(proc, schedsysctl.SCHED_CORE,
+                                                                                       True):
+                log.info("plugin %s: set kernel.sched_core to 1", self.name)
+        except schedsysctl.SysctlError as exc:
+            message = f"cannot switch core scheduling on: {exc}"
+            if message not in self._said:
+                self._said.add(message)
+                log.warning("plugin %s: %s", self.name, message)
 
     def set_container_cookie(self, ctx: ContainerContext) -> None:
         req = ctx.request

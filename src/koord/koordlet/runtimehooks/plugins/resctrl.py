@@ -16,7 +16,16 @@ the memory-bandwidth share. ``schemata`` applies to every cache id found in the 
 Lifecycle: PreRunPodSandbox creates group ``koordlet-<podUID>`` and writes its schemata;
 PostStartContainer (re-)ensures the group and moves the container's threads into it;
 PostStopPodSandbox removes the group. These are file-system side effects by nature: the
-group must exist before the container's threads can join it.
+group must exist before the container's threads can join it. Each reconciler round (in
+Standalone mode too) does the same for every running pod (``reconcile_pods``): the group and
+its schemata, the new threads of its containers and of its sandbox; and, when the round
+listed every pod, removes the ``koordlet-*`` groups of pods no longer running or no longer
+annotated, so groups left by a koordlet that was down when their pods went are removed at
+its first round.
+
+Support is decided at first use, as upstream's registration does: a mounted tree is used;
+else the CPU must list ``cat_l3`` and ``mba``, and resctrl is mounted
+(``resctrlfs.enable``). Where it cannot be, one line says why and nothing is done.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from koord.hookapi import HookPoint, json_annotation, json_object
 
 from ... import resctrlfs
 from ...resourceexecutor.executor import CgroupError
-from ..hooks import HookError, Hooks, InvalidInput, RuntimePlugin
+from ..hooks import HookError, Hooks, InvalidInput, RunningPod, RuntimePlugin
 from ..protocol import ContainerContext, PodContext
 
 log = logging.getLogger(__name__)
@@ -125,7 +134,8 @@ def _root_ids(schemata: str, resource: str) -> list[int]:
 class Resctrl(RuntimePlugin):
     name = "Resctrl"
 
-    _unsupported_logged = False
+    _support: bool | None = None
+    mount: resctrlfs.Mount = staticmethod(resctrlfs.mount_resctrl)
 
     @property
     def root(self) -> Path:
@@ -143,13 +153,15 @@ class Resctrl(RuntimePlugin):
         hooks.register_pod(HookPoint.POST_STOP_POD_SANDBOX, self.name, "remove pod resctrl group", self.remove_group)
 
     def supported(self) -> bool:
-        if (self.root / "schemata").is_file():
-            return True
-        if not self._unsupported_logged:
-            self._unsupported_logged = True
-            log.info("plugin %s: %s/schemata missing (resctrl not mounted or no RDT); doing nothing",
-                     self.name, self.root)
-        return False
+        """Decided once (mounting it if need be); a tree that went away later is unsupported."""
+        if self._support is None:
+            ok, why = resctrlfs.enable(resctrlfs.ResctrlFS(self.env.sys_fs_root), self.env.proc_root, self.mount)
+            self._support = ok
+            if ok and why:
+                log.info("plugin %s: %s", self.name, why)
+            elif not ok:
+                log.info("plugin %s: resctrl unavailable: %s; doing nothing", self.name, why)
+        return self._support and (self.root / "schemata").is_file()
 
     def schemata_lines(self, config: ResctrlConfig) -> list[str]:
         root_schemata = (self.root / "schemata").read_text()
@@ -177,11 +189,13 @@ class Resctrl(RuntimePlugin):
         config = parse_resctrl(annotation)
         group = self.group_dir(pod_uid)
         lines = self.schemata_lines(config)
+        created = not group.is_dir()
         group.mkdir(exist_ok=True)
         if lines:
             # The kernel parses each line of one write; unnamed resources keep the root values.
             (group / "schemata").write_text("\n".join(lines) + "\n")
-        log.info("plugin %s: %s: resctrl group %s schemata %s", self.name, who, group.name, lines)
+        log.log(logging.INFO if created else logging.DEBUG, "plugin %s: %s: resctrl group %s schemata %s",
+                self.name, who, group.name, lines)
         return group
 
     def create_group(self, ctx: PodContext) -> None:
@@ -213,8 +227,12 @@ class Resctrl(RuntimePlugin):
     def remove_group(self, ctx: PodContext) -> None:
         req = ctx.request
         group = self.group_dir(req.meta.uid)
-        if not group.is_dir():
-            return
+        if group.is_dir():
+            self._remove(group)
+            log.info("plugin %s: pod %s: removed resctrl group %s", self.name, req.meta, group.name)
+
+    @staticmethod
+    def _remove(group: Path) -> None:
         try:
             os.rmdir(group)
         except OSError as exc:
@@ -225,4 +243,54 @@ class Resctrl(RuntimePlugin):
             for child in group.iterdir():
                 child.unlink()
             os.rmdir(group)
-        log.info("plugin %s: pod %s: removed resctrl group %s", self.name, req.meta, group.name)
+
+    def reconcile_pods(self, pods: list[RunningPod], complete: bool) -> list[str]:
+        """Groups and tasks of the running annotated pods (containers' and sandbox's threads,
+        as upstream's pod-level task reconciler); with a complete list, the groups of pods
+        gone removed."""
+        annotated = [p for p in pods if p.annotations.get(RESCTRL_ANNOTATION)]
+        if not (annotated or complete) or not self.supported():
+            return []
+        problems = []
+        for pod in annotated:
+            who = f"pod {pod.meta}"
+            try:
+                group = self.ensure_group(pod.meta.uid, pod.annotations[RESCTRL_ANNOTATION], who)
+                self._move_pod_tasks(group, pod, who)
+            except (HookError, OSError, resctrlfs.ResctrlError) as exc:
+                problems.append(f"{who}: resctrl group: {exc}")
+        if complete:
+            problems += self._remove_orphans({p.meta.uid for p in annotated})
+        return problems
+
+    def _move_pod_tasks(self, group: Path, pod: RunningPod, who: str) -> None:
+        executor = self.env.executor
+        present = resctrlfs.ResctrlFS(self.env.sys_fs_root).tasks(group.name)
+        new: list[str] = []
+        for cid in (*pod.container_ids, pod.sandbox_id):
+            try:
+                tids = executor.read(executor.container_dir(pod.cgroup_parent, cid), "tasks").split()
+            except CgroupError as exc:
+                if executor.gone(exc):
+                    continue  # exited since the list
+                raise HookError(f"tasks of {cid[:12]}: {exc}") from None
+            new += [t for t in tids if t.isdigit() and int(t) not in present]
+        if new:
+            moved = resctrlfs.write_tasks(group / "tasks", new)
+            log.info("plugin %s: %s: moved %d new tasks of its containers and sandbox into %s",
+                     self.name, who, moved, group.name)
+
+    def _remove_orphans(self, keep: set[str]) -> list[str]:
+        problems = []
+        for entry in sorted(self.root.iterdir()):
+            uid = entry.name.removeprefix(GROUP_PREFIX)
+            if entry.name == uid or uid in keep or not entry.is_dir() or entry.is_symlink():
+                continue
+            try:
+                self._remove(entry)
+            except (HookError, OSError) as exc:
+                problems.append(f"pod uid {uid}: remove resctrl group: {exc}")
+                continue
+            log.info("plugin %s: removed resctrl group %s: pod uid %s is not running with %s",
+                     self.name, entry.name, uid, RESCTRL_ANNOTATION)
+        return problems
