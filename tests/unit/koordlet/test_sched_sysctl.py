@@ -15,6 +15,7 @@ from koord.koordlet import schedsysctl
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
+from koord.koordlet.runtimehooks.hostapps import host_app_updates
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
 from koord.koordlet.runtimehooks.protocol import PodContext, PodMeta, PodRequest
@@ -120,6 +121,15 @@ def host_apps_slo(apps: list, cpu_qos: dict | None = None) -> dict:
 
 
 # upstream's Test_bvtPlugin_ruleUpdateCbForHostApp, and the default dirs of GetHostAppCgroupRelativePath
+def apply_host_apps(plugin: GroupIdentity, executor: CgroupExecutor) -> int:
+    """What the reconciler does with host applications (only this plugin's values); how many."""
+    assert plugin.rules is not None
+    updates = host_app_updates(plugin.rules.host_apps, [plugin.host_app_resources], executor)
+    for _, update in updates:
+        executor.apply(update.cgroup_dir, update.resources)
+    return len(updates)
+
+
 @pytest.mark.parametrize("name, app, cgroup_dir, want", [
     ("upstream case: LS with cgroupPath", {"name": "test-app", "qos": "LS",
                                            "cgroupPath": {"parentDir": "test-ls", "relativePath": "test-app"}},
@@ -138,9 +148,10 @@ def test_host_application_bvt(tmp_path: Path, name: str, app: dict, cgroup_dir: 
     for d in ("kubepods", cgroup_dir):
         (cgroups / "cpu" / d).mkdir(parents=True, exist_ok=True)
         (cgroups / "cpu" / d / "cpu.bvt_warp_ns").write_text("0\n")
-    plugin = GroupIdentity(PluginEnv(CgroupExecutor(cgroups, version=1), tmp_path / "sys-fs", proc_tree(tmp_path, {})))
+    executor = CgroupExecutor(cgroups, version=1)
+    plugin = GroupIdentity(PluginEnv(executor, tmp_path / "sys-fs", proc_tree(tmp_path, {})))
     plugin.update_rules(parse_rules(host_apps_slo([app]), None))
-    assert plugin.reconcile_pods([], complete=True) == []
+    apply_host_apps(plugin, executor)
     assert (cgroups / "cpu" / cgroup_dir / "cpu.bvt_warp_ns").read_text().strip() == want
 
 
@@ -148,14 +159,15 @@ def test_host_application_without_cgroup_is_skipped(tmp_path: Path) -> None:
     cgroups = tmp_path / "cgroup"
     (cgroups / "cpu" / "kubepods").mkdir(parents=True)
     (cgroups / "cpu" / "kubepods" / "cpu.bvt_warp_ns").write_text("0\n")
-    plugin = GroupIdentity(PluginEnv(CgroupExecutor(cgroups, version=1), tmp_path / "sys-fs", proc_tree(tmp_path, {})))
+    executor = CgroupExecutor(cgroups, version=1)
+    plugin = GroupIdentity(PluginEnv(executor, tmp_path / "sys-fs", proc_tree(tmp_path, {})))
     plugin.update_rules(parse_rules(host_apps_slo([{"name": "absent", "qos": "BE"}]), None))
-    assert plugin.reconcile_pods([], complete=True) == []
+    assert apply_host_apps(plugin, executor) == 0
     assert not (cgroups / "cpu" / "host-best-effort").exists()
 
 
 @pytest.mark.parametrize("apps, field", [
-    ({"name": "x"}, "spec.hostApplications="),
+    ({"name": "x"}, "spec.hostApplications: want a list"),
     (["x"], "spec.hostApplications[0]"),
     ([{"name": f"a{i}"} for i in range(257)], "at most 256"),
     ([{"name": "a/b"}], "spec.hostApplications[0].name"),
