@@ -29,10 +29,11 @@ from koord.nri import events
 from koord.nri.stub import Handlers, NriStub
 
 from ..flagtypes import flag_bool, go_duration
-from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_exists
+from ..resourceexecutor.executor import CgroupExecutor
 from .hooks import HookError, Hooks, describe
 from .nriconvert import NriInputError, adjustment, container_request, pod_request, update
 from .protocol import ContainerContext, HookContext, PodContext
+from .server import write_node_side
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,8 @@ class NriServer:
     def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         ctx = self._pod_context(pod)
         if ctx is not None and self._run(HookPoint.PRE_RUN_POD_SANDBOX, ctx):
-            self._write(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
+            # NRI cannot adjust a pod: its values go to the pod's cgroup, which exists by now.
+            write_node_side(self.executor, f"NRI {HookPoint.PRE_RUN_POD_SANDBOX}", ctx, through_proxy=False)
 
     def _remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
         ctx = self._pod_context(pod)
@@ -250,17 +252,3 @@ class NriServer:
                 raise
             return False
         return True
-
-    def _write(self, stage: HookPoint, ctx: HookContext) -> None:
-        """What NRI cannot carry, written to the cgroup if it exists; else left to the reconciler."""
-        found = ctx.cgroup_update(self.executor, through_proxy=False)
-        if found is None or not cgroup_dir_exists(self.executor, found.cgroup_dir, found.resources):
-            return
-        try:
-            written = self.executor.apply(found.cgroup_dir, found.resources)
-        except CgroupError as exc:
-            log.warning("NRI %s for %s: %s; the reconciler retries", stage, describe(ctx), exc)
-            return
-        if written:
-            log.info("NRI %s for %s: wrote %s to cgroup %s", stage, describe(ctx), ", ".join(written),
-                     found.cgroup_dir)

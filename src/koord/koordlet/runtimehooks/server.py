@@ -154,21 +154,26 @@ class RuntimeHookServer:
     def _write_node_side(self, stage: HookPoint, ctx: HookContext) -> None:
         """Cgroup writes the proxy cannot do; best effort, the reconciler retries them."""
         assert self.executor is not None
-        update = ctx.cgroup_update(self.executor, through_proxy=True)
-        if update is None:
-            return
-        if not cgroup_dir_exists(self.executor, update.cgroup_dir, update.resources):
-            log.debug("%s for %s: cgroup %s does not exist yet, left to the reconciler",
-                      stage, describe(ctx), update.cgroup_dir)
-            return
-        try:
-            written = self.executor.apply(update.cgroup_dir, update.resources)
-        except CgroupError as exc:
-            log.warning("%s for %s: %s; the reconciler retries", stage, describe(ctx), exc)
-            return
-        if written:
-            log.info("%s for %s: wrote %s to cgroup %s", stage, describe(ctx),
-                     ", ".join(written), update.cgroup_dir)
+        write_node_side(self.executor, f"{stage}", ctx, through_proxy=True)
+
+
+def write_node_side(executor: CgroupExecutor, what: str, ctx: HookContext, *, through_proxy: bool) -> None:
+    """What the runtime's call cannot carry (``ctx.cgroup_update``), written by koordlet where the
+    cgroup exists; a cgroup not there yet or a failed write is left to the reconciler's next round."""
+    update = ctx.cgroup_update(executor, through_proxy=through_proxy)
+    if update is None:
+        return
+    if not cgroup_dir_exists(executor, update.cgroup_dir, update.resources):
+        log.debug("%s for %s: cgroup %s does not exist yet, left to the reconciler",
+                  what, describe(ctx), update.cgroup_dir)
+        return
+    try:
+        written = executor.apply(update.cgroup_dir, update.resources)
+    except CgroupError as exc:
+        log.warning("%s for %s: %s; the reconciler retries", what, describe(ctx), exc)
+        return
+    if written:
+        log.info("%s for %s: wrote %s to cgroup %s", what, describe(ctx), ", ".join(written), update.cgroup_dir)
 
 
 class _Refused(Exception):
