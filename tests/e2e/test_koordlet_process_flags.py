@@ -55,7 +55,7 @@ def test_pprof_served_and_ignored_flags_named(containerd: Containerd, tmp_path: 
     ("-audit-log-dir=/tmp/koordlet-audit", "argument --audit-log-dir: '/tmp/koordlet-audit' refused"),
     ("-audit-verbose=5", "argument --audit-verbose: '5' refused: there is no audit log here"),
     ("-docker-endpoint=/var/run/docker.sock", "argument --docker-endpoint"),
-    ("-disable-unset-cpu-quota", "argument --disable-unset-cpu-quota: 'true' refused"),
+    ("-qos-extension-plugins=x=y", "argument --qos-extension-plugins"),
 ])
 def test_flags_that_would_change_behaviour_are_refused(flag: str, named: str) -> None:
     done = subprocess.run([sys.executable, "-m", "koord.koordlet", flag], capture_output=True, text=True,
