@@ -29,7 +29,7 @@ from koord.testing.image import DEFAULT_REF, build_pause_image
 from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target
 from koord.testing.processes import stop_process
 from koord.testing.runtimes import ContainerdRuntime, system_runtime
-from koord.testing.wait import scaled
+from koord.testing.wait import scaled, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +289,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def reimport_image(self) -> None:
         """Imports the test image (again): tests that delete images restore it with this."""
         self.import_image(build_pause_image(self.image_cache, self.image))
+        self._wait_image_in_cri()
+
+    def _wait_image_in_cri(self, timeout: float = 30.0) -> None:
+        """Returns once CRI knows the image: containerd 2.x's CRI learns of an import from an
+        event, a moment after ``ctr`` returns, and a sandbox started before then tries to pull
+        its image from the network (seen in the emulated v2 lane)."""
+        pb, _ = cri_modules("v1")
+        with KubeletClient(self.endpoint, log_root=self.workdir / "pod-logs") as client:
+            wait_for(lambda: client.image.ImageStatus(
+                pb.ImageStatusRequest(image=pb.ImageSpec(image=self.image)), timeout=10).HasField("image"),
+                f"CRI at {self.endpoint} to list the imported image {self.image}", timeout,
+                tolerate=(grpc.RpcError,))
 
     def import_image(self, archive: Path) -> None:
         proc = subprocess.run(
