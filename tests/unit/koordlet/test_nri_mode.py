@@ -194,7 +194,8 @@ def test_inside_upstreams_daemonset_the_socket_is_under_host_var_run(monkeypatch
 
 
 @pytest.mark.parametrize("flag", ["-runtime-hooks-nri-plugin-index=1", "-runtime-hooks-nri-plugin-name=a/b",
-                                  "-runtime-hooks-nri-backoff-factor=0", "-runtime-hooks-nri-connect-timeout=-1s"])
+                                  "-runtime-hooks-nri-backoff-factor=0", "-runtime-hooks-nri-backoff-factor=nan",
+                                  "-runtime-hooks-nri-connect-timeout=-1s"])
 def test_bad_nri_flags_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         flags.parse_args([flag])

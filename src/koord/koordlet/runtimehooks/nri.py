@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from koord.nri import api_pb2 as api
 from koord.nri import events
 from koord.nri.stub import Handlers, NriStub
 
-from ..flagtypes import flag_bool, go_duration
+from ..flagtypes import flag_bool, positive_duration
 from ..resourceexecutor.executor import CgroupExecutor
 from .hooks import HookError, Hooks, describe
 from .nriconvert import NriInputError, adjustment, container_request, pod_request, update
@@ -78,13 +79,14 @@ class NriOptions:
         )
 
 
-def _positive(parse: Callable[[str], float]) -> Callable[[str], float]:
-    def check(text: str) -> float:
-        value = parse(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
-        return value
-    return check
+def _backoff_factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a positive number")
+    return value
 
 
 def _plugin_index(text: str) -> str:
@@ -113,15 +115,15 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
       help="NRI plugin name (default: %(default)s)")
     a("--runtime-hooks-nri-plugin-index", type=_plugin_index, default="00", metavar="NN",
       help="NRI plugin index: plugins run in ascending index (default: %(default)s)")
-    a("--runtime-hooks-nri-connect-timeout", type=_positive(go_duration), default=6.0, metavar="DURATION",
+    a("--runtime-hooks-nri-connect-timeout", type=positive_duration, default=6.0, metavar="DURATION",
       help="time to register with the runtime (default: 6s)")
-    a("--runtime-hooks-nri-backoff-duration", type=_positive(go_duration), default=1.0, metavar="DURATION",
+    a("--runtime-hooks-nri-backoff-duration", type=positive_duration, default=1.0, metavar="DURATION",
       help="first wait before reconnecting (default: 1s)")
-    a("--runtime-hooks-nri-backoff-cap", type=_positive(go_duration), default=BACKOFF_CAP, metavar="DURATION",
+    a("--runtime-hooks-nri-backoff-cap", type=positive_duration, default=BACKOFF_CAP, metavar="DURATION",
       help="longest wait before reconnecting (default: 1281023h53m38.427387903s)")
     a("--runtime-hooks-nri-backoff-steps", type=int, default=2147483647, metavar="N",
       help="how many times the wait grows (default: 2147483647)")
-    a("--runtime-hooks-nri-backoff-factor", type=_positive(float), default=2.0, metavar="FACTOR",
+    a("--runtime-hooks-nri-backoff-factor", type=_backoff_factor, default=2.0, metavar="FACTOR",
       help="how much the wait grows each time (default: 2)")
 
 
