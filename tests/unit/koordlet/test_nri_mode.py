@@ -111,10 +111,12 @@ def test_resources_to_nri_and_back(res: Resources, wire: dict[str, object] | Non
         assert resources_of(msg) == res
 
 
-def test_an_adjustment_carries_envs_annotations_resources_and_oom_score_adj() -> None:
-    response = ContainerResponse(annotations={"k": "v"}, envs={"E": "1"},
+def test_an_adjustment_carries_envs_annotations_resources_oom_score_adj_and_rdt_class() -> None:
+    response = ContainerResponse(annotations={"k": "v"}, envs={"E": "1"}, rdt_class="koordlet-u1",
                                  resources=Resources(cpu_shares=512, oom_score_adj=-998), pod_cgroup_parent="/other")
     adj = adjustment(response)
+    assert adj.linux.resources.rdt_class.value == "koordlet-u1"
+    assert not adjustment(ContainerResponse()).linux.resources.HasField("rdt_class")
     assert [(kv.key, kv.value) for kv in adj.env] == [("E", "1")]
     assert dict(adj.annotations) == {"k": "v"}
     assert adj.linux.resources.cpu.shares.value == 512
@@ -123,6 +125,9 @@ def test_an_adjustment_carries_envs_annotations_resources_and_oom_score_adj() ->
     assert update("c1", ContainerResponse()) is None
     found = update("c1", response)
     assert found is not None and found.container_id == "c1" and found.linux.resources.cpu.shares.value == 512
+    # a running container keeps its class: the reconciler moves its threads, no update moves it
+    assert not found.linux.resources.HasField("rdt_class")
+    assert update("c1", ContainerResponse(rdt_class="koordlet-u1")) is None
 
 
 @given(st.binary(max_size=2048), st.binary(max_size=2048))

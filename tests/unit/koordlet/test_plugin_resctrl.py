@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -10,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet import flags
 from koord.koordlet.resctrlfs import ResctrlError
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv, RunningPod
+from koord.koordlet.runtimehooks.nri import NriOptions, NriServer
 from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl, l3_mask
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
@@ -21,6 +24,9 @@ from koord.koordlet.runtimehooks.protocol import (
     PodMeta,
     PodRequest,
 )
+from koord.nri import api_pb2 as api
+from koord.nri.stub import NriStub
+from koord.testing.nri import FakeRuntime
 from koord.testing.resctrltree import RDT_FLAGS, make_cpuinfo, make_resctrl_tree
 
 ANNOTATION = "node.koordinator.sh/resctrl"
@@ -29,6 +35,10 @@ PARENT = "/kubepods/besteffort/poduid1"
 
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
+    return make_node(tmp_path)
+
+
+def make_node(tmp_path: Path) -> Path:
     """sys/fs/resctrl with two L3 caches of 12 ways and two MB domains; one container's cgroup."""
     resctrl = tmp_path / "sys" / "fs" / "resctrl"
     (resctrl / "info" / "L3").mkdir(parents=True)
@@ -241,3 +251,58 @@ def test_l3_mask(cbm: int, start: int, end: int, mask: str) -> None:
 def test_l3_mask_rejects_non_contiguous_root() -> None:
     with pytest.raises(HookError, match="contiguous"):
         l3_mask(0b1011, 0, 50)
+
+
+@pytest.mark.parametrize("annotations, tree, rdt_class", [
+    ({ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'}, True, "koordlet-uid1"),
+    ({ANNOTATION: "{}"}, True, "koordlet-uid1"),
+    ({}, True, None),
+    ({ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'}, False, None),  # no resctrl here
+])
+def test_pre_create_names_the_pods_group_as_the_rdt_class(tmp_path: Path, annotations: dict, tree: bool,
+                                                         rdt_class: str | None) -> None:
+    """The runtime puts a new container straight into its pod's group (NRI carries the class),
+    so the group exists before the answer names it."""
+    root = make_node(tmp_path) if tree else tmp_path  # without a tree or a cpuinfo: unsupported
+    hooks = hooks_for(root)
+    ctx = container_ctx(annotations)
+    hooks.run(HookPoint.PRE_CREATE_CONTAINER, ctx)
+    assert ctx.response.rdt_class == rdt_class
+    assert group(root).is_dir() == (rdt_class is not None)
+
+
+def test_through_nri_a_new_container_is_created_in_its_pods_group(tmp_path: Path, short_socket_dir: Path) -> None:
+    """koordlet's NRI server over a real ttrpc socket: the runtime's CreateContainer for a pod
+    with the annotation is answered with the pod's group as the container's RDT class."""
+    root = make_node(tmp_path)
+    server = NriServer(hooks_for(root), CgroupExecutor(root / "cgroup", version=1),
+                       NriOptions.from_args(flags.build_parser().parse_args([])))
+    sandbox = api.PodSandbox(id="s1", name="p", namespace="ns", uid="uid1",
+                             annotations={ANNOTATION: '{"mb":{"schemata":{"percent":30}}}'})
+    sandbox.linux.cgroup_parent = PARENT
+    plain = api.PodSandbox(id="s2", name="q", namespace="ns", uid="uid2")
+    plain.linux.cgroup_parent = "/kubepods/besteffort/poduid2"
+    answers: list[api.CreateContainerResponse] = []
+
+    async def main() -> None:
+        fake = await FakeRuntime(str(short_socket_dir / "nri.sock")).start()
+        stub = NriStub("koordlet", "00", server.stub.handlers, socket_path=fake.socket_path, handler_timeout=5)
+        serving = asyncio.ensure_future(stub.run_once())
+        try:
+            await fake.wait_registered()
+            await fake.call("Configure", fake.configure_request, api.ConfigureResponse)
+            await fake.call("Synchronize", api.SynchronizeRequest(), api.SynchronizeResponse)
+            for pod in (sandbox, plain):
+                ctr = api.Container(id=f"c-{pod.id}", pod_sandbox_id=pod.id, name="app")
+                answers.append(await fake.call("CreateContainer", api.CreateContainerRequest(pod=pod, container=ctr),
+                                               api.CreateContainerResponse))
+        finally:
+            stub.stop(timeout=0)
+            await asyncio.wait_for(serving, 5)
+            await fake.close()
+
+    asyncio.run(main())
+    annotated, unannotated = (a.adjust.linux.resources for a in answers)
+    assert annotated.rdt_class.value == "koordlet-uid1"
+    assert (group(root) / "schemata").read_text() == "MB:0=30;1=30\n"
+    assert not unannotated.HasField("rdt_class")

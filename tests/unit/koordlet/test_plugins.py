@@ -92,7 +92,7 @@ def test_build_all_and_register() -> None:
     for plugin in plugins:
         plugin.register(hooks)
     assert [name for name, _ in hooks.registrations(HookPoint.PRE_CREATE_CONTAINER)] == [
-        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "OOMScoreAdj",
+        "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl", "OOMScoreAdj",
         "CoreSched"]
     assert hooks.stages() == {HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER,
                               HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, HookPoint.POST_START_CONTAINER,

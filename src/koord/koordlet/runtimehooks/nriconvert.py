@@ -120,8 +120,9 @@ def linux_resources(res: Resources) -> api.LinuxResources | None:
 
 
 def adjustment(response: ContainerResponse) -> api.ContainerAdjustment:
-    """The container being created, as the plugins answered: envs, annotations, resources and
-    oom_score_adj (a moved cgroup parent has no NRI form and is not carried)."""
+    """The container being created, as the plugins answered: envs, annotations, resources,
+    oom_score_adj and the RDT class (a moved cgroup parent has no NRI form and is not
+    carried)."""
     adj = api.ContainerAdjustment()
     for key, value in sorted(response.envs.items()):
         adj.env.add(key=key, value=value)
@@ -132,6 +133,8 @@ def adjustment(response: ContainerResponse) -> api.ContainerAdjustment:
         adj.linux.resources.CopyFrom(resources)
     if response.resources.oom_score_adj is not None:
         adj.linux.oom_score_adj.value = response.resources.oom_score_adj
+    if response.rdt_class:
+        adj.linux.resources.rdt_class.value = response.rdt_class
     return adj
 
 

@@ -229,10 +229,15 @@ class ContainerRequest:
 
 @dataclass
 class ContainerResponse:
+    """What the plugins answer for a container. ``rdt_class`` (the resctrl group the container
+    joins when the runtime creates it) has no form in the proxy's protocol: NRI carries it,
+    and through the proxy the plugin moves the container's threads after it starts."""
+
     annotations: dict[str, str] = field(default_factory=dict)
     envs: dict[str, str] = field(default_factory=dict)
     resources: Resources = field(default_factory=Resources)
     pod_cgroup_parent: str | None = None
+    rdt_class: str | None = None
 
     @classmethod
     def from_proto(cls, msg: api_pb2.ContainerResourceHookResponse) -> ContainerResponse:
@@ -254,7 +259,8 @@ class ContainerResponse:
     def copy(self) -> ContainerResponse:
         """An independent copy (every field is a string, a dict of strings or Resources)."""
         return ContainerResponse(annotations=dict(self.annotations), envs=dict(self.envs),
-                                 resources=self.resources.copy(), pod_cgroup_parent=self.pod_cgroup_parent)
+                                 resources=self.resources.copy(), pod_cgroup_parent=self.pod_cgroup_parent,
+                                 rdt_class=self.rdt_class)
 
     def merge(self, other: ContainerResponse) -> None:
         """Takes every change ``other`` makes; keys and values of ``other`` win."""
@@ -262,6 +268,8 @@ class ContainerResponse:
         self.envs.update(other.envs)
         if other.pod_cgroup_parent:
             self.pod_cgroup_parent = other.pod_cgroup_parent
+        if other.rdt_class:
+            self.rdt_class = other.rdt_class
         self.resources.update(other.resources)
 
 

@@ -14,7 +14,9 @@ the memory-bandwidth share. ``schemata`` applies to every cache id found in the 
 ``schemata``; ``schemataPerCache`` overrides single ids.
 
 Lifecycle: PreRunPodSandbox creates group ``koordlet-<podUID>`` and writes its schemata;
-PostStartContainer (re-)ensures the group and moves the container's threads into it;
+PreCreateContainer (re-)ensures the group and names it as the container's RDT class, which
+NRI hands to the runtime so the container starts in it (the proxy's protocol has no such
+field); PostStartContainer (re-)ensures the group and moves the container's threads into it;
 PostStopPodSandbox removes the group. These are file-system side effects by nature: the
 group must exist before the container's threads can join it. Each reconciler round (in
 Standalone mode too) does the same for every running pod (``reconcile_pods``): the group and
@@ -148,6 +150,8 @@ class Resctrl(RuntimePlugin):
 
     def register(self, hooks: Hooks) -> None:
         hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name, "create pod resctrl group", self.create_group)
+        hooks.register_container(HookPoint.PRE_CREATE_CONTAINER, self.name,
+                                 "name pod resctrl group as the container's RDT class", self.set_rdt_class)
         hooks.register_container(HookPoint.POST_START_CONTAINER, self.name,
                                  "add container tasks to pod resctrl group", self.add_tasks)
         hooks.register_pod(HookPoint.POST_STOP_POD_SANDBOX, self.name, "remove pod resctrl group", self.remove_group)
@@ -207,6 +211,19 @@ class Resctrl(RuntimePlugin):
             self.ensure_group(req.meta.uid, annotation, f"pod {req.meta}")
         except OSError as exc:
             raise HookError(f"resctrl group of pod uid {req.meta.uid}: {exc}") from None
+
+    def set_rdt_class(self, ctx: ContainerContext) -> None:
+        """The group must exist before the runtime can put the container in it."""
+        req = ctx.request
+        annotation = req.pod_annotations.get(RESCTRL_ANNOTATION)
+        if not annotation or not self.supported():
+            return
+        who = f"pod {req.pod_meta} container {req.container_name}"
+        try:
+            group = self.ensure_group(req.pod_meta.uid, annotation, who)
+        except OSError as exc:
+            raise HookError(f"resctrl group of pod uid {req.pod_meta.uid}: {exc}") from None
+        ctx.response.rdt_class = group.name
 
     def add_tasks(self, ctx: ContainerContext) -> None:
         req = ctx.request
