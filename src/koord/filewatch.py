@@ -31,6 +31,9 @@ from pathlib import Path
 from watchfiles import Change, awatch
 
 log = logging.getLogger(__name__)
+# watchfiles says "N changes detected" at INFO for every batch of events: a log file kept
+# beside a watched file would write a line per second. The watcher's own lines suffice.
+logging.getLogger("watchfiles.main").setLevel(logging.WARNING)
 
 DirIdentity = tuple[tuple[str, int, int], ...]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -177,3 +178,14 @@ def test_without_inotify_the_periodic_check_is_all_there_is(tmp_path: Path, monk
     run_until_checked(tmp_path, 5)
     warnings = [r for r in caplog.records if r.name == "koord.filewatch" and "watch limit" in r.getMessage()]
     assert len(warnings) == 1, "the problem is logged once, not on every retry"
+
+
+def test_changes_are_not_logged_at_info(tmp_path: Path, watch, caplog: pytest.LogCaptureFixture) -> None:
+    """A log file kept beside a watched file changes all the time: no line per change."""
+    _, rec = watch(tmp_path, accept=lambda name: name.endswith(".json"), poll_interval=60)
+    with caplog.at_level(logging.INFO):
+        for i in range(3):
+            (tmp_path / "koordlet.log").write_text(f"line {i}\n")
+            (tmp_path / "a.json").write_text("{}")
+            wait_for(lambda i=i: rec.events >= i + 1, f"event {i + 1}")
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO], caplog.text
