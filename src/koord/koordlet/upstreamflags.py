@@ -8,9 +8,9 @@ ones given (``NOT_IMPLEMENTED``). A flag whose feature is missing here but whose
 non-default value would change what upstream does (the audit log, another runtime, ...)
 is accepted at its default (and named in the same warning) and refused otherwise, exit 2
 with a line naming it (``REFUSED_UNLESS_DEFAULT``). klog's flags map onto
-Python logging: ``-v`` >= 4 is DEBUG, ``-logtostderr=false`` writes to ``-log_file`` or
-``-log_dir``, ``-stderrthreshold`` bounds what reaches stderr, ``-skip_headers`` drops the
-time/level prefix.
+Python logging in klog's format (``koord.klog``): ``-v`` as there, ``-logtostderr=false``
+writes to ``-log_file`` or ``-log_dir``, ``-stderrthreshold`` bounds what reaches stderr,
+``-skip_headers`` drops the header.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from koord import klog
 from koord.hookapi import parse_duration
 
 from .flagtypes import flag_bool
@@ -91,8 +92,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[str, str, str]] = {
 SEVERITIES = {"INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
               "FATAL": logging.CRITICAL, "0": logging.INFO, "1": logging.WARNING, "2": logging.ERROR,
               "3": logging.CRITICAL}
-DEBUG_VERBOSITY = 4
-"""klog ``-v`` from which koordlet logs at DEBUG (upstream logs each hook call at V(4) and up)."""
 
 
 def _go_int(text: str, unsigned: bool = False) -> int:
@@ -127,13 +126,6 @@ def _go_duration(text: str) -> str:
     return text
 
 
-def _verbosity(text: str) -> int:
-    value = _go_int(text)
-    if not 0 <= value <= 2**31:
-        raise argparse.ArgumentTypeError(f"{text!r:.40}: want a level >= 0")
-    return value
-
-
 def _severity(text: str) -> int:
     try:
         return SEVERITIES[text.upper()]
@@ -163,10 +155,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     proc.add_argument("--resource-force-update-seconds", type=_go_int, default=60, metavar="INT",
                       help="a cgroup value koordlet wrote or found less than this many seconds ago is "
                       "not written again while unchanged (default: 60)")
-    klog = parser.add_argument_group("klog (upstream's logging flags, mapped onto Python logging)")
-    k = klog.add_argument
-    k("--v", type=_verbosity, default=0, metavar="LEVEL",
-      help=f"log verbosity; >= {DEBUG_VERBOSITY} logs at DEBUG (default: 0); --log-level wins when given")
+    k = parser.add_argument_group(
+        "logging: klog's flags (upstream's) and component-base's --logging-format, in klog's formats").add_argument
+    klog.add_flags(k)
     k("--logtostderr", type=flag_bool, nargs="?", const=True, default=True, metavar="BOOL",
       help="log to stderr instead of files (default: true)")
     k("--alsologtostderr", type=flag_bool, nargs="?", const=True, default=False, metavar="BOOL",
@@ -179,7 +170,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
       help="with --logtostderr=false, write the log to this file (default: none, see --log_dir)")
     for name in ("skip_headers", "skip_log_headers"):
         k(f"--{name}", type=flag_bool, nargs="?", const=True, default=False, metavar="BOOL",
-          help="log messages without the time, level and logger prefix (default: false)")
+          help="log messages without klog's header (default: false)")
     ignored = parser.add_argument_group(
         "upstream flags without a feature here: accepted, checked and ignored with one warning")
     for name, (kind, default) in NOT_IMPLEMENTED.items():
@@ -221,12 +212,7 @@ def ignored_flags(args: argparse.Namespace) -> list[str]:
 
 def configure_logging(args: argparse.Namespace) -> None:
     """Python logging as the klog flags (and ``--log-level``, which wins) ask."""
-    if args.log_level is not None:
-        level = logging.getLevelName(args.log_level.upper())
-    else:
-        level = logging.DEBUG if args.v >= DEBUG_VERBOSITY else logging.INFO
-    prefix = "" if args.skip_headers or args.skip_log_headers else "%(asctime)s %(levelname)s %(name)s: "
-    formatter = logging.Formatter(prefix + "%(message)s")
+    level = klog.python_level(args.log_level, args.v)
     # klog's INFO is its lowest severity: verbose (DEBUG here) messages are INFO there
     threshold = logging.NOTSET if args.stderrthreshold <= logging.INFO else args.stderrthreshold
     handlers: list[logging.Handler] = []
@@ -238,9 +224,7 @@ def configure_logging(args: argparse.Namespace) -> None:
         if args.alsologtostderr:
             stderr.setLevel(level)
     handlers.append(stderr)
-    for handler in handlers:
-        handler.setFormatter(formatter)
-    logging.basicConfig(level=level, handlers=handlers, force=True)
+    klog.configure(level, handlers, args.logging_format, not (args.skip_headers or args.skip_log_headers))
 
 
 DS_MODE, HOST_MODE = "dsMode", "hostMode"

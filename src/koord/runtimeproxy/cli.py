@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from cri_api.v1 import api_pb2 as cri
 
-from koord import rlimits
+from koord import klog, rlimits
 from koord.hookapi import SOCKET_MODE, prepare_socket
 
 from . import dataplane, memtrim
@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except OptionError as exc:
         print(f"koord-runtime-proxy: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=options.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    klog.configure(klog.python_level(options.log_level, options.verbosity), [logging.StreamHandler(sys.stderr)],
+                   options.logging_format)
     if options.backend_mode is BackendMode.DOCKER:
         log.info("data plane: python (Docker mode serves the Docker API itself)")
         serve = docker_app.run(options)

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
+from koord import klog
 from koord.commonflags import PrintVersion, log_level
 from koord.hookapi import durations, endpoints
 
@@ -58,7 +59,9 @@ class Options:
     hook_config_dir: Path
     metrics_address: str
     hook_timeout: float
-    log_level: str
+    log_level: str | None
+    verbosity: int
+    logging_format: str
     data_plane: DataPlane = DataPlane.AUTO
     data_plane_start_timeout: float = DEFAULT_DATA_PLANE_START_TIMEOUT
     data_plane_idle_timeout: float = DEFAULT_DATA_PLANE_IDLE_TIMEOUT
@@ -137,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "GetContainerEvents stream then ends with UNAVAILABLE and the client reopens it; "
                    "HAProxy gives other calls (a StopContainer with a long grace period) 10s more; "
                    "from 1s to 596h (default: %(default)s)")
-    p.add_argument("--log-level", default="info", type=log_level, metavar="debug|info|warning|error",
-                   help="log verbosity, any case (default: %(default)s)")
+    p.add_argument("--log-level", default=None, type=log_level, metavar="debug|info|warning|error",
+                   help="log verbosity, any case (default: info, or debug with --v=4 and above)")
+    klog.add_flags(p.add_argument)
     p.add_argument("--version", action=PrintVersion,
                    help="print the version and the upstream version followed, then exit")
     return p
@@ -177,6 +181,8 @@ def parse_options(argv: list[str] | None = None) -> Options:
         metrics_address=check_bind_address(ns.metrics_bind_address, "--metrics-bind-address"),
         hook_timeout=parse_duration(ns.hook_timeout, "--hook-timeout"),
         log_level=ns.log_level,
+        verbosity=ns.v,
+        logging_format=ns.logging_format,
         data_plane=DataPlane(ns.data_plane),
         data_plane_start_timeout=parse_duration(ns.data_plane_start_timeout, "--data-plane-start-timeout"),
         data_plane_idle_timeout=_idle_timeout(ns.data_plane_idle_timeout),

@@ -7,15 +7,19 @@ import argparse
 import logging
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord import klog
 from koord.commonflags import version_text
 from koord.koordlet import cli, flags, goflags, upstreamflags
 from koord.runtimeproxy import config as proxy_config
+from koord.testing.klogparse import parse
 
 UPSTREAM_DAEMONSET_ARGS = [  # upstream config/manager/koordlet.yaml, verbatim
     "-cgroup-root-dir=/host-cgroup/", "-feature-gates=AllAlpha=true,AllBeta=true",
@@ -224,16 +228,18 @@ def test_ignored_upstream_flags_and_gates_are_named_once(caplog):
     assert "left over" in lines[2]
 
 
-@pytest.mark.parametrize("argv, level, stderr_level, to_file", [
-    ([], logging.INFO, logging.INFO, False),
-    (["--v=4"], logging.DEBUG, logging.DEBUG, False),
-    (["--v=4", "--log-level=warning"], logging.WARNING, logging.WARNING, False),
-    (["--v=4", "-stderrthreshold=ERROR"], logging.DEBUG, logging.ERROR, False),
-    (["--logtostderr=false"], logging.INFO, logging.INFO, True),
-    (["--logtostderr=false", "-stderrthreshold=WARNING"], logging.INFO, logging.WARNING, True),
-    (["--logtostderr=false", "-stderrthreshold=ERROR", "--alsologtostderr"], logging.INFO, logging.INFO, True),
+@pytest.mark.parametrize("argv, level, stderr_level, to_file, formatter", [
+    ([], logging.INFO, logging.INFO, False, klog.TextFormatter),
+    (["--v=4"], logging.DEBUG, logging.DEBUG, False, klog.TextFormatter),
+    (["-v=3", "-logging-format=json"], logging.INFO, logging.INFO, False, klog.JSONFormatter),
+    (["--v=4", "--log-level=warning"], logging.WARNING, logging.WARNING, False, klog.TextFormatter),
+    (["--v=4", "-stderrthreshold=ERROR"], logging.DEBUG, logging.ERROR, False, klog.TextFormatter),
+    (["--logtostderr=false"], logging.INFO, logging.INFO, True, klog.TextFormatter),
+    (["--logtostderr=false", "-stderrthreshold=WARNING"], logging.INFO, logging.WARNING, True, klog.TextFormatter),
+    (["--logtostderr=false", "-stderrthreshold=ERROR", "--alsologtostderr"], logging.INFO, logging.INFO, True,
+     klog.TextFormatter),
 ])
-def test_klog_flags_map_onto_logging(tmp_path, argv, level, stderr_level, to_file):
+def test_klog_flags_map_onto_logging(tmp_path, argv, level, stderr_level, to_file, formatter):
     args = flags.parse_args([*argv, f"--log_dir={tmp_path}"])
     root = logging.getLogger()
     saved = root.handlers[:], root.level
@@ -243,10 +249,43 @@ def test_klog_flags_map_onto_logging(tmp_path, argv, level, stderr_level, to_fil
         files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
         assert root.level == level and [h.level for h in stderr] == [stderr_level]
         assert [Path(h.baseFilename) for h in files] == ([tmp_path / "koordlet.log"] if to_file else [])
+        assert {type(h.formatter) for h in root.handlers} == {formatter}
     finally:
+        logging.captureWarnings(False)
         for h in root.handlers:
             h.close()
         root.handlers, root.level = saved[0], saved[1]
+
+
+@pytest.mark.parametrize("argv, headers, want", [
+    ([], True, "W1128 01:02:03.000000 "),
+    (["-skip_headers"], False, "watch out\n"),
+    (["-skip_log_headers=true"], False, "watch out\n"),
+])
+def test_koordlet_logs_klog_lines_to_its_file(tmp_path, monkeypatch, argv, headers, want):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    log_file = tmp_path / "k.log"
+    args = flags.parse_args([*argv, "-logtostderr=false", f"-log_file={log_file}"])
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        upstreamflags.configure_logging(args)
+        record = logging.LogRecord("koordlet", logging.WARNING, __file__, 7, "watch out", (), None)
+        record.created = 1795827723.0
+        root.handle(record)
+    finally:
+        logging.captureWarnings(False)
+        for h in root.handlers:
+            h.close()
+        root.handlers, root.level = saved[0], saved[1]
+        monkeypatch.undo()
+        time.tzset()
+    text = log_file.read_text()
+    assert text.startswith(want)
+    if headers:
+        assert [(e.severity, e.thread, e.file, e.line, e.message) for e in parse(text)] == [
+            ("W", threading.get_native_id(), Path(__file__).name, 7, "watch out")]
 
 
 def test_daemonset_mode_defaults(monkeypatch, tmp_path):
@@ -299,11 +338,30 @@ def test_both_binaries_print_their_version(binary):
 def test_proxy_parses_like_pflag(argv, ok, capsys):
     if ok:
         options = proxy_config.parse_options(argv)
-        assert options.log_level in ("info", "debug")
+        assert options.log_level in (None, "debug")
         return
     with pytest.raises(SystemExit) as exc:
         proxy_config.parse_options(argv)
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("argv, want", [
+    ([], (None, 0, "text", logging.INFO)),
+    (["--v=4"], (None, 4, "text", logging.DEBUG)),
+    (["--v", "2", "--logging-format", "json"], (None, 2, "json", logging.INFO)),
+    (["--v=4", "--log-level=error"], ("error", 4, "text", logging.ERROR)),
+    (["--v=-1"], "argument --v: '-1': want a level from 0 to 2147483647"),
+    (["--logging-format=klog"], "argument --logging-format: 'klog': want text or json"),
+    (["-v=4"], "unrecognized arguments: -v=4"),
+])
+def test_proxy_klog_flags(argv, want, capsys):
+    if isinstance(want, tuple):
+        o = proxy_config.parse_options(argv)
+        assert (o.log_level, o.verbosity, o.logging_format, klog.python_level(o.log_level, o.verbosity)) == want
+        return
+    with pytest.raises(SystemExit):
+        proxy_config.parse_options(argv)
+    assert want in capsys.readouterr().err
 
 
 def test_every_proxy_flag_states_its_default():
