@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .config import DEFAULT_DATA_PLANE_IDLE_TIMEOUT, DEFAULT_DATA_PLANE_START_TIMEOUT, DataPlane
+from .haproxylog import relay_haproxy_output
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +283,7 @@ class Supervisor:
         self.restarts = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._relay: asyncio.Task[None] | None = None
         self._stopping = False
         setpriv = shutil.which("setpriv")
         if setpriv is None:
@@ -302,7 +304,10 @@ class Supervisor:
 
     async def _spawn(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
-            *self.command(), stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+            *self.command(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        assert self._proc.stdout is not None
+        self._relay = asyncio.create_task(relay_haproxy_output(self._proc.stdout), name="haproxy-output")
         deadline = time.monotonic() + self.ready_timeout
         while not _accepts(self.public_socket):
             if self._proc.returncode is not None:
@@ -353,6 +358,8 @@ class Supervisor:
             log.warning("haproxy (pid %d) ignored its hard-stop-after; killing it", proc.pid)
             proc.kill()
             await proc.wait()
+        if self._relay is not None:
+            await self._relay  # its last lines (the proxies it stopped) before the line below
         log.info("haproxy stopped (code %s)", proc.returncode)
 
 
