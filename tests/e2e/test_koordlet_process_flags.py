@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from koord.testing import klogparse
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
 from koord.testing.wait import wait_for
@@ -62,3 +63,15 @@ def test_flags_that_would_change_behaviour_are_refused(flag: str, named: str) ->
                           timeout=60)
     assert done.returncode == 2
     assert named in done.stderr.splitlines()[-1]
+
+
+def test_koordlet_logs_klog_lines(containerd: Containerd, tmp_path: Path) -> None:
+    """Every line koordlet writes is klog's, the main thread's id being the process id as
+    klog's header shows it, the modules' threads with their own."""
+    koordlet = KoordletProcess(tmp_path / "koordlet", [
+        "--containerd-endpoint", containerd.endpoint, "--runtime-hooks-reconcile-interval", "0", "-v=4"]).start()
+    pid = koordlet.pid
+    koordlet.stop()
+    entries = klogparse.parse(koordlet.log_path.read_text())
+    assert {(e.severity, e.thread) for e in entries if e.file == "cli.py"} >= {("I", pid)}
+    assert len({e.thread for e in entries}) > 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
+from koord.testing import klogparse
 from koord.testing.containerd import Containerd
 from koord.testing.kubelet import KubeletClient
 from koord.testing.proxy import RuntimeProxy
@@ -73,3 +75,33 @@ def test_waits_for_backend_then_serves(tmp_path: Path, containerd_runtime: Conta
         if proxy_proc is not None and proxy_proc.poll() is None:
             proxy_proc.kill()
         backend.stop()
+
+
+
+WATCHING = "pluginsmanager: watching "
+"""A DEBUG record every start logs: shown at --v=4, not at 0."""
+
+
+@pytest.mark.parametrize("data_plane", ["python", "haproxy"])
+def test_logs_klog_lines_at_v4(containerd: Containerd, tmp_path: Path, data_plane: str) -> None:
+    """Every line of the proxy's stderr is klog's (HAProxy's output included), and --v=4 shows
+    the DEBUG records."""
+    proxy = RuntimeProxy(tmp_path / "p", containerd.endpoint, data_plane=data_plane, extra_args=["--v=4"]).start()
+    pid = proxy.pid
+    assert proxy.stop() == 0
+    entries = klogparse.parse(proxy.logs())
+    serving = [e for e in entries if e.message.startswith("serving CRI on ")]
+    assert [(e.severity, e.thread, e.file) for e in serving] == [("I", pid, "cli.py")]
+    assert [e.file for e in entries if e.message.startswith(WATCHING)] == ["filewatch.py"]
+
+
+def test_logs_json_lines(containerd: Containerd, tmp_path: Path) -> None:
+    """--logging-format=json: one JSON object a line; the default --v=0 hides DEBUG records."""
+    proxy = RuntimeProxy(tmp_path / "p", containerd.endpoint, extra_args=["--logging-format=json"]).start()
+    started = time.time()
+    assert proxy.stop() == 0
+    entries = [json.loads(line) for line in proxy.logs().splitlines()]
+    serving = [e for e in entries if e["msg"].startswith("serving CRI on ")]
+    assert [(e["caller"].split(":")[0], e["v"]) for e in serving] == [("runtimeproxy/cli.py", 0)]
+    assert all(abs(e["ts"] / 1000 - started) < 120 for e in entries)
+    assert not [e for e in entries if e["msg"].startswith(WATCHING) or e.get("v") == 4]
