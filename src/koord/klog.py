@@ -23,10 +23,12 @@ import argparse
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 DEBUG_VERBOSITY = 4
@@ -35,6 +37,7 @@ TEXT, JSON = "text", "json"
 FORMATS = (TEXT, JSON)
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
+_log = logging.getLogger(__name__)
 
 
 def verbosity(text: str) -> int:
@@ -133,13 +136,28 @@ def formatter(fmt: str, headers: bool = True) -> logging.Formatter:
 def configure(level: int, handlers: list[logging.Handler], fmt: str, headers: bool = True) -> None:
     """The root logger at ``level`` writing to ``handlers`` in format ``fmt``.
 
-    Python's warnings go through logging too: printed raw, they would be the one kind of
-    line in the log that a klog parser cannot read."""
+    Python's warnings and the tracebacks of uncaught exceptions go through logging too:
+    printed raw, they would be the lines in the log that a klog parser cannot read."""
     shared = formatter(fmt, headers)
     for handler in handlers:
         handler.setFormatter(shared)
     logging.basicConfig(level=level, handlers=handlers, force=True)
     logging.captureWarnings(True)
+    sys.excepthook = log_uncaught
+    threading.excepthook = log_uncaught_in_thread
+
+
+def log_uncaught(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    """``sys.excepthook``: the exception that ends the process, as klog's fatal line."""
+    _log.critical("uncaught exception", exc_info=(kind, value, tb))
+
+
+def log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook``: an exception that ends a thread (the process goes on)."""
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    name = args.thread.name if args.thread is not None else "unknown"
+    _log.error("uncaught exception in thread %s", name, exc_info=args.exc_value)
 
 
 def _short_path(pathname: str) -> str:

@@ -5,17 +5,20 @@ read back whole by a klog parser."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import sys
+import threading
 import time
+import warnings
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from koord import klog
-from koord.testing.klogparse import Entry, parse
+from koord.testing.klogparse import Entry, error_lines, parse
 
 # 2026-11-28 01:02:03.456789 UTC
 CREATED = 1795827723.456789
@@ -159,6 +162,16 @@ def test_parser_names_the_line_it_cannot_read(text, problem):
         parse(text)
 
 
+@pytest.mark.parametrize("text, want", [
+    ("\tmid-entry tail\nI1128 01:02:03.456789    1 a.py:1] ok\n", []),
+    ("W1128 01:02:03.456789    1 a.py:1] ERROR in a warning\n", []),
+    ("E1128 01:02:03.456789    1 a.py:1] bad\n\tTraceback\nF1128 01:02:03.456789    1 a.py:2] worse",
+     ["E1128 01:02:03.456789    1 a.py:1] bad", "F1128 01:02:03.456789    1 a.py:2] worse"]),
+])
+def test_error_lines_of_a_tail(text, want):
+    assert error_lines(text) == want
+
+
 levels = st.sampled_from([logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL])
 
 
@@ -184,3 +197,38 @@ def test_consecutive_entries_stay_apart(messages):
     formatter = klog.TextFormatter(thread_id=lambda: 1)
     text = "".join(formatter.format(record("%s", args=(m,))) + "\n" for m in messages)
     assert [e.message for e in parse(text)] == messages
+
+
+@pytest.fixture
+def configured(monkeypatch):
+    """klog.configure on a string stream, with logging and the exception hooks put back after."""
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    klog.configure(logging.INFO, [logging.StreamHandler(stream)], klog.TEXT)
+    yield stream
+    logging.captureWarnings(False)
+    root.handlers, root.level = saved
+
+
+def test_warnings_and_uncaught_exceptions_become_klog_entries(configured):
+    warnings.warn("old flag", DeprecationWarning, stacklevel=1)
+    thread = threading.Thread(target=lambda: 1 / 0, name="collector")
+    thread.start()
+    thread.join()
+    try:
+        raise RuntimeError("the end")
+    except RuntimeError:
+        sys.excepthook(*sys.exc_info())
+    entries = parse(configured.getvalue())
+    assert [(e.severity, e.message.split("\n")[0].rsplit(": ", 2)[-2:]) for e in entries] == [
+        ("W", ["DeprecationWarning", "old flag"]),
+        ("E", ["uncaught exception in thread collector"]),
+        ("F", ["uncaught exception"]),
+    ]
+    assert entries[0].message.startswith(__file__)
+    assert entries[1].message.endswith("ZeroDivisionError: division by zero")
+    assert entries[2].message.endswith("RuntimeError: the end")
+
