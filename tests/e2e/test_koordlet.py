@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from koord.testing import klogparse
 from koord.testing.cgroupfs import make_fake_v1_cgroup
 from koord.testing.cgroups import Cgroup, PodLimits, shares_to_weight
 from koord.testing.containerd import Containerd
@@ -124,7 +125,7 @@ def test_standalone_reconciler_writes_pods_created_without_proxy(
     assert be_cg.memory_limit() == TWO_GI
     # the pod level too, which the proxy path cannot reach before the pod cgroup exists
     assert be_pod.cpu_weight() == shares_to_weight(512)
-    assert "ERROR" not in koordlet.logs(tail=400)
+    assert not klogparse.error_lines(koordlet.logs(tail=400))
 
 
 @cgroup
@@ -263,4 +264,4 @@ def test_numa_aware_ls_pod_gets_the_share_pool_of_its_numa_node(
     wait_for(lambda: cg[placed].cpuset_cpus() == "1", "the placed pod's container on NUMA node 1's pool")
     wait_for(lambda: pause.cpuset_cpus() == "1", "the placed pod's sandbox container on NUMA node 1's pool")
     wait_for(lambda: cg[anywhere].cpuset_cpus() in ("0-1", "0,1"), "the other LS pod on every pool")
-    assert "ERROR" not in koordlet.logs(tail=400)
+    assert not klogparse.error_lines(koordlet.logs(tail=400))

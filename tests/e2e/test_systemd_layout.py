@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from koord.hookapi import parse_quantity
+from koord.testing import klogparse
 from koord.testing.cgroups import Cgroup, PodLimits, shares_to_weight
 from koord.testing.containerd import Containerd
 from koord.testing.koordlet import KoordletProcess
@@ -124,7 +125,7 @@ def test_koordlet_finds_and_writes_every_level_of_the_systemd_layout(
         wait_for(lambda: 0 < besteffort.cpu_quota() <= cpus * PERIOD * 65 // 100,
                  "BE suppress to write the besteffort slice's quota", 60, tolerate=tolerate)
         print(f"besteffort slice quota {besteffort.cpu_quota()} (capacity x 65% = {cpus * PERIOD * 65 // 100})")
-        assert "ERROR" not in koordlet.logs(tail=400)
+        assert not klogparse.error_lines(koordlet.logs(tail=400))
     finally:
         koordlet.stop()
         print(f"--- koordlet log ---\n{koordlet.logs(tail=150)}")

@@ -50,3 +50,8 @@ def parse(text: str) -> list[Entry]:
 def _entry(header: re.Match[str], lines: list[str]) -> Entry:
     return Entry(header["severity"], int(header["month"]), int(header["day"]), header["time"],
                  int(header["thread"]), header["file"], int(header["line"]), "\n".join(lines))
+
+
+def error_lines(text: str) -> list[str]:
+    """The header lines of ERROR and FATAL entries in ``text``, which may start mid-entry (a tail)."""
+    return [line for line in text.split("\n") if (match := HEADER.match(line)) and match["severity"] in "EF"]
