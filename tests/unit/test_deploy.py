@@ -43,18 +43,27 @@ def node_parser(monkeypatch):
     return flags.build_parser()
 
 
-def test_daemonset_args_parse_and_point_at_mounted_host_paths(node_parser):
+def test_daemonset_args_parse_and_point_at_mounted_host_paths(node_parser, monkeypatch):
+    """The image sets agent_mode=dsMode: upstream's /host-* defaults, each mounted from the host."""
+    monkeypatch.setenv("agent_mode", "dsMode")
     spec = _daemonset()["spec"]["template"]["spec"]
     container = spec["containers"][0]
-    args = node_parser.parse_args(container["args"])
-    mounts = {m["mountPath"].rstrip("/") for m in container["volumeMounts"]}
-    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
-    for path in (args.cgroup_root_dir, args.sys_fs_root_dir, args.sys_root_dir, Path(args.runtime_hooks_addr).parent,
-                 args.runtime_hooks_config_path, args.tsdb_path,
-                 Path(args.containerd_endpoint.removeprefix("unix://")).parent):
-        assert str(path).rstrip("/") in mounts, f"{path} is not mounted from the host"
-    assert host["hook-registration"] == "/etc/runtime/hookserver.d"  # where the proxy reads
-    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} \
+    args = flags.parse_args(container["args"])
+    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container["volumeMounts"]}
+    host = {v["name"]: v.get("hostPath", {}).get("path", "").rstrip("/") for v in spec["volumes"]}
+    expected = {
+        args.cgroup_root_dir: "/sys/fs/cgroup", args.sys_fs_root_dir: "/sys/fs", args.sys_root_dir: "/sys",
+        Path(args.runtime_hooks_addr).parent: "/var/run/koordlet",
+        args.runtime_hooks_config_path: "/etc/runtime/hookserver.d",
+        Path(args.containerd_endpoint.removeprefix("unix://")).parent.parent: "/var/run",
+        args.var_run_root_dir: "/var/run", args.tsdb_path: "",  # an emptyDir
+    }
+    for path, host_path in expected.items():
+        name = mounts.get(str(path).rstrip("/"))
+        assert name is not None, f"{path} is not mounted"
+        assert host[name] == host_path, f"{path} is mounted from {host[name]!r}"
+    assert args.runtime_hooks_host_endpoint.startswith("/var/run/koordlet/")  # what the proxy dials
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}} \
         in container["env"]
     assert spec["hostPID"] is True and args.proc_root_dir == Path("/proc")
 
@@ -132,17 +141,19 @@ def test_rbac_grants_every_call_and_upstreams_reference_permissions():
     assert rbac.missing([("", "secrets", "get")], _cluster_role()) == [("", "secrets", "get")]
 
 
-def test_namespace_skip_label_and_sys_fs_mount(node_parser):
+def test_namespace_skip_label_and_sys_fs_mount(monkeypatch):
     docs = manifests()
     assert {"kind": "Namespace", "name": "koordinator-system"} in [
         {"kind": d["kind"], "name": d["metadata"]["name"]} for d in docs]
     template = _daemonset()["spec"]["template"]
     assert template["metadata"]["labels"]["runtimeproxy.koordinator.sh/skip-hookserver"] == "true"
     container = template["spec"]["containers"][0]
-    args = node_parser.parse_args(container["args"])
-    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(args.sys_fs_root_dir)]
+    monkeypatch.setenv("agent_mode", "dsMode")
+    monkeypatch.setattr(flags, "existing_dir", Path)
+    args = flags.parse_args(container["args"])
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"].rstrip("/") == str(args.sys_fs_root_dir)]
     [volume] = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
-    assert volume["hostPath"]["path"] == "/sys/fs" and not mount.get("readOnly")
+    assert volume["hostPath"]["path"].rstrip("/") == "/sys/fs" and not mount.get("readOnly")  # resctrl
 
 
 def test_image_has_no_tests_or_demos_and_a_pinned_base():
