@@ -9,6 +9,10 @@ if [ "$(id -u)" != 0 ]; then
   echo "install.sh: must run as root (containerd, runc and cgroup files need it)" >&2
   exit 1
 fi
+if ! command -v apt-get >/dev/null || ! command -v dpkg >/dev/null; then
+  echo "install.sh: apt-get and dpkg not found: the demo and the tests need a Debian 12 (or later) machine" >&2
+  exit 1
+fi
 
 missing=()
 command -v containerd >/dev/null || missing+=(containerd)
