@@ -19,6 +19,13 @@ from typing import Any
 
 import yaml
 
+from koord.apis.extension import (
+    ANNOTATION_EXTENDED_RESOURCE_SPEC,
+    ANNOTATION_RESOURCE_STATUS,
+    BATCH_CPU,
+    BATCH_MEMORY,
+    LABEL_POD_QOS,
+)
 from koord.hookapi import parse_quantity
 from koord.testing.cgroups import Cgroup, cgroup_version
 from koord.testing.containerd import Containerd
@@ -30,10 +37,7 @@ from koord.testing.runtimes import resolve, system_runtime
 from koord.testing.wait import scaled
 from koord.testing.workloads import burn_command
 
-QOS_LABEL = "koordinator.sh/qosClass"
-RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
-EXTENDED_SPEC = "node.koordinator.sh/extended-resource-spec"
-_BATCH_500M_2GI = {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "2Gi"}
+_BATCH_500M_2GI = {BATCH_CPU: "500", BATCH_MEMORY: "2Gi"}
 BATCH_SPEC = {"containers": {"app": {"requests": _BATCH_500M_2GI, "limits": _BATCH_500M_2GI}}}
 """The demos' BE pod: 500m / 2Gi of batch resources, which koordlet turns into shares 512, quota 50000, 2 GiB."""
 
@@ -77,7 +81,7 @@ def node_agent_args(work: Path) -> list[str]:
 def show_node_metric(work: Path, client: KubeletClient, backend: Containerd) -> None:
     """Starts a pod burning half a CPU and shows the NodeMetric koordlet reports for the demo's pods."""
     say("a BE pod burning half a CPU, then the NodeMetric koordlet writes from real cgroup usage:")
-    sandbox = client.run_pod("demo-burner", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"}, qos="besteffort")
+    sandbox = client.run_pod("demo-burner", uid=str(uuid.uuid4()), labels={LABEL_POD_QOS: "BE"}, qos="besteffort")
     client.run_container(sandbox, "burn", backend.image, command=burn_command(0.5))
     path = work / "nodemetric.yaml"
     deadline = time.monotonic() + scaled(60)
@@ -136,11 +140,11 @@ def demo_be_suppress(work: Path, backend: Containerd) -> None:
     try:
         say(f"BE CPU suppress: NodeSLO cfsQuota at 65% of {cpus} cpus; BE quota = (capacity x 65% "
             "- LS pods' use - system use) x 100, at least 2000")
-        sandbox = client.run_pod("demo-be-burner", labels={QOS_LABEL: "BE"}, qos="besteffort", kube_dir=kube)
+        sandbox = client.run_pod("demo-be-burner", labels={LABEL_POD_QOS: "BE"}, qos="besteffort", kube_dir=kube)
         client.run_container(sandbox, "burn", backend.image, command=burn_command(cpus))
         say(f"a BE pod burns {cpus} cpus; no LS pod yet:")
         watch(6)
-        sandbox = client.run_pod("demo-ls-burner", labels={QOS_LABEL: "LS"}, qos="burstable", kube_dir=kube)
+        sandbox = client.run_pod("demo-ls-burner", labels={LABEL_POD_QOS: "LS"}, qos="burstable", kube_dir=kube)
         client.run_container(sandbox, "burn", backend.image, command=burn_command(1))
         say("an LS pod starts burning 1 cpu: its use comes off the BE quota at once")
         watch(6)
@@ -175,14 +179,16 @@ def demo_nri(work: Path) -> None:
         say(f"    koordlet registered as NRI plugin 00-koordlet_nri at {backend.nri_socket}")
         client = stack.enter_context(KubeletClient(backend.endpoint, on_pod_created=backend.track_pod_cgroup))
         stack.callback(client.cleanup)
-        sandbox = client.run_pod("demo-lsr-nri", uid=str(uuid.uuid4()), labels={QOS_LABEL: "LSR"},
-                                 annotations={RESOURCE_STATUS: json.dumps({"cpuset": "0"})}, qos="guaranteed")
+        sandbox = client.run_pod("demo-lsr-nri", uid=str(uuid.uuid4()), labels={LABEL_POD_QOS: "LSR"},
+                                 annotations={ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": "0"})},
+                                 qos="guaranteed")
         container = client.run_container(sandbox, "app", backend.image,
                                          resources={"cpu_period": 100000, "cpu_quota": 100000})
         say("    LSR pod:")
         show(client, sandbox, container, ["cpuset", "quota"])
-        sandbox = client.run_pod("demo-be-nri", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
-                                 annotations={EXTENDED_SPEC: json.dumps(BATCH_SPEC)}, qos="besteffort")
+        sandbox = client.run_pod("demo-be-nri", uid=str(uuid.uuid4()), labels={LABEL_POD_QOS: "BE"},
+                                 annotations={ANNOTATION_EXTENDED_RESOURCE_SPEC: json.dumps(BATCH_SPEC)},
+                                 qos="besteffort")
         container = client.run_container(sandbox, "app", backend.image)
         say("    BE pod with batch resources 500m / 2Gi:")
         show(client, sandbox, container, ["shares", "quota", "memory"])
@@ -210,9 +216,10 @@ def main() -> int:
         stack.callback(direct.cleanup)
 
         limit = {"cpu_period": 100000, "cpu_quota": 100000}  # what kubelet sends for a 1-CPU limit
-        lsr: dict[str, Any] = {"labels": {QOS_LABEL: "LSR"},
-                               "annotations": {RESOURCE_STATUS: json.dumps({"cpuset": "0"})}, "qos": "guaranteed"}
-        say(f"LSR pod with {RESOURCE_STATUS}={{\"cpuset\":\"0\"}}, started through the proxy:")
+        lsr: dict[str, Any] = {"labels": {LABEL_POD_QOS: "LSR"},
+                               "annotations": {ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": "0"})},
+                               "qos": "guaranteed"}
+        say(f"LSR pod with {ANNOTATION_RESOURCE_STATUS}={{\"cpuset\":\"0\"}}, started through the proxy:")
         sandbox = via_proxy.run_pod("demo-lsr", uid=str(uuid.uuid4()), **lsr)
         container = via_proxy.run_container(sandbox, "app", backend.image, resources=limit)
         show(via_proxy, sandbox, container, ["cpuset", "quota"])
@@ -223,8 +230,9 @@ def main() -> int:
         show(direct, sandbox, container, ["cpuset", "quota"])
 
         say("BE pod with batch resources 500m / 2Gi, started through the proxy:")
-        sandbox = via_proxy.run_pod("demo-be", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
-                                    annotations={EXTENDED_SPEC: json.dumps(BATCH_SPEC)}, qos="besteffort")
+        sandbox = via_proxy.run_pod("demo-be", uid=str(uuid.uuid4()), labels={LABEL_POD_QOS: "BE"},
+                                    annotations={ANNOTATION_EXTENDED_RESOURCE_SPEC: json.dumps(BATCH_SPEC)},
+                                    qos="besteffort")
         container = via_proxy.run_container(sandbox, "app", backend.image)
         show(via_proxy, sandbox, container, ["shares", "quota", "memory"])
         show_node_metric(work, via_proxy, backend)

@@ -11,7 +11,8 @@ import sys
 import uuid
 from contextlib import ExitStack
 
-from koord.demo import BATCH_SPEC, EXTENDED_SPEC, QOS_LABEL, RESOURCE_STATUS, say, start_koordlet
+from koord.apis.extension import ANNOTATION_EXTENDED_RESOURCE_SPEC, ANNOTATION_RESOURCE_STATUS, LABEL_POD_QOS
+from koord.demo import BATCH_SPEC, say, start_koordlet
 from koord.demo import show as show_cgroup
 from koord.testing.docker import CriDockerd, Dockerd, DockerKubeletClient
 from koord.testing.processes import stop_process
@@ -48,16 +49,19 @@ def main() -> int:
         assert isinstance(kubelet, DockerKubeletClient)
 
         limit = {"cpu_period": 100000, "cpu_quota": 100000}
-        say(f"LSR pod with {RESOURCE_STATUS}={{\"cpuset\":\"0\"}}: kubelet -> cri-dockerd -> proxy -> dockerd")
-        sandbox = kubelet.run_pod("demo-lsr", uid=str(uuid.uuid4()), labels={QOS_LABEL: "LSR"},
-                                  annotations={RESOURCE_STATUS: json.dumps({"cpuset": "0"})}, qos="guaranteed")
+        say(f"LSR pod with {ANNOTATION_RESOURCE_STATUS}={{\"cpuset\":\"0\"}}: "
+            "kubelet -> cri-dockerd -> proxy -> dockerd")
+        sandbox = kubelet.run_pod("demo-lsr", uid=str(uuid.uuid4()), labels={LABEL_POD_QOS: "LSR"},
+                                  annotations={ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": "0"})},
+                                  qos="guaranteed")
         container = kubelet.run_container(sandbox, "app", dockerd.image, resources=limit)
         show(dockerd, kubelet, sandbox, container, ["CpusetCpus", "CpuQuota"],
              ["cpuset", "quota"])
 
         say("BE pod with batch resources 500m / 2Gi:")
-        sandbox = kubelet.run_pod("demo-be", uid=str(uuid.uuid4()), labels={QOS_LABEL: "BE"},
-                                  annotations={EXTENDED_SPEC: json.dumps(BATCH_SPEC)}, qos="besteffort")
+        sandbox = kubelet.run_pod("demo-be", uid=str(uuid.uuid4()), labels={LABEL_POD_QOS: "BE"},
+                                  annotations={ANNOTATION_EXTENDED_RESOURCE_SPEC: json.dumps(BATCH_SPEC)},
+                                  qos="besteffort")
         container = kubelet.run_container(sandbox, "app", dockerd.image)
         show(dockerd, kubelet, sandbox, container, ["CpuShares", "CpuQuota", "Memory"],
              ["shares", "quota", "memory"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from koord.apis.extension import ANNOTATION_RESCTRL
 from koord.hookapi import FailurePolicy
 from koord.koordlet.metriccache import Aggregation
 from koord.koordlet.metriccache import kinds as k
@@ -25,7 +26,7 @@ from koord.koordlet.qosmanager.resctrl import ResctrlReconcile
 from koord.koordlet.resctrlfs import parse_schemata
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION, Resctrl
+from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.testing.cgroups import CGROUP_ROOT, Cgroup
@@ -64,7 +65,7 @@ def test_class_groups_get_masks_and_their_pods_tasks(qos_rig: QOSRig, containerd
     be_sandbox, be_cid = rig.run_pod("be-pod", "besteffort", "BE", [])
     ls_sandbox, ls_cid = rig.run_pod("ls-pod", "burstable", "LS", [])
     hooked_sandbox, hooked_cid = rig.run_pod(
-        "be-hooked", "besteffort", "BE", [], annotations={RESCTRL_ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'})
+        "be-hooked", "besteffort", "BE", [], annotations={ANNOTATION_RESCTRL: '{"llc":{"schemata":{"range":[0,50]}}}'})
     rig.slo({"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True, "catRangeEndPercent": 30,
                                                                 "mbaPercent": 35}},
                                      "lsClass": {"resctrlQOS": {"enable": False}}}})
@@ -135,7 +136,7 @@ def test_pod_groups_in_standalone_mode(qos_rig: QOSRig, containerd: Containerd, 
     make_cpuinfo(proc)
     (root / "koordlet-gone-before-start").mkdir()
     hooked_sandbox, hooked_cid = rig.run_pod(
-        "hooked", "besteffort", "BE", [], annotations={RESCTRL_ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'})
+        "hooked", "besteffort", "BE", [], annotations={ANNOTATION_RESCTRL: '{"mb":{"schemata":{"percent":40}}}'})
     plain_sandbox, plain_cid = rig.run_pod("plain", "besteffort", "BE", [])
     executor = ResourceExecutor(CGROUP_ROOT, driver="cgroupfs", kube_dir=rig.kube)
     plugin = Resctrl(PluginEnv(executor, sys_fs, proc))

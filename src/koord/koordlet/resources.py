@@ -17,9 +17,8 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from koord import cgrouplimits
+from koord.apis.extension import LABEL_POD_QOS
 from koord.apis.runtime.v1alpha1 import api_pb2
-
-QOS_LABEL = "koordinator.sh/qosClass"
 
 
 class KoordQoS(enum.StrEnum):
@@ -35,7 +34,7 @@ class KoordQoS(enum.StrEnum):
     @classmethod
     def of(cls, labels: Mapping[str, str]) -> KoordQoS:
         try:
-            return cls(labels.get(QOS_LABEL, ""))
+            return cls(labels.get(LABEL_POD_QOS, ""))
         except ValueError:
             return cls.NONE
 

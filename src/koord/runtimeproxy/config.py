@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from koord import klog
+from koord.apis.extension import LABEL_RUNTIME_PROXY_SKIP
 from koord.commonflags import PrintVersion, log_level
 from koord.hookapi import durations, endpoints
 
@@ -19,7 +20,6 @@ DEFAULT_PROXY_ENDPOINT = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_RUNTIME_ENDPOINT = "/var/run/containerd/containerd.sock"
 DEFAULT_DOCKER_ENDPOINT = "/var/run/docker.sock"
 DEFAULT_HOOK_CONFIG_DIR = "/etc/runtime/hookserver.d"
-DEFAULT_SKIP_KEY = "runtimeproxy.koordinator.sh/skip-hookserver"
 DEFAULT_SKIP_VAL = "true"
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9319"
 DEFAULT_HOOK_TIMEOUT = 5.0
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "not for Docker mode)")
     p.add_argument("--backend-runtime-mode", default=BackendMode.CONTAINERD.value,
                    help="Containerd or Docker (default: %(default)s)")
-    p.add_argument("--runtime-hook-server-key", default=DEFAULT_SKIP_KEY,
+    p.add_argument("--runtime-hook-server-key", default=LABEL_RUNTIME_PROXY_SKIP,
                    help="pod label key that makes the proxy skip all hooks for the pod "
                    "(default: %(default)s)")
     p.add_argument("--runtime-hook-server-val", default=DEFAULT_SKIP_VAL,

@@ -13,11 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from koord.apis.extension import LABEL_CORE_SCHED_GROUP_ID as GROUP_ID
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import cli, flags
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins.cookies import LABEL_GROUP_ID, CookieError, CookieManager
+from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodContext, PodRequest
 from koord.koordlet.runtimehooks.protocol import PodMeta as RequestPodMeta
@@ -59,7 +60,7 @@ def test_current_cookie(name, cookies, failing, pids, want) -> None:
 def pod(uid: str, qos: str, group: str, parent: str, sandbox: str, containers: dict[str, str],
         running: bool = True) -> PodMeta:
     """A pod as the states informer lists it; ``containers`` name -> id, all running."""
-    return PodMeta(namespace="default", name=f"test-pod-{uid}", uid=uid, labels={QOS: qos, LABEL_GROUP_ID: group},
+    return PodMeta(namespace="default", name=f"test-pod-{uid}", uid=uid, labels={QOS: qos, GROUP_ID: group},
                    annotations={}, kube_qos="", koord_qos=qos, priority=None, cgroup_dir=parent,
                    sandbox_id=sandbox, running=running,
                    containers=[ContainerMeta(name=name, id=cid, cgroup_dir=f"{parent}/{cid}", running=True)
@@ -198,7 +199,7 @@ def test_metrics_follow_the_containers_cookie(tmp_path: Path) -> None:
     status = sample(registry, "koordlet_core_sched_cookie_manage_status_total")
     assert status == {(("core_sched_group", "g"), ("node", "node-1"), ("status", "succeeded")): 1.0}
 
-    meta = replace(meta, labels={**meta.labels, LABEL_GROUP_ID: "h"})  # the label edited on the running pod
+    meta = replace(meta, labels={**meta.labels, GROUP_ID: "h"})  # the label edited on the running pod
     run_container(plugin, hooks, meta, "main")
     assert [dict(k)["core_sched_group"] for k in sample(registry, "koordlet_container_core_sched_cookie")] == ["h"]
 

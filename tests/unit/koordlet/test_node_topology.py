@@ -13,6 +13,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes import config
 
+from koord.apis.extension import (
+    ANNOTATION_BE_CPU_SHARED_POOLS,
+    ANNOTATION_CPU_BASIC_INFO,
+    ANNOTATION_CPU_SHARED_POOLS,
+    ANNOTATION_CPU_TOPOLOGY,
+    ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
+    ANNOTATION_NODE_RESERVATION,
+    ANNOTATION_POD_CPU_ALLOCS,
+    ANNOTATION_RESOURCE_STATUS,
+    ANNOTATION_SYSTEM_QOS_RESOURCE,
+)
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metriccache import kinds as mk
 from koord.koordlet.metricsadvisor import AdvisorConfig
@@ -28,7 +39,7 @@ from koord.testing.pods import FakeStatesInformer, pod_meta
 def pod(uid, name, qos="", cpuset=None):
     p = pod_meta("default", name, uid, f"kubepods/pod{uid}", koord_qos=qos)
     if cpuset is not None:
-        p = dataclasses.replace(p, annotations={t.RESOURCE_STATUS: json.dumps({"cpuset": cpuset})})
+        p = dataclasses.replace(p, annotations={ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": cpuset})})
     return p
 
 
@@ -72,7 +83,7 @@ FAKE_TOPO = [t.CPU(i, i % 6, i % 2, i % 2) for i in range(12)]
 
 
 def reservation(**value):
-    return {t.NODE_RESERVATION: json.dumps(value)}
+    return {ANNOTATION_NODE_RESERVATION: json.dumps(value)}
 
 
 @pytest.mark.parametrize("annotations, want", [
@@ -103,12 +114,12 @@ def test_get_node_reserved(annotations, want):
     pytest.param({"cpuset": "0-3"}, "4-15", id="exclude cpuset from share pool"),
 ])
 def test_remove_system_qos_cpus(system_qos, want_ls):
-    annotations = {t.SYSTEM_QOS_RESOURCE: json.dumps(system_qos)} if system_qos is not None else {}
+    annotations = {ANNOTATION_SYSTEM_QOS_RESOURCE: json.dumps(system_qos)} if system_qos is not None else {}
     status = compute(node={"metadata": {"name": "n", "annotations": annotations}})
-    pools = json.loads(status.annotations[t.CPU_SHARED_POOLS])
+    pools = json.loads(status.annotations[ANNOTATION_CPU_SHARED_POOLS])
     assert pools == [{"socket": 0, "node": 0, "cpuset": want_ls}]
     # as Go's omitempty writes it back
-    assert json.loads(status.annotations[t.SYSTEM_QOS_RESOURCE]) == (
+    assert json.loads(status.annotations[ANNOTATION_SYSTEM_QOS_RESOURCE]) == (
         None if system_qos is None else {k: v for k, v in system_qos.items() if v != ""})
 
 
@@ -142,14 +153,15 @@ def test_static_policy_allocations_leave_the_shared_pools():
     pods = [pod("g", "guaranteed"), pod("lse", "lse", "LSE", "4-5"), pod("lsr", "lsr", "LSR", "6-7")]
     status = compute({"metadata": {"name": "n", "annotations": reservation(reservedCPUs="15")}}, pods, kubelet, state)
     a = status.annotations
-    assert a[t.KUBELET_CPU_MANAGER_POLICY] == '{"policy":"static","options":{"full-pcpus-only":"true"},' \
+    assert a[ANNOTATION_KUBELET_CPU_MANAGER_POLICY] == '{"policy":"static","options":{"full-pcpus-only":"true"},' \
                                               '"reservedCPUs":"0"}'
-    assert a[t.POD_CPU_ALLOCS] == '[{"namespace":"default","name":"guaranteed","uid":"g","cpuset":"2-3",' \
+    assert a[ANNOTATION_POD_CPU_ALLOCS] == '[{"namespace":"default","name":"guaranteed","uid":"g","cpuset":"2-3",' \
                                   '"managedByKubelet":true}]'
-    assert a[t.CPU_SHARED_POOLS] == '[{"socket":0,"node":0,"cpuset":"0-1,8-14"}]'
-    assert a[t.BE_CPU_SHARED_POOLS] == '[{"socket":0,"node":0,"cpuset":"0-1,6-14"}]'  # LSR cpus stay shared with BE
-    assert a[t.NODE_RESERVATION] == '{"reservedCPUs":"15"}'
-    assert a[t.SYSTEM_QOS_RESOURCE] == "null"
+    assert a[ANNOTATION_CPU_SHARED_POOLS] == '[{"socket":0,"node":0,"cpuset":"0-1,8-14"}]'
+    # LSR cpus stay shared with BE
+    assert a[ANNOTATION_BE_CPU_SHARED_POOLS] == '[{"socket":0,"node":0,"cpuset":"0-1,6-14"}]'
+    assert a[ANNOTATION_NODE_RESERVATION] == '{"reservedCPUs":"15"}'
+    assert a[ANNOTATION_SYSTEM_QOS_RESOURCE] == "null"
     assert status.policy == "SingleNUMANodePodLevel"
     # the rules the cpuset plugin reads come from here
     rules = parse_rules(None, {"metadata": {}}, {"metadata": {"annotations": a}})
@@ -159,7 +171,8 @@ def test_static_policy_allocations_leave_the_shared_pools():
 
 def test_without_kubelet_config_the_policy_is_empty_and_allocs_null():
     a = compute({"metadata": {"name": "n"}}).annotations
-    assert (a[t.KUBELET_CPU_MANAGER_POLICY], a[t.POD_CPU_ALLOCS], a[t.NODE_RESERVATION]) == ("{}", "null", "{}")
+    assert a[ANNOTATION_KUBELET_CPU_MANAGER_POLICY] == "{}"
+    assert (a[ANNOTATION_POD_CPU_ALLOCS], a[ANNOTATION_NODE_RESERVATION]) == ("null", "{}")
 
 
 @pytest.mark.parametrize("configz, want", [
@@ -189,7 +202,7 @@ def test_any_state_file_parses_or_is_refused(data):
 
 
 
-@given(st.dictionaries(st.sampled_from([t.NODE_RESERVATION, t.SYSTEM_QOS_RESOURCE, "x"]),
+@given(st.dictionaries(st.sampled_from([ANNOTATION_NODE_RESERVATION, ANNOTATION_SYSTEM_QOS_RESOURCE, "x"]),
                        st.text(max_size=30) | st.sampled_from(['{"cpuset": 3}', "null", "[]", '{"reservedCPUs": 5}'])))
 def test_any_node_annotations_compute_or_are_refused(annotations):
     try:
@@ -205,7 +218,7 @@ def test_is_changed():
     stored = t.updated(status, t.new_nrt({"metadata": {"name": "n", "uid": "u"}}))
     assert t.changed(status, stored) is None
     reordered = json.loads(json.dumps(stored))
-    key = t.CPU_TOPOLOGY  # same JSON, other spacing: not a change
+    key = ANNOTATION_CPU_TOPOLOGY  # same JSON, other spacing: not a change
     reordered["metadata"]["annotations"][key] = json.dumps(json.loads(stored["metadata"]["annotations"][key]))
     assert t.changed(status, reordered) is None
     stored["topologyPolicies"] = ["SingleNUMANodePodLevel"]
@@ -254,12 +267,12 @@ def test_report_from_a_fake_sys_tree_to_a_file(tmp_path):
     reporter.report_once()
     obj = yaml.safe_load(path.read_text())
     a = obj["metadata"]["annotations"]
-    assert json.loads(a[t.CPU_BASIC_INFO]) == {"cpuModel": "Fake CPU", "hyperThreadEnabled": True,
+    assert json.loads(a[ANNOTATION_CPU_BASIC_INFO]) == {"cpuModel": "Fake CPU", "hyperThreadEnabled": True,
                                                "vendorID": "GenuineIntel"}
-    detail = json.loads(a[t.CPU_TOPOLOGY])["detail"]
+    detail = json.loads(a[ANNOTATION_CPU_TOPOLOGY])["detail"]
     assert [(c["id"], c["socket"], c["node"]) for c in detail] == [(i, i // 4, i // 4) for i in range(8)]
     assert detail[0]["core"] == detail[2]["core"] != detail[4]["core"]  # threads of one core share it
-    assert json.loads(a[t.CPU_SHARED_POOLS]) == [{"socket": 0, "node": 0, "cpuset": "0-3"},
+    assert json.loads(a[ANNOTATION_CPU_SHARED_POOLS]) == [{"socket": 0, "node": 0, "cpuset": "0-3"},
                                                  {"socket": 1, "node": 1, "cpuset": "4-7"}]
     assert [(z["name"], {r["name"]: r["capacity"] for r in z["resources"]}) for z in obj["zones"]] == [
         (f"node-{i}", {"cpu": "4", "hugepages-1Gi": "0", "hugepages-2Mi": "0", "memory": "1Gi"}) for i in (0, 1)]
@@ -284,11 +297,12 @@ def test_kube_writer_creates_once_and_updates_only_on_change(tmp_path):
         verbs = [v for v, p in api.requests if p.startswith(NODERESOURCETOPOLOGIES)]
         assert verbs == ["get", "create", "update"]
         stored = api.objects[NODERESOURCETOPOLOGIES]["n1"]
-        assert t.CPU_TOPOLOGY in stored["metadata"]["annotations"]
+        assert ANNOTATION_CPU_TOPOLOGY in stored["metadata"]["annotations"]
         node["metadata"]["annotations"] = reservation(reservedCPUs="0")
         reporter.report_once()
         assert [v for v, p in api.requests if p.startswith(NODERESOURCETOPOLOGIES)][-1] == "update"
-        pools = json.loads(api.objects[NODERESOURCETOPOLOGIES]["n1"]["metadata"]["annotations"][t.CPU_SHARED_POOLS])
+        annotations = api.objects[NODERESOURCETOPOLOGIES]["n1"]["metadata"]["annotations"]
+        pools = json.loads(annotations[ANNOTATION_CPU_SHARED_POOLS])
         assert pools[0]["cpuset"] == "1-3"
 
 
@@ -322,8 +336,8 @@ def test_round_is_skipped_until_inputs_exist(tmp_path, caplog):
 @pytest.mark.parametrize("node, named", [
     ({"metadata": []}, "Node metadata"),
     ({"metadata": {"annotations": ["x"]}}, "metadata.annotations"),
-    ({"metadata": {"annotations": {t.SYSTEM_QOS_RESOURCE: 5}}}, t.SYSTEM_QOS_RESOURCE),
-    ({"metadata": {"annotations": {t.SYSTEM_QOS_RESOURCE: '{"cpusetExclusive": "yes"}'}}}, "cpusetExclusive"),
+    ({"metadata": {"annotations": {ANNOTATION_SYSTEM_QOS_RESOURCE: 5}}}, ANNOTATION_SYSTEM_QOS_RESOURCE),
+    ({"metadata": {"annotations": {ANNOTATION_SYSTEM_QOS_RESOURCE: '{"cpusetExclusive": "yes"}'}}}, "cpusetExclusive"),
     ({"metadata": {"labels": "x"}}, "metadata.labels"),
 ])
 def test_hostile_node_is_refused_naming_the_field(node, named):
@@ -342,6 +356,6 @@ def test_informer_calls_back_when_the_topology_changes():
     informer.set_node_topo(obj)
     informer.set_node_topo(json.loads(json.dumps(obj)))  # same content: no callback
     assert fired == [obj]
-    rules = parse_rules(None, {"metadata": {"annotations": {t.KUBELET_CPU_MANAGER_POLICY: '{"policy":"static"}'}}},
-                        informer.get_node_topo())
+    node = {"metadata": {"annotations": {ANNOTATION_KUBELET_CPU_MANAGER_POLICY: '{"policy":"static"}'}}}
+    rules = parse_rules(None, node, informer.get_node_topo())
     assert rules.kubelet_cpu_manager_policy == "none"  # the topology's word, not the Node's

@@ -11,18 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from koord.apis.extension import LABEL_CORE_SCHED_GROUP_ID, LABEL_CORE_SCHED_POLICY
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins.cookies import (
-    LABEL_GROUP_ID,
-    LABEL_POLICY,
-    CookieError,
-    CookieManager,
-    PrctlCookies,
-    pod_group,
-    supported,
-)
+from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager, PrctlCookies, pod_group, supported
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, KubeQoS, PodMeta, Resources
 from koord.koordlet.runtimehooks.rule import CoreSchedParam, CoreSchedRule, RuleError, parse_rules
@@ -167,9 +160,9 @@ LS_BE_ON = parse_rules(slo("coreSched", lsClass={"enable": True}, beClass={"enab
 @pytest.mark.parametrize("labels, kube_qos, want", [
     ({"koordinator.sh/qosClass": "LS"}, KubeQoS.BURSTABLE, (True, "-expeller")),
     ({"koordinator.sh/qosClass": "BE"}, KubeQoS.BESTEFFORT, (True, "")),
-    ({"koordinator.sh/qosClass": "BE", LABEL_GROUP_ID: "g1"}, KubeQoS.BESTEFFORT, (True, "g1")),
-    ({"koordinator.sh/qosClass": "BE", LABEL_POLICY: "exclusive"}, KubeQoS.BESTEFFORT, (True, "uid1")),
-    ({"koordinator.sh/qosClass": "BE", LABEL_POLICY: "none"}, KubeQoS.BESTEFFORT, (False, "")),
+    ({"koordinator.sh/qosClass": "BE", LABEL_CORE_SCHED_GROUP_ID: "g1"}, KubeQoS.BESTEFFORT, (True, "g1")),
+    ({"koordinator.sh/qosClass": "BE", LABEL_CORE_SCHED_POLICY: "exclusive"}, KubeQoS.BESTEFFORT, (True, "uid1")),
+    ({"koordinator.sh/qosClass": "BE", LABEL_CORE_SCHED_POLICY: "none"}, KubeQoS.BESTEFFORT, (False, "")),
     ({"koordinator.sh/qosClass": "LSR"}, KubeQoS.GUARANTEED, (False, "-expeller")),
     ({}, KubeQoS.BESTEFFORT, (True, "")),                  # no Koordinator class: by kube QoS
 ])

@@ -11,16 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ as ADJ
+from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ_SPEC as ADJ_SPEC
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, InvalidInput, PluginEnv
-from koord.koordlet.runtimehooks.plugins.oomscoreadj import (
-    OOM_SCORE_ADJ,
-    OOM_SCORE_ADJ_SPEC,
-    OOMScoreAdj,
-    oom_score_adj_for,
-    set_oom_score_adj,
-)
+from koord.koordlet.runtimehooks.plugins.oomscoreadj import OOMScoreAdj, oom_score_adj_for, set_oom_score_adj
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
 
 PARENT = "kubepods/burstable/pod1"
@@ -29,24 +25,24 @@ PARENT = "kubepods/burstable/pod1"
 @pytest.mark.parametrize("name, annotations, container, want", [
     ("nil annotations", {}, "c1", None),
     ("no oom score adj annotations", {"other": "1"}, "c1", None),
-    ("pod-level default applied", {OOM_SCORE_ADJ: "500"}, "c1", 500),
-    ("container spec overrides pod-level default", {OOM_SCORE_ADJ: "500", OOM_SCORE_ADJ_SPEC: '{"c1": -100}'},
+    ("pod-level default applied", {ADJ: "500"}, "c1", 500),
+    ("container spec overrides pod-level default", {ADJ: "500", ADJ_SPEC: '{"c1": -100}'},
      "c1", -100),
     ("container not in spec falls back to pod-level default",
-     {OOM_SCORE_ADJ: "500", OOM_SCORE_ADJ_SPEC: '{"c2": -100}'}, "c1", 500),
-    ("container not in spec and no pod-level default", {OOM_SCORE_ADJ_SPEC: '{"c2": -100}'}, "c1", None),
+     {ADJ: "500", ADJ_SPEC: '{"c2": -100}'}, "c1", 500),
+    ("container not in spec and no pod-level default", {ADJ_SPEC: '{"c2": -100}'}, "c1", None),
 ])
 def test_oom_score_adj_for(name, annotations, container, want) -> None:
     assert oom_score_adj_for(annotations, container) == want
 
 
 @pytest.mark.parametrize("name, annotations, field", [
-    ("invalid spec JSON", {OOM_SCORE_ADJ_SPEC: "{bad"}, OOM_SCORE_ADJ_SPEC),
-    ("invalid pod-level default value", {OOM_SCORE_ADJ: "abc"}, OOM_SCORE_ADJ),
-    ("pod default out of range", {OOM_SCORE_ADJ: "1001"}, OOM_SCORE_ADJ),
-    ("spec value out of range", {OOM_SCORE_ADJ_SPEC: '{"c1": -1001}'}, OOM_SCORE_ADJ_SPEC),
-    ("spec value not an integer", {OOM_SCORE_ADJ_SPEC: '{"c1": "5"}'}, OOM_SCORE_ADJ_SPEC),
-    ("spec not an object", {OOM_SCORE_ADJ_SPEC: "[1]"}, OOM_SCORE_ADJ_SPEC),
+    ("invalid spec JSON", {ADJ_SPEC: "{bad"}, ADJ_SPEC),
+    ("invalid pod-level default value", {ADJ: "abc"}, ADJ),
+    ("pod default out of range", {ADJ: "1001"}, ADJ),
+    ("spec value out of range", {ADJ_SPEC: '{"c1": -1001}'}, ADJ_SPEC),
+    ("spec value not an integer", {ADJ_SPEC: '{"c1": "5"}'}, ADJ_SPEC),
+    ("spec not an object", {ADJ_SPEC: "[1]"}, ADJ_SPEC),
 ])
 def test_bad_annotations_name_the_annotation(name, annotations, field) -> None:
     with pytest.raises(InvalidInput, match=field):
@@ -57,7 +53,7 @@ def test_bad_annotations_name_the_annotation(name, annotations, field) -> None:
                                              st.booleans(), max_size=3))
 def test_any_annotation_is_a_value_in_range_or_a_named_error(default: str, spec: dict) -> None:
     try:
-        value = oom_score_adj_for({OOM_SCORE_ADJ: default, OOM_SCORE_ADJ_SPEC: json.dumps(spec)}, "c")
+        value = oom_score_adj_for({ADJ: default, ADJ_SPEC: json.dumps(spec)}, "c")
     except InvalidInput as exc:
         assert "oom-score-adj" in str(exc)
         return
@@ -107,13 +103,13 @@ def run(tmp_path: Path, annotations: dict, pids: list[int], stage: HookPoint, co
 @pytest.mark.parametrize("stage", [HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER])
 def test_every_process_of_the_container_gets_the_value(tmp_path: Path, stage: HookPoint) -> None:
     fake_proc(tmp_path / "proc", {10: "0", 11: "0", 12: "0"})
-    proc = run(tmp_path, {OOM_SCORE_ADJ: "200", OOM_SCORE_ADJ_SPEC: '{"c1": 700}'}, [10, 11], stage)
+    proc = run(tmp_path, {ADJ: "200", ADJ_SPEC: '{"c1": 700}'}, [10, 11], stage)
     assert (adj(proc, 10), adj(proc, 11), adj(proc, 12)) == (700, 700, 0)
 
 
 def test_a_container_being_created_has_no_process_yet(tmp_path: Path) -> None:
     fake_proc(tmp_path / "proc", {10: "0"})
-    proc = run(tmp_path, {OOM_SCORE_ADJ: "200"}, [10], HookPoint.PRE_CREATE_CONTAINER, container_id="")
+    proc = run(tmp_path, {ADJ: "200"}, [10], HookPoint.PRE_CREATE_CONTAINER, container_id="")
     assert adj(proc, 10) == 0
 
 
@@ -133,6 +129,6 @@ def test_refusal_is_reported_once(tmp_path: Path, caplog: pytest.LogCaptureFixtu
         for _ in range(3):
             h.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(
                 pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
-                pod_annotations={OOM_SCORE_ADJ: "-500"}, pod_cgroup_parent="/" + PARENT)))
+                pod_annotations={ADJ: "-500"}, pod_cgroup_parent="/" + PARENT)))
     refusals = [r for r in caplog.records if "refused oom_score_adj -500" in r.message]
     assert len(refusals) == 1 and "CAP_SYS_RESOURCE" in refusals[0].message

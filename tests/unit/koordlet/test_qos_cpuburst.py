@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.apis.extension import ANNOTATION_POD_CPU_BURST
 from koord.koordlet.qosmanager.burstcalc import (
-    POD_CPU_BURST,
     BurstConfig,
     BurstError,
     BurstLimiter,
@@ -62,7 +62,7 @@ NODE_CFG = BurstConfig(Policy.AUTO, 1000, 300, 600)
     ("pod-opts-out", {"policy": "none"}, BurstConfig(Policy.NONE, 1000, 300, 600)),
 ])
 def test_pod_burst_config(name, annotation, want) -> None:
-    annotations = {} if annotation is None else {POD_CPU_BURST: json.dumps(annotation)}
+    annotations = {} if annotation is None else {ANNOTATION_POD_CPU_BURST: json.dumps(annotation)}
     assert pod_burst_config(annotations, NODE_CFG) == want
 
 
@@ -73,8 +73,8 @@ def test_pod_burst_config(name, annotation, want) -> None:
 ])
 def test_bad_pod_annotation_names_the_field(text: str, field: str) -> None:
     with pytest.raises(BurstError, match=field) as info:
-        pod_burst_config({POD_CPU_BURST: text}, NODE_CFG)
-    assert POD_CPU_BURST in str(info.value)
+        pod_burst_config({ANNOTATION_POD_CPU_BURST: text}, NODE_CFG)
+    assert ANNOTATION_POD_CPU_BURST in str(info.value)
 
 
 def test_node_slo_defaults_and_errors() -> None:
@@ -97,7 +97,7 @@ def test_any_input_is_a_config_or_a_named_error(value, key) -> None:
     for raw in (value, {key: value}):
         try:
             strategy = burst_strategy({"spec": {"cpuBurstStrategy": raw}})
-            config = pod_burst_config({POD_CPU_BURST: json.dumps(raw)}, NODE_CFG)
+            config = pod_burst_config({ANNOTATION_POD_CPU_BURST: json.dumps(raw)}, NODE_CFG)
         except BurstError:
             continue
         assert strategy is not None and 0 <= strategy.share_pool_threshold_percent <= 100
@@ -240,7 +240,7 @@ def test_quota_lowered_below_the_burst_lowers_the_burst_first(tmp_path: Path) ->
 # TestCPUBurst_start: LSR and BE pods are left alone, an LS pod is scaled, by NodeSLO
 def test_run_once_follows_node_slo_and_skips_lsr_and_be(tmp_path: Path) -> None:
     ls, lsr, be = burst_pod("ls", [2000]), burst_pod("lsr", [2000], "LSR"), burst_pod("be", [2000], "BE")
-    opted_out = burst_pod("out", [2000], annotations={POD_CPU_BURST: '{"policy": "none"}'})
+    opted_out = burst_pod("out", [2000], annotations={ANNOTATION_POD_CPU_BURST: '{"policy": "none"}'})
     pods = [ls, lsr, be, opted_out]
     rig, strategy = make_rig(tmp_path, pods, pod_quota=200000, container_quotas=[200000])
     rig.cache.set_kv("node_cpu_info", {"processors": [{"cpu": i} for i in range(16)]})

@@ -143,7 +143,7 @@ def test_bad_capacity(n: dict, message: str) -> None:
 
 
 @pytest.mark.parametrize("annotation, message", [
-    ("{", "bad JSON"), ('{"cpuset": "0-a"}', "bad cpuset"), ('{"cpuset": 7}', "want a cpu list string"),
+    ("{", "bad JSON"), ('{"cpuset": "0-a"}', "bad cpuset"), ('{"cpuset": 7}', "cpuset=7 is not a string"),
     ('{"cpuset": "0-100000000"}', "above the limit"),
 ])
 def test_malformed_resource_status(annotation: str, message: str) -> None:

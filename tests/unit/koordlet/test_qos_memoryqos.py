@@ -12,15 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.apis.extension import ANNOTATION_POD_MEMORY_QOS
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.memoryqos import CgroupReconcile, calculate
-from koord.koordlet.qosmanager.resourceqos import (
-    MEMORY_QOS_ANNOTATION,
-    NONE_MEMORY_QOS,
-    memory_qos,
-    pod_memory_qos_config,
-)
+from koord.koordlet.qosmanager.resourceqos import NONE_MEMORY_QOS, memory_qos, pod_memory_qos_config
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.runtimehooks.protocol import KubeQoS
 from koord.koordlet.slo import SLOError
@@ -42,7 +38,7 @@ def upstream_pod(kube_qos: str, koord_qos: str, annotation: dict | None = None):
     request = limit (batch-memory for BE)."""
     key = "kubernetes.io/batch-memory" if koord_qos == "BE" else "memory"
     p = pod("test_pod", koord_qos, kube_qos, containers=2,
-            annotations=None if annotation is None else {MEMORY_QOS_ANNOTATION: json.dumps(annotation)})
+            annotations=None if annotation is None else {ANNOTATION_POD_MEMORY_QOS: json.dumps(annotation)})
     return with_resources(p, 1, requests={key: GI}, limits={key: GI})
 
 
@@ -135,7 +131,7 @@ def test_low_and_high_at_least_min() -> None:
 def test_policy_none_opts_out_and_stopped_pods_do_not_count() -> None:
     on = {"enable": True, "minLimitPercent": 100, "lowLimitPercent": 100}
     a = with_resources(pod("a", "LS", containers=1), requests={"memory": GI})
-    b = with_resources(pod("b", "LS", containers=1, annotations={MEMORY_QOS_ANNOTATION: '{"policy":"none"}'}),
+    b = with_resources(pod("b", "LS", containers=1, annotations={ANNOTATION_POD_MEMORY_QOS: '{"policy":"none"}'}),
                        requests={"memory": GI})
     c = with_resources(pod("c", "LS", containers=1, running=False), requests={"memory": GI})
     levels = calculate(slo(lsClass=on), [a, b, c], 4 * GI, QOS_DIRS)
@@ -163,7 +159,7 @@ def test_out_of_range_nodeslo_is_refused_naming_the_field(section: dict, error: 
     ('{', "bad JSON"),
 ])
 def test_bad_annotation_names_the_pod(text: str, error: str) -> None:
-    p = pod("p", "LS", annotations={MEMORY_QOS_ANNOTATION: text})
+    p = pod("p", "LS", annotations={ANNOTATION_POD_MEMORY_QOS: text})
     with pytest.raises(SLOError, match=error) as info:
         pod_memory_qos_config(p)
     assert "pod default/p" in str(info.value)
@@ -171,7 +167,7 @@ def test_bad_annotation_names_the_pod(text: str, error: str) -> None:
 
 @given(st.text(max_size=200))
 def test_annotation_parser_never_crashes(text: str) -> None:
-    p = pod("p", "LS", annotations={MEMORY_QOS_ANNOTATION: text})
+    p = pod("p", "LS", annotations={ANNOTATION_POD_MEMORY_QOS: text})
     try:
         pod_memory_qos_config(p)
     except SLOError:

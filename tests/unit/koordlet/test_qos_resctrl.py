@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from koord.apis.extension import ANNOTATION_RESCTRL
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metriccache import kinds as k
 from koord.koordlet.metricsadvisor.collectors.resctrl import ResctrlCollector, ResctrlPrometheus
@@ -22,7 +23,6 @@ from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.resctrl import ResctrlReconcile
 from koord.koordlet.resctrlfs import ResctrlError, l3_mask, mb_value, parse_schemata
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
-from koord.koordlet.runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION
 from koord.testing.pods import FakeStatesInformer
 from koord.testing.resctrltree import RDT_FLAGS, add_group_files, make_cpuinfo, make_resctrl_tree
 
@@ -104,7 +104,7 @@ def test_tick_moves_tasks_of_enabled_classes_and_disable_restores(tmp_path: Path
     be = pod("be", "BE", "besteffort", containers=1)
     ls = pod("ls", "LS", containers=1)
     hooked = pod("hooked", "BE", "besteffort", containers=1,
-                 annotations={RESCTRL_ANNOTATION: '{"llc":{"schemata":{"range":[0,50]}}}'})
+                 annotations={ANNOTATION_RESCTRL: '{"llc":{"schemata":{"range":[0,50]}}}'})
     informer = FakeStatesInformer([be, ls, hooked], slo(beClass={"enable": True, "mbaPercent": 35}))
     strategy, root = rig(tmp_path, informer)
     cgroup_tasks(tmp_path, be.containers[0].cgroup_dir, [101, 102])

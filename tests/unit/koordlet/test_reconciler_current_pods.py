@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ as ADJ
 from koord.hookapi import FailurePolicy, HookPoint, PodHookRequest
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
-from koord.koordlet.runtimehooks.plugins.oomscoreadj import OOM_SCORE_ADJ, OOMScoreAdj
+from koord.koordlet.runtimehooks.plugins.oomscoreadj import OOMScoreAdj
 from koord.koordlet.runtimehooks.reconciler import Reconciler, with_current_metadata
 from koord.koordlet.statesinformer.meta import PodMeta
 from koord.testing.cgroupfs import make_fake_v1_cgroup
@@ -36,14 +37,14 @@ def cri_record(labels: dict[str, str], annotations: dict[str, str]) -> PodHookRe
 
 
 CRI_LABELS = {QOS: "LS", "group": "a", **KUBELET_LABELS}
-CRI_ANNOTATIONS = {OOM_SCORE_ADJ: "100", "kubernetes.io/config.seen": "then"}
+CRI_ANNOTATIONS = {ADJ: "100", "kubernetes.io/config.seen": "then"}
 
 
 @pytest.mark.parametrize("name, current, want_labels, want_annotations", [
     ("unknown to the pods source: CRI's as they are", None, CRI_LABELS, CRI_ANNOTATIONS),
     ("edited annotation: the current value",
-     pod_meta("uid-p1", {QOS: "LS", "group": "a"}, {OOM_SCORE_ADJ: "300", "kubernetes.io/config.seen": "then"}),
-     CRI_LABELS, {OOM_SCORE_ADJ: "300", "kubernetes.io/config.seen": "then"}),
+     pod_meta("uid-p1", {QOS: "LS", "group": "a"}, {ADJ: "300", "kubernetes.io/config.seen": "then"}),
+     CRI_LABELS, {ADJ: "300", "kubernetes.io/config.seen": "then"}),
     ("removed annotation and label are gone, kubelet's sandbox labels stay",
      pod_meta("uid-p1", {QOS: "BE"}, {}), {QOS: "BE", **KUBELET_LABELS}, {}),
     ("added label", pod_meta("uid-p1", {QOS: "LS", "group": "b", "new": "1"}, CRI_ANNOTATIONS),
@@ -104,13 +105,13 @@ def add_pod(fake_cri, annotations: dict[str, str]) -> None:
 
 def test_pod_and_container_hooks_see_the_current_metadata_without_more_cri_calls(fake_cri, tmp_path) -> None:
     make_fake_v1_cgroup(tmp_path, BURSTABLE + "/c1")
-    add_pod(fake_cri, {OOM_SCORE_ADJ: "100"})
+    add_pod(fake_cri, {ADJ: "100"})
     listed: list[PodMeta] = []
     recorder = Recorder()
     reconciler = reconciler_with(fake_cri, tmp_path, [recorder], lambda: listed)
     try:
         assert reconciler.reconcile_once().errors == []
-        listed.append(pod_meta("uid-p1", {QOS: "LS", "edited": "yes"}, {OOM_SCORE_ADJ: "300"}))
+        listed.append(pod_meta("uid-p1", {QOS: "LS", "edited": "yes"}, {ADJ: "300"}))
         assert reconciler.reconcile_once().errors == []
         listed.clear()  # the source forgot the pod (e.g. its list is stale): CRI's again
         assert reconciler.reconcile_once().errors == []
@@ -118,17 +119,17 @@ def test_pod_and_container_hooks_see_the_current_metadata_without_more_cri_calls
         reconciler.reconcile_once()
     finally:
         reconciler.stop()
-    cri_view = ({QOS: "LS"}, {OOM_SCORE_ADJ: "100"})
-    current_view = ({QOS: "LS", "edited": "yes"}, {OOM_SCORE_ADJ: "300"})
+    cri_view = ({QOS: "LS"}, {ADJ: "100"})
+    current_view = ({QOS: "LS", "edited": "yes"}, {ADJ: "300"})
     assert recorder.pods == [cri_view, current_view, cri_view]
     assert recorder.containers == [cri_view, current_view, cri_view]
-    assert recorder.stopped == [{OOM_SCORE_ADJ: "100"}], "PostStop gets the last round's request"
+    assert recorder.stopped == [{ADJ: "100"}], "PostStop gets the last round's request"
     assert len(fake_cri.requests("PodSandboxStatus")) == 1, "the sandbox's status is still asked once"
 
 
 def test_a_failing_pods_source_falls_back_to_cri_and_is_reported(fake_cri, tmp_path) -> None:
     make_fake_v1_cgroup(tmp_path, BURSTABLE + "/c1")
-    add_pod(fake_cri, {OOM_SCORE_ADJ: "100"})
+    add_pod(fake_cri, {ADJ: "100"})
     recorder = Recorder()
 
     def broken() -> list[PodMeta]:
@@ -140,7 +141,7 @@ def test_a_failing_pods_source_falls_back_to_cri_and_is_reported(fake_cri, tmp_p
     finally:
         reconciler.stop()
     assert report.errors == ["pods source: source bug"]
-    assert recorder.containers == [({QOS: "LS"}, {OOM_SCORE_ADJ: "100"})]
+    assert recorder.containers == [({QOS: "LS"}, {ADJ: "100"})]
 
 
 def test_oom_score_adj_follows_an_edited_annotation(fake_cri, tmp_path) -> None:
@@ -152,7 +153,7 @@ def test_oom_score_adj_follows_an_edited_annotation(fake_cri, tmp_path) -> None:
     for pid in (10, 11):
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "oom_score_adj").write_text("0\n")
-    add_pod(fake_cri, {OOM_SCORE_ADJ: "100"})
+    add_pod(fake_cri, {ADJ: "100"})
     listed: list[PodMeta] = []
     plugin = OOMScoreAdj(PluginEnv(CgroupExecutor(tmp_path / "cgroup", version=1), tmp_path, proc))
     reconciler = reconciler_with(fake_cri, tmp_path / "cgroup", [plugin], lambda: listed)
@@ -163,7 +164,7 @@ def test_oom_score_adj_follows_an_edited_annotation(fake_cri, tmp_path) -> None:
     try:
         reconciler.reconcile_once()
         assert values() == [100, 100]
-        listed.append(pod_meta("uid-p1", {QOS: "LS"}, {OOM_SCORE_ADJ: "300"}))
+        listed.append(pod_meta("uid-p1", {QOS: "LS"}, {ADJ: "300"}))
         reconciler.reconcile_once()
         assert values() == [300, 300]
     finally:

@@ -22,6 +22,7 @@ import math
 import time
 from typing import Protocol
 
+from koord.apis.extension import ANNOTATION_RAW_ALLOCATABLE
 from koord.hookapi import json_annotation, parse_quantity
 
 from ..statesinformer.meta import PodMeta
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 Resources = dict[str, int]
 RESOURCES = ("cpu", "memory")
 PROD_RECLAIMABLE_CLASSES = ("koord-prod", "")
-RAW_ALLOCATABLE = "node.koordinator.sh/raw-allocatable"
 CPU_PERCENTILE, MEMORY_PERCENTILE = 0.95, 0.98
 
 
@@ -73,11 +73,11 @@ def node_allocatable(node: dict | None) -> Resources:
     meta = _object(node.get("metadata"))
     annotations = {k: v for k, v in _object(meta.get("annotations")).items() if isinstance(v, str)}
     try:
-        raw = json_annotation(annotations, RAW_ALLOCATABLE, owner="node")
+        raw = json_annotation(annotations, ANNOTATION_RAW_ALLOCATABLE, owner="node")
     except ValueError as exc:
         log.warning("%s; using status.allocatable", exc)
         raw = None
-    where = f"node annotation {RAW_ALLOCATABLE}"
+    where = f"node annotation {ANNOTATION_RAW_ALLOCATABLE}"
     if raw is None:
         raw = _object(node.get("status")).get("allocatable")
         where = "Node status.allocatable"

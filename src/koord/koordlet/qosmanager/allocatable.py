@@ -16,11 +16,12 @@ import logging
 import math
 from collections.abc import Callable
 
+from koord.apis.extension import BATCH_CPU, BATCH_MEMORY, MID_CPU, MID_MEMORY
+
 from ..metriccache import POD_CPU_USAGE, POD_MEMORY_USAGE, POD_UID
 from ..slo import ThresholdConfig
 from ..statesinformer import PodMeta
 from .evictcalc import (
-    BATCH_CPU,
     PRIORITY_MID_MAX,
     allocatable_release,
     allocatable_victims,
@@ -31,8 +32,8 @@ from .nodeinfo import NodeInfoError, node_quantity
 
 log = logging.getLogger(__name__)
 
-RELEASABLE = {"cpu": (BATCH_CPU, "kubernetes.io/mid-cpu"),
-              "memory": ("kubernetes.io/batch-memory", "kubernetes.io/mid-memory")}
+RELEASABLE = {"cpu": (BATCH_CPU, MID_CPU),
+              "memory": (BATCH_MEMORY, MID_MEMORY)}
 
 
 def _allocatable(node: dict, resource: str) -> dict[str, int | None]:

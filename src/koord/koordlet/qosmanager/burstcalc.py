@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from koord import cgrouplimits
+from koord.apis.extension import ANNOTATION_POD_CPU_BURST
 
-POD_CPU_BURST = "koordinator.sh/cpuBurst"
 FIELD = "spec.cpuBurstStrategy"
 CFS_BASE_PERIOD = 100000
 INCREASE_STEP, DECREASE_STEP = 1.2, 0.8
@@ -121,10 +121,10 @@ def burst_strategy(node_slo: Mapping[str, Any] | None) -> BurstStrategy | None:
 def pod_burst_config(annotations: Mapping[str, str], node: BurstConfig) -> BurstConfig:
     """The pod's ``koordinator.sh/cpuBurst`` annotation merged over the node's config (the
     pod's fields win, absent ones keep the node's), as upstream's genPodBurstConfig."""
-    text = annotations.get(POD_CPU_BURST)
+    text = annotations.get(ANNOTATION_POD_CPU_BURST)
     if text is None:
         return node
-    where = f"pod annotation {POD_CPU_BURST}"
+    where = f"pod annotation {ANNOTATION_POD_CPU_BURST}"
     if not isinstance(text, str) or len(text) > MAX_ANNOTATION_BYTES:
         raise BurstError(f"{where}: want a JSON object of at most {MAX_ANNOTATION_BYTES} bytes")
     try:

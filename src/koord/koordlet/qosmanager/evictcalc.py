@@ -11,13 +11,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cmp_to_key
 
-from ..statesinformer import PodMeta
+from koord.apis.extension import (
+    ANNOTATION_EVICTION_POLICY,
+    ANNOTATION_EVICTION_PRIORITY,
+    BATCH_CPU,
+    BATCH_MEMORY,
+    LABEL_POD_EVICTION_ENABLED,
+    LABEL_POD_PRIORITY,
+    LABEL_POD_PRIORITY_CLASS,
+    MID_CPU,
+    MID_MEMORY,
+)
 
-EVICTION_POLICY = "koordinator.sh/eviction-policy"
-EVICTION_ENABLED_LABEL = "koordinator.sh/eviction-enabled"
-EVICTION_PRIORITY = "koordinator.sh/eviction-priority"
-PRIORITY_LABEL = "koordinator.sh/priority"
-BATCH_CPU = "kubernetes.io/batch-cpu"
+from ..statesinformer import PodMeta
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ def release_memory(used_bytes: float, capacity_bytes: int, threshold_percent: in
 def eviction_allowed(pod: PodMeta, feature: str) -> bool:
     """``koordinator.sh/eviction-policy`` lists the features allowed to evict the pod
     (absent: all). A malformed value allows none: evicting on a typo would be worse."""
-    text = pod.annotations.get(EVICTION_POLICY)
+    text = pod.annotations.get(ANNOTATION_EVICTION_POLICY)
     if not text:
         return True
     try:
@@ -135,12 +141,12 @@ def labelled_victims(pods: Sequence[PodMeta], used: Mapping[str, float], feature
     candidates = [
         p for p in pods
         if p.running and p.uid in used and eviction_allowed(p, feature)
-        and p.labels.get(EVICTION_ENABLED_LABEL) == "true"
+        and p.labels.get(LABEL_POD_EVICTION_ENABLED) == "true"
         and (priority_threshold is None or (p.priority or 0) <= priority_threshold)
     ]
     candidates.sort(key=lambda p: (
-        _int_or(p.annotations.get(EVICTION_PRIORITY), 0), p.priority or 0,
-        _int_or(p.labels.get(PRIORITY_LABEL), 0), -used[p.uid]))
+        _int_or(p.annotations.get(ANNOTATION_EVICTION_PRIORITY), 0), p.priority or 0,
+        _int_or(p.labels.get(LABEL_POD_PRIORITY), 0), -used[p.uid]))
     return candidates
 
 
@@ -159,20 +165,19 @@ def pick_until_released(victims: Sequence[PodMeta], release: float,
 
 # ---- allocatable evictions (CPUAllocatableEvict, MemoryAllocatableEvict) -------------------
 
-PRIORITY_CLASS_LABEL = "koordinator.sh/priority-class"
 PROD, MID, BATCH, FREE, NONE = "koord-prod", "koord-mid", "koord-batch", "koord-free", ""
 _PRIORITY_RANGES = {PROD: (9000, 9999), MID: (7000, 7999), BATCH: (5000, 5999), FREE: (3000, 3999)}
 _PRIORITY_DEFAULTS = {PROD: 9500, MID: 7500, BATCH: 5500, FREE: 3500, NONE: 0}
 PRIORITY_MID_MAX = 7999
 """An allocatable eviction never reaches koord-prod pods: its priority threshold stays below."""
-_CLASS_RESOURCES = {MID: ("kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"),
-                    BATCH: (BATCH_CPU, "kubernetes.io/batch-memory")}
+_CLASS_RESOURCES = {MID: (MID_CPU, MID_MEMORY),
+                    BATCH: (BATCH_CPU, BATCH_MEMORY)}
 
 
 def priority_class(pod: PodMeta) -> str:
     """Koordinator's priority class: the label, else by spec priority, else by QoS class
     (LS-like classes prod, BE batch)."""
-    label = pod.labels.get(PRIORITY_CLASS_LABEL)
+    label = pod.labels.get(LABEL_POD_PRIORITY_CLASS)
     if label is not None:
         return label if label in _PRIORITY_RANGES else NONE
     if pod.priority is not None:
@@ -235,9 +240,9 @@ def allocatable_victims(pods: Sequence[PodMeta], used: Mapping[str, float], feat
     candidates = [
         p for p in pods
         if p.running and p.uid in used and eviction_allowed(p, feature)
-        and p.labels.get(EVICTION_ENABLED_LABEL) == "true" and priority_value(p) <= priority_threshold
+        and p.labels.get(LABEL_POD_EVICTION_ENABLED) == "true" and priority_value(p) <= priority_threshold
     ]
     candidates.sort(key=lambda p: (
-        _int_or(p.annotations.get(EVICTION_PRIORITY), 0), priority_value(p),
-        _int_or(p.labels.get(PRIORITY_LABEL), priority_value(p)), -class_request(p, resource)[1]))
+        _int_or(p.annotations.get(ANNOTATION_EVICTION_PRIORITY), 0), priority_value(p),
+        _int_or(p.labels.get(LABEL_POD_PRIORITY), priority_value(p)), -class_request(p, resource)[1]))
     return candidates

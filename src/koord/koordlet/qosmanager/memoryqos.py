@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from koord.apis.extension import BATCH_MEMORY
+
 from ..features import CGROUP_RECONCILE
 from ..resourceexecutor.executor import MEMORY_MAX, PAGE_SIZE
 from ..resourceexecutor.updater import Update
@@ -42,7 +44,6 @@ from .resourceqos import (
 
 log = logging.getLogger(__name__)
 
-BATCH_MEMORY = "kubernetes.io/batch-memory"
 
 # NodeSLO field -> executor resource, in upstream's write order.
 STATIC_FILES = (

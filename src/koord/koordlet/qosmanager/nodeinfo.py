@@ -12,14 +12,17 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from koord.apis.extension import (
+    ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
+    ANNOTATION_NODE_RESERVATION,
+    ANNOTATION_SYSTEM_QOS_RESOURCE,
+    AnnotationError,
+    resource_status,
+)
 from koord.hookapi import MAX_CPU_ID, json_annotation, parse_cpuset, parse_quantity
 
-from ..runtimehooks.plugins.cpuset import RESOURCE_STATUS
-from ..runtimehooks.rule import KUBELET_CPU_MANAGER_POLICY
 from ..statesinformer import PodMeta
 
-NODE_RESERVATION = "node.koordinator.sh/reservation"
-NODE_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
 MAX_CPUS = MAX_CPU_ID + 1
 """No node has more; a larger id in an annotation or topology is an error, not an allocation."""
 
@@ -84,55 +87,56 @@ def reserved_milli_cpu(node: dict) -> int:
     cap = node_quantity(node, "capacity", "cpu") or Fraction(0)
     alloc = node_quantity(node, "allocatable", "cpu")
     kubelet = max(cap - alloc, Fraction(0)) if alloc is not None else Fraction(0)
-    anno = json_annotation(_annotations(node), NODE_RESERVATION, error=NodeInfoError, owner="node")
+    anno = json_annotation(_annotations(node), ANNOTATION_NODE_RESERVATION, error=NodeInfoError, owner="node")
     by_anno = Fraction(0)
     if anno is not None:
         resources = anno.get("resources") or {}
         if not isinstance(resources, dict):
-            raise NodeInfoError(f"node annotation {NODE_RESERVATION}: resources is not an object")
+            raise NodeInfoError(f"node annotation {ANNOTATION_NODE_RESERVATION}: resources is not an object")
         if resources.get("cpu") is not None:
             try:
                 by_anno = parse_quantity(resources["cpu"])
             except ValueError as exc:
-                raise NodeInfoError(f"node annotation {NODE_RESERVATION}: resources.cpu: {exc}") from None
+                raise NodeInfoError(f"node annotation {ANNOTATION_NODE_RESERVATION}: resources.cpu: {exc}") from None
         elif anno.get("reservedCPUs"):
             by_anno = Fraction(len(reserved_cpus(node)))
     return math.ceil(max(kubelet, by_anno) * 1000)
 
 
 def reserved_cpus(node: dict) -> set[int]:
-    anno = json_annotation(_annotations(node), NODE_RESERVATION, error=NodeInfoError, owner="node")
+    anno = json_annotation(_annotations(node), ANNOTATION_NODE_RESERVATION, error=NodeInfoError, owner="node")
     if anno is None or not anno.get("reservedCPUs"):
         return set()
-    return cpuset_of(anno["reservedCPUs"], f"node annotation {NODE_RESERVATION}: reservedCPUs")
+    return cpuset_of(anno["reservedCPUs"], f"node annotation {ANNOTATION_NODE_RESERVATION}: reservedCPUs")
 
 
 def system_qos_exclusive_cpus(node: dict) -> set[int]:
-    anno = json_annotation(_annotations(node), NODE_SYSTEM_QOS_RESOURCE, error=NodeInfoError,
+    anno = json_annotation(_annotations(node), ANNOTATION_SYSTEM_QOS_RESOURCE, error=NodeInfoError,
                            owner="node")
     if anno is None or not anno.get("cpuset"):
         return set()
     exclusive = anno.get("cpusetExclusive", True)
     if not isinstance(exclusive, bool):
-        raise NodeInfoError(f"node annotation {NODE_SYSTEM_QOS_RESOURCE}: cpusetExclusive="
+        raise NodeInfoError(f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpusetExclusive="
                             f"{exclusive!r:.40} is not a boolean")
     if not exclusive:
         return set()
-    return cpuset_of(anno["cpuset"], f"node annotation {NODE_SYSTEM_QOS_RESOURCE}: cpuset")
+    return cpuset_of(anno["cpuset"], f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpuset")
 
 
 def kubelet_static_policy(node: dict) -> bool:
-    anno = json_annotation(_annotations(node), KUBELET_CPU_MANAGER_POLICY, error=NodeInfoError,
+    anno = json_annotation(_annotations(node), ANNOTATION_KUBELET_CPU_MANAGER_POLICY, error=NodeInfoError,
                            owner="node")
     return anno is not None and anno.get("policy") == "static"
 
 
 def pod_allocated_cpus(pod: PodMeta) -> set[int]:
     """The cpuset in the pod's resource-status annotation (empty when none)."""
-    status = json_annotation(pod.annotations, RESOURCE_STATUS, error=NodeInfoError)
-    if status is None or not status.get("cpuset"):
-        return set()
-    return cpuset_of(status["cpuset"], f"pod {pod.key} annotation {RESOURCE_STATUS}: cpuset")
+    try:
+        cpuset = resource_status(pod.annotations, owner=f"pod {pod.key}").cpuset
+    except AnnotationError as exc:
+        raise NodeInfoError(str(exc)) from None
+    return set(parse_cpuset(cpuset)) if cpuset else set()
 
 
 def processors(cpu_info: Any) -> list[Processor]:

@@ -28,6 +28,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from koord.apis.extension import ANNOTATION_RESCTRL
+
 from ..features import RDT_RESCTRL
 from ..resctrlfs import (
     CPUInfo,
@@ -44,7 +46,6 @@ from ..resctrlfs import (
     mount_resctrl,
 )
 from ..resourceexecutor.executor import CgroupError
-from ..runtimehooks.plugins.resctrl import RESCTRL_ANNOTATION
 from ..slo import SLOError
 from ..statesinformer import PodMeta
 from ..statesinformer.meta import CGROUPFS, SYSTEMD, container_cgroup_dir
@@ -157,7 +158,7 @@ class ResctrlReconcile(Strategy):
         current: dict[str, set[int]] = {}
         for pod in pods:
             group = pod_group(pod)
-            if not pod.running or group not in enabled or RESCTRL_ANNOTATION in pod.annotations:
+            if not pod.running or group not in enabled or ANNOTATION_RESCTRL in pod.annotations:
                 continue
             assert group is not None
             if group not in current:

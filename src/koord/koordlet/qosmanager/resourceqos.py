@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from koord.apis.extension import ANNOTATION_POD_MEMORY_QOS
 from koord.hookapi import json_annotation
 
 from ..runtimehooks.protocol import KubeQoS
@@ -23,7 +24,6 @@ from ..statesinformer import PodMeta
 from ..statesinformer.specs import merge_over
 
 FIELD = "spec.resourceQOSStrategy"
-MEMORY_QOS_ANNOTATION = "koordinator.sh/memoryQOS"
 POLICY_DEFAULT, POLICY_NONE, POLICY_AUTO = "default", "none", "auto"
 
 LSR, LS, BE, SYSTEM = "LSR", "LS", "BE", "SYSTEM"
@@ -163,14 +163,14 @@ def pod_memory_qos_config(pod: PodMeta) -> tuple[str, dict[str, int]] | None:
     """The pod's ``koordinator.sh/memoryQOS`` annotation: (policy, fields), None when absent.
     SLOError names the pod and the field when it is malformed or out of range."""
     owner = f"pod {pod.key}"
-    raw = json_annotation(pod.annotations, MEMORY_QOS_ANNOTATION, error=SLOError, owner=owner)
+    raw = json_annotation(pod.annotations, ANNOTATION_POD_MEMORY_QOS, error=SLOError, owner=owner)
     if raw is None:
         return None
     policy = raw.get("policy") or POLICY_DEFAULT
     if policy not in (POLICY_DEFAULT, POLICY_NONE, POLICY_AUTO):
-        raise SLOError(f"{owner} annotation {MEMORY_QOS_ANNOTATION}: policy={policy!r:.40}: want "
+        raise SLOError(f"{owner} annotation {ANNOTATION_POD_MEMORY_QOS}: policy={policy!r:.40}: want "
                        f"{POLICY_DEFAULT}, {POLICY_NONE} or {POLICY_AUTO}")
-    return policy, _checked(raw, MEMORY_RANGES, f"{owner} annotation {MEMORY_QOS_ANNOTATION}")
+    return policy, _checked(raw, MEMORY_RANGES, f"{owner} annotation {ANNOTATION_POD_MEMORY_QOS}")
 
 
 def merged_pod_memory_qos(node_cfg: Mapping[str, int], pod: PodMeta,

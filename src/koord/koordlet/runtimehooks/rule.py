@@ -17,18 +17,19 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from koord.apis.extension import (
+    ANNOTATION_BE_CPU_SHARED_POOLS,
+    ANNOTATION_CPU_NORMALIZATION_RATIO,
+    ANNOTATION_CPU_SHARED_POOLS,
+    ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
+    ANNOTATION_POD_CPU_QOS,
+    ANNOTATION_SYSTEM_QOS_RESOURCE,
+)
 from koord.hookapi import cpuset_value, json_annotation, json_object
 
 from ..resources import KoordQoS, KubeQoS
 from ..slo import CFS_QUOTA_POLICY, SLOError, threshold_config
 from .hostapps import HostApp, HostAppError, parse_host_apps
-
-NODE_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
-NODE_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
-NODE_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
-KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
-NODE_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
-POD_CPU_QOS = "koordinator.sh/cpuQOS"
 
 CPU_MANAGER_POLICIES = ("none", "static")
 CPU_POLICY_GROUP_IDENTITY = "groupIdentity"
@@ -75,7 +76,7 @@ class GroupIdentityRule:
         pods that were set while it was on. LSE has no class of its own in NodeSLO and
         shares LSR's; pods without a QoS label stay neutral (0).
         """
-        if qos is KoordQoS.LS and POD_CPU_QOS in annotations:
+        if qos is KoordQoS.LS and ANNOTATION_POD_CPU_QOS in annotations:
             override = _pod_cpu_qos(annotations)
             if override is not None:
                 return override
@@ -103,8 +104,8 @@ class GroupIdentityRule:
 
 def _pod_cpu_qos(annotations: dict[str, str]) -> int | None:
     """``{"enable":true,"groupIdentity":-1}`` -> -1; ``enable: false`` -> 0; no groupIdentity -> None."""
-    where = f"pod annotation {POD_CPU_QOS}"
-    value = json_annotation(annotations, POD_CPU_QOS, error=RuleError)
+    where = f"pod annotation {ANNOTATION_POD_CPU_QOS}"
+    value = json_annotation(annotations, ANNOTATION_POD_CPU_QOS, error=RuleError)
     enable = value.get("enable", True)
     if not isinstance(enable, bool):
         raise RuleError(f"{where}: enable={enable!r} is not a boolean")
@@ -189,8 +190,8 @@ def parse_rules(node_slo: dict | None, node: dict | None, topology: dict | None 
         batch_cfs_quota=batch_cfs_quota_enabled(node_slo),
         core_sched=_core_sched(node_slo),
         host_apps=_host_apps(node_slo),
-        cpu_shared_pools=_shared_pools(pools_from, NODE_CPU_SHARED_POOLS),
-        be_cpu_shared_pools=_shared_pools(pools_from, NODE_BE_CPU_SHARED_POOLS),
+        cpu_shared_pools=_shared_pools(pools_from, ANNOTATION_CPU_SHARED_POOLS),
+        be_cpu_shared_pools=_shared_pools(pools_from, ANNOTATION_BE_CPU_SHARED_POOLS),
         kubelet_cpu_manager_policy=_cpu_manager_policy(pools_from),
         system_qos_cpuset=_system_qos_cpuset(pools_from),
         cpu_normalization_ratio=_normalization_ratio(annotations),
@@ -311,31 +312,31 @@ def _shared_pools(annotations: dict[str, str], key: str) -> tuple[CPUSharedPool,
 
 
 def _cpu_manager_policy(annotations: dict[str, str]) -> str:
-    raw = json_annotation(annotations, KUBELET_CPU_MANAGER_POLICY, error=RuleError, owner="node")
+    raw = json_annotation(annotations, ANNOTATION_KUBELET_CPU_MANAGER_POLICY, error=RuleError, owner="node")
     if raw is None:
         return "none"
     policy = raw.get("policy") or "none"
     if policy not in CPU_MANAGER_POLICIES:
-        raise RuleError(f"node annotation {KUBELET_CPU_MANAGER_POLICY}: policy={policy!r}: "
+        raise RuleError(f"node annotation {ANNOTATION_KUBELET_CPU_MANAGER_POLICY}: policy={policy!r}: "
                         f"want one of {CPU_MANAGER_POLICIES}")
     return policy
 
 
 def _system_qos_cpuset(annotations: dict[str, str]) -> str:
-    raw = json_annotation(annotations, NODE_SYSTEM_QOS_RESOURCE, error=RuleError, owner="node")
+    raw = json_annotation(annotations, ANNOTATION_SYSTEM_QOS_RESOURCE, error=RuleError, owner="node")
     if raw is None or raw.get("cpuset") in (None, ""):
         return ""
-    return cpuset_value(raw["cpuset"], f"node annotation {NODE_SYSTEM_QOS_RESOURCE}: cpuset", RuleError)
+    return cpuset_value(raw["cpuset"], f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpuset", RuleError)
 
 
 _RATIO = re.compile(r"[0-9]{1,10}(\.[0-9]{1,10})?")
 
 
 def _normalization_ratio(annotations: dict[str, str]) -> float | None:
-    text = annotations.get(NODE_CPU_NORMALIZATION_RATIO)
+    text = annotations.get(ANNOTATION_CPU_NORMALIZATION_RATIO)
     if text is None or text == "":
         return None
-    where = f"node annotation {NODE_CPU_NORMALIZATION_RATIO}"
+    where = f"node annotation {ANNOTATION_CPU_NORMALIZATION_RATIO}"
     # float() also takes other scripts' digits and "1_2"; Go's ParseFloat, which wrote it, does not.
     if not isinstance(text, str) or not _RATIO.fullmatch(text):
         raise RuleError(f"{where}={text!r}: not a decimal number like 1.2")

@@ -22,25 +22,29 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from koord.apis.extension import (
+    ANNOTATION_BE_CPU_SHARED_POOLS,
+    ANNOTATION_CPU_BASIC_INFO,
+    ANNOTATION_CPU_SHARED_POOLS,
+    ANNOTATION_CPU_TOPOLOGY,
+    ANNOTATION_ENABLE_NUMA_RESERVATION,
+    ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
+    ANNOTATION_NODE_RESERVATION,
+    ANNOTATION_POD_CPU_ALLOCS,
+    ANNOTATION_SYSTEM_QOS_RESOURCE,
+    AnnotationError,
+    resource_status,
+)
 from koord.hookapi import MAX_CPU_ID, format_cpuset, json_document, parse_cpuset, parse_quantity
 
 from .meta import PodMeta
 
-CPU_BASIC_INFO = "node.koordinator.sh/cpu-basic-info"
-CPU_TOPOLOGY = "node.koordinator.sh/cpu-topology"
-CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
-BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
-POD_CPU_ALLOCS = "node.koordinator.sh/pod-cpu-allocs"
-KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
-NODE_RESERVATION = "node.koordinator.sh/reservation"
-SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
-RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
-ENABLE_NUMA_RESERVATION = "node.koordinator.sh/enable-numa-reservation"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 
-MANAGED_ANNOTATIONS = (CPU_BASIC_INFO, KUBELET_CPU_MANAGER_POLICY, CPU_SHARED_POOLS, BE_CPU_SHARED_POOLS,
-                       CPU_TOPOLOGY, POD_CPU_ALLOCS, NODE_RESERVATION, SYSTEM_QOS_RESOURCE)
-MANAGED_LABELS = (ENABLE_NUMA_RESERVATION,)
+MANAGED_ANNOTATIONS = (ANNOTATION_CPU_BASIC_INFO, ANNOTATION_KUBELET_CPU_MANAGER_POLICY, ANNOTATION_CPU_SHARED_POOLS,
+                       ANNOTATION_BE_CPU_SHARED_POOLS, ANNOTATION_CPU_TOPOLOGY, ANNOTATION_POD_CPU_ALLOCS,
+                       ANNOTATION_NODE_RESERVATION, ANNOTATION_SYSTEM_QOS_RESOURCE)
+MANAGED_LABELS = (ANNOTATION_ENABLE_NUMA_RESERVATION,)
 MANAGED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "hugepages-2Mi", "hugepages-1Gi")
 ZONE_TYPE = "Node"
 NONE_POLICY = "None"
@@ -218,10 +222,10 @@ def _annotation_object(annotations: Mapping[str, str], key: str, where: str) -> 
 def resource_status_cpus(pod: PodMeta) -> list[int]:
     """The cpuset the scheduler bound the pod to (empty when none or unparsable)."""
     try:
-        status = _annotation_object(pod.annotations, RESOURCE_STATUS, f"pod {pod.key}")
-    except TopologyError:
+        cpuset = resource_status(pod.annotations, owner=f"pod {pod.key}").cpuset
+    except AnnotationError:
         return []
-    return _cpuset((status or {}).get("cpuset")) or []
+    return _cpuset(cpuset) or []
 
 
 # ---- the computations (upstream's, with its test tables) -----------------------------------
@@ -258,7 +262,7 @@ def node_reservation(annotations: Mapping[str, str], cpus: list[CPU]) -> dict:
     ``reservedCPUs`` resolved (a cpu quantity becomes that many cpus taken by topology;
     an unparsable list becomes none)."""
     try:
-        anno = _annotation_object(annotations, NODE_RESERVATION, "node") or {}
+        anno = _annotation_object(annotations, ANNOTATION_NODE_RESERVATION, "node") or {}
     except TopologyError:
         anno = {}
     out: dict[str, Any] = {}
@@ -285,7 +289,7 @@ def node_reservation(annotations: Mapping[str, str], cpus: list[CPU]) -> dict:
 
 def system_qos_resource(annotations: Mapping[str, str]) -> dict | None:
     """``node.koordinator.sh/system-qos-resource`` of the Node (None when absent)."""
-    anno = _annotation_object(annotations, SYSTEM_QOS_RESOURCE, "node")
+    anno = _annotation_object(annotations, ANNOTATION_SYSTEM_QOS_RESOURCE, "node")
     if anno is None:
         return None
     out: dict[str, Any] = {}
@@ -294,7 +298,7 @@ def system_qos_resource(annotations: Mapping[str, str]) -> dict | None:
     exclusive = anno.get("cpusetExclusive")
     if exclusive is not None:
         if not isinstance(exclusive, bool):
-            raise TopologyError(f"node annotation {SYSTEM_QOS_RESOURCE}: cpusetExclusive is not a boolean")
+            raise TopologyError(f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpusetExclusive is not a boolean")
         out["cpusetExclusive"] = exclusive
     return out
 
@@ -430,20 +434,20 @@ def compute(*, node: dict, pods: list[PodMeta], cpu_info: Any, numa_info: Any, b
         sys_cpus = _cpuset(system_qos["cpuset"]) or []
         ls_pools, be_pools = remove_cpus(ls_pools, sys_cpus), remove_cpus(be_pools, sys_cpus)
     annotations = {
-        CPU_BASIC_INFO: go_json(basic_info),
-        CPU_TOPOLOGY: go_json({"detail": [{"id": c.id, "core": c.core, "socket": c.socket, "node": c.node}
+        ANNOTATION_CPU_BASIC_INFO: go_json(basic_info),
+        ANNOTATION_CPU_TOPOLOGY: go_json({"detail": [{"id": c.id, "core": c.core, "socket": c.socket, "node": c.node}
                                           for c in cpus]}),
-        CPU_SHARED_POOLS: go_json(ls_pools or None),
-        KUBELET_CPU_MANAGER_POLICY: go_json(policy),
-        BE_CPU_SHARED_POOLS: go_json(be_pools or None),
-        POD_CPU_ALLOCS: go_json(allocs),
-        NODE_RESERVATION: go_json(reservation),
-        SYSTEM_QOS_RESOURCE: go_json(system_qos),
+        ANNOTATION_CPU_SHARED_POOLS: go_json(ls_pools or None),
+        ANNOTATION_KUBELET_CPU_MANAGER_POLICY: go_json(policy),
+        ANNOTATION_BE_CPU_SHARED_POOLS: go_json(be_pools or None),
+        ANNOTATION_POD_CPU_ALLOCS: go_json(allocs),
+        ANNOTATION_NODE_RESERVATION: go_json(reservation),
+        ANNOTATION_SYSTEM_QOS_RESOURCE: go_json(system_qos),
     }
     labels = {}
     node_labels = _mapping(node_meta.get("labels"), "Node metadata.labels")
-    if node_labels.get(ENABLE_NUMA_RESERVATION):
-        labels[ENABLE_NUMA_RESERVATION] = node_labels[ENABLE_NUMA_RESERVATION]
+    if node_labels.get(ANNOTATION_ENABLE_NUMA_RESERVATION):
+        labels[ANNOTATION_ENABLE_NUMA_RESERVATION] = node_labels[ANNOTATION_ENABLE_NUMA_RESERVATION]
     return TopologyStatus(annotations=annotations, labels=labels, policy=topo_policy, zones=zones)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from koord import cgrouplimits
+from koord.apis.extension import ANNOTATION_EXTENDED_RESOURCE_SPEC, BATCH_CPU, BATCH_MEMORY
 from koord.hookapi import HookPoint, json_annotation, parse_quantity
 
 from ...resources import KoordQoS, KubeQoS, Resources
@@ -27,9 +28,6 @@ from .cpunormalization import normalized_quota
 
 log = logging.getLogger(__name__)
 
-EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
-BATCH_CPU = "kubernetes.io/batch-cpu"
-BATCH_MEMORY = "kubernetes.io/batch-memory"
 DEFAULT_CFS_PERIOD = 100000
 MIN_SHARES = cgrouplimits.MIN_SHARES
 MAX_SHARES = cgrouplimits.MAX_SHARES
@@ -75,10 +73,10 @@ def _bytes(value: object, where: str) -> int:
 
 def parse_extended_resource_spec(annotations: Mapping[str, str]) -> dict[str, BatchSpec]:
     """Container name -> its batch amounts; {} without the annotation; HookError when malformed."""
-    spec = json_annotation(annotations, EXTENDED_RESOURCE_SPEC, error=InvalidInput)
+    spec = json_annotation(annotations, ANNOTATION_EXTENDED_RESOURCE_SPEC, error=InvalidInput)
     if spec is None:
         return {}
-    where = f"pod annotation {EXTENDED_RESOURCE_SPEC}"
+    where = f"pod annotation {ANNOTATION_EXTENDED_RESOURCE_SPEC}"
     containers = spec.get("containers")
     if not isinstance(containers, dict):
         raise InvalidInput(f"{where}: want {{\"containers\": {{<name>: {{requests, limits}}}}}}")
@@ -126,7 +124,7 @@ def batch_resources(specs: list[BatchSpec], period: int) -> Resources:
         cpu_quota=-1 if len(cpu_limits) < len(specs) else quota_of(sum(cpu_limits), period),
         memory_limit=-1 if len(memory_limits) < len(specs) else sum(memory_limits),
     )
-    problems = resources.problems(f"pod annotation {EXTENDED_RESOURCE_SPEC}: sum of the containers'")
+    problems = resources.problems(f"pod annotation {ANNOTATION_EXTENDED_RESOURCE_SPEC}: sum of the containers'")
     if problems:
         raise InvalidInput("; ".join(problems))
     return resources

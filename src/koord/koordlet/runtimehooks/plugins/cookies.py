@@ -22,13 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from koord.apis.extension import LABEL_CORE_SCHED_GROUP_ID, LABEL_CORE_SCHED_POLICY
+
 from .. import rule as rules_module
 from ..protocol import KoordQoS, KubeQoS
 
 log = logging.getLogger(__name__)
 
-LABEL_GROUP_ID = "koordinator.sh/core-sched-group-id"
-LABEL_POLICY = "koordinator.sh/core-sched-policy"
 EXPELLER_SUFFIX = "-expeller"
 NO_COOKIE = 0
 
@@ -105,8 +105,8 @@ def pod_group(rule: rules_module.CoreSchedRule, labels: Mapping[str, str], kube_
         param = {KubeQoS.BESTEFFORT: rule.be, KubeQoS.BURSTABLE: rule.ls}.get(
             kube_qos, rule.lsr if rule.lsr.enable else rule.ls)
     enabled = rule.enabled and param.enable
-    group = labels.get(LABEL_GROUP_ID, "")
-    policy = labels.get(LABEL_POLICY)
+    group = labels.get(LABEL_CORE_SCHED_GROUP_ID, "")
+    policy = labels.get(LABEL_CORE_SCHED_POLICY)
     if policy == "exclusive":
         group = uid
     elif policy == "none":

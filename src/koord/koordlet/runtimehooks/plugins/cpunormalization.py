@@ -5,7 +5,7 @@ quota granted in those "normalized" cpus is scaled back by 1/r. Pods bound to cp
 (a resource-status cpuset) are exempt: they own whole cpus, not a share of time.
 The arithmetic is exact (Fraction), so 120000 at 1.2 gives 100000, not 100001.
 
-The unscaled quota is recorded in an annotation (``BASE_QUOTA_ANNOTATION``) that travels
+The unscaled quota is recorded in an annotation (``ANNOTATION_CPU_NORMALIZATION_BASE_QUOTA``) that travels
 with the pod or container into containerd's stored config.  The reconciler rebuilds
 requests from that config, whose quota is already scaled; a quota equal to the scaled
 recorded base is recognised as such and not scaled twice.
@@ -18,6 +18,7 @@ import math
 from fractions import Fraction
 
 from koord import cgrouplimits
+from koord.apis.extension import ANNOTATION_CPU_NORMALIZATION_BASE_QUOTA
 from koord.hookapi import HookPoint
 
 from ...resources import KoordQoS, Resources
@@ -27,7 +28,6 @@ from .cpuset import resource_status_cpuset
 
 log = logging.getLogger(__name__)
 
-BASE_QUOTA_ANNOTATION = "koordlet.koordinator.sh/cpu-normalization-base-quota"
 
 
 def normalized_quota(quota: int, ratio: float) -> int:
@@ -73,9 +73,9 @@ class CPUNormalization(RuntimePlugin):
         if base is not None and normalized_quota(base, ratio) == quota:
             quota = base  # already scaled when it was created: scale the original again, not twice
         res.cpu_quota = normalized_quota(quota, ratio)
-        answer_annotations[BASE_QUOTA_ANNOTATION] = str(quota)
+        answer_annotations[ANNOTATION_CPU_NORMALIZATION_BASE_QUOTA] = str(quota)
         log.debug("plugin %s: %s: quota %d -> %d at ratio %s", self.name, who, quota, res.cpu_quota, ratio)
 
 def _recorded_base(annotations: dict[str, str]) -> int | None:
-    text = annotations.get(BASE_QUOTA_ANNOTATION, "")
+    text = annotations.get(ANNOTATION_CPU_NORMALIZATION_BASE_QUOTA, "")
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None

@@ -23,9 +23,10 @@ NodeSLO (only QoS=LS ones) get every share pool.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from koord.hookapi import HookPoint, cpuset_value, json_annotation, parse_quantity
+from koord.apis import extension
+from koord.apis.extension import AnnotationError, ResourceStatus
+from koord.hookapi import HookPoint
 
 from ...resources import KoordQoS, KubeQoS, Resources
 from ..hooks import Hooks, InvalidInput, PluginEnv, RuntimePlugin
@@ -36,60 +37,17 @@ from .cpusetmetrics import CPUSetMetrics
 
 log = logging.getLogger(__name__)
 
-RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
-BATCH_CPU = "kubernetes.io/batch-cpu"
 BE_CPU_MANAGER = "BECPUManager"
 PER_CPU_METRIC = "PerCPUMetric"
 
 
-@dataclass(frozen=True)
-class ResourceStatus:
-    """The parts of a pod's resource-status this plugin reads."""
-
-    cpuset: str | None
-    numa_cpu_nodes: tuple[int, ...]
-    """NUMA nodes granting the pod cpu or batch-cpu, in the annotation's order."""
-
-
 def resource_status(annotations: dict[str, str]) -> ResourceStatus:
-    """The pod's resource-status; InvalidInput naming the field when it is malformed."""
-    status = json_annotation(annotations, RESOURCE_STATUS, error=InvalidInput)
-    if status is None:
-        return ResourceStatus(None, ())
-    where = f"pod annotation {RESOURCE_STATUS}"
-    cpuset = status.get("cpuset")
-    allocated = None if cpuset is None or cpuset == "" else cpuset_value(cpuset, f"{where}: cpuset", InvalidInput)
-    numa = status.get("numaNodeResources")
-    if numa is None:
-        return ResourceStatus(allocated, ())
-    if not isinstance(numa, list):
-        raise InvalidInput(f"{where}: numaNodeResources={numa!r:.60} is not a list")
-    nodes: list[int] = []
-    for i, item in enumerate(numa):
-        at = f"{where}: numaNodeResources[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidInput(f"{at}={item!r:.60} is not an object")
-        node = item.get("node", 0)
-        if isinstance(node, bool) or not isinstance(node, int) or node < 0:
-            raise InvalidInput(f"{at}.node={node!r:.40}: want a non-negative integer")
-        resources = item.get("resources")
-        if resources is None:
-            continue
-        if not isinstance(resources, dict):
-            raise InvalidInput(f"{at}.resources={resources!r:.60} is not an object")
-        if _grants_cpu(resources, at):
-            nodes.append(node)
-    return ResourceStatus(allocated, tuple(nodes))
-
-
-def _grants_cpu(resources: dict, where: str) -> bool:
-    """A non-zero cpu, or a positive batch-cpu, in one NUMA node's resources."""
+    """The pod's resource-status; InvalidInput (the hook's refusal) naming the field when it
+    is malformed."""
     try:
-        cpu = parse_quantity(resources["cpu"]) if "cpu" in resources else 0
-        batch = parse_quantity(resources[BATCH_CPU]) if BATCH_CPU in resources else 0
-    except ValueError as exc:
-        raise InvalidInput(f"{where}.resources: {exc}") from None
-    return cpu != 0 or batch > 0
+        return extension.resource_status(annotations)
+    except AnnotationError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def resource_status_cpuset(annotations: dict[str, str]) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from koord.apis.extension import ANNOTATION_DEVICE_ALLOCATED
 from koord.hookapi import HookPoint, json_annotation
 
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
@@ -15,16 +16,15 @@ from ..protocol import ContainerContext
 
 log = logging.getLogger(__name__)
 
-DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
 def gpu_minors(annotations: dict[str, str]) -> list[int]:
     """GPU minors from ``{"gpu":[{"minor":0},...]}``; [] when none; InvalidInput when malformed."""
-    allocated = json_annotation(annotations, DEVICE_ALLOCATED, error=InvalidInput)
+    allocated = json_annotation(annotations, ANNOTATION_DEVICE_ALLOCATED, error=InvalidInput)
     if allocated is None:
         return []
-    where = f"pod annotation {DEVICE_ALLOCATED}"
+    where = f"pod annotation {ANNOTATION_DEVICE_ALLOCATED}"
     gpus = allocated.get("gpu") or []
     if not isinstance(gpus, list):
         raise InvalidInput(f"{where}: gpu: want a list of allocations")

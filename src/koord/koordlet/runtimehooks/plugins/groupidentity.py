@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import logging
 
+from koord.apis.extension import LABEL_POD_QOS
 from koord.hookapi import HookPoint
 
 from ... import schedsysctl
-from ...resources import QOS_LABEL, KoordQoS, KubeQoS, Resources
+from ...resources import KoordQoS, KubeQoS, Resources
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..hostapps import HostApp
 from ..protocol import PodContext
@@ -128,4 +129,4 @@ class GroupIdentity(RuntimePlugin):
         rule = self._rule()
         if rule is None:
             return None
-        return Resources(cpu_bvt_warp_ns=rule.host_app_bvt(KoordQoS.of({QOS_LABEL: app.qos})))
+        return Resources(cpu_bvt_warp_ns=rule.host_app_bvt(KoordQoS.of({LABEL_POD_QOS: app.qos})))

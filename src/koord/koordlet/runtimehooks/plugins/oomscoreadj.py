@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from koord import cgrouplimits
+from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ, ANNOTATION_OOM_SCORE_ADJ_SPEC
 from koord.hookapi import HookPoint, json_annotation
 
 from ...resourceexecutor.executor import CgroupError
@@ -28,8 +29,6 @@ from ..protocol import ContainerContext
 
 log = logging.getLogger(__name__)
 
-OOM_SCORE_ADJ = "koordinator.sh/oom-score-adj"
-OOM_SCORE_ADJ_SPEC = "koordinator.sh/oom-score-adj-spec"
 MAX_PIDS = 1 << 16
 """A container listing more processes than this is not walked (each costs a read and a write)."""
 
@@ -45,13 +44,13 @@ def _value(raw: object, where: str) -> int:
 
 def oom_score_adj_for(annotations: dict[str, str], container: str) -> int | None:
     """The container's value: its entry in the spec, else the pod's default, else None."""
-    spec = json_annotation(annotations, OOM_SCORE_ADJ_SPEC, error=InvalidInput)
+    spec = json_annotation(annotations, ANNOTATION_OOM_SCORE_ADJ_SPEC, error=InvalidInput)
     if spec is not None and container in spec:
-        return _value(spec[container], f"pod annotation {OOM_SCORE_ADJ_SPEC}: {container}")
-    text = annotations.get(OOM_SCORE_ADJ)
+        return _value(spec[container], f"pod annotation {ANNOTATION_OOM_SCORE_ADJ_SPEC}: {container}")
+    text = annotations.get(ANNOTATION_OOM_SCORE_ADJ)
     if not text:
         return None
-    where = f"pod annotation {OOM_SCORE_ADJ}"
+    where = f"pod annotation {ANNOTATION_OOM_SCORE_ADJ}"
     digits = text[1:] if text[:1] in "+-" else text
     if not (len(text) <= 8 and digits.isascii() and digits.isdigit()):
         raise InvalidInput(f"{where}={text!r:.40}: want an integer in [-1000, 1000]")

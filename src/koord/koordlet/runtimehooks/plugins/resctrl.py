@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+from koord.apis.extension import ANNOTATION_RESCTRL
 from koord.hookapi import HookPoint, json_annotation, json_object
 
 from ... import resctrlfs
@@ -52,7 +53,6 @@ log = logging.getLogger(__name__)
 
 _object = partial(json_object, error=InvalidInput)
 
-RESCTRL_ANNOTATION = "node.koordinator.sh/resctrl"
 GROUP_PREFIX = "koordlet-"
 
 
@@ -86,9 +86,9 @@ def _percent(value: object, where: str) -> int:
 
 
 def parse_resctrl(text: str) -> ResctrlConfig:
-    where = f"pod annotation {RESCTRL_ANNOTATION}"
+    where = f"pod annotation {ANNOTATION_RESCTRL}"
     # The shared reader bounds size and nesting like every other annotation.
-    raw = _object(json_annotation({RESCTRL_ANNOTATION: text}, RESCTRL_ANNOTATION, error=InvalidInput), where)
+    raw = _object(json_annotation({ANNOTATION_RESCTRL: text}, ANNOTATION_RESCTRL, error=InvalidInput), where)
     config = ResctrlConfig()
     _per_cache(raw, "llc", "range", where, config.llc, _range)
     _per_cache(raw, "mb", "percent", where, config.mb, _percent)
@@ -204,7 +204,7 @@ class Resctrl(RuntimePlugin):
 
     def create_group(self, ctx: PodContext) -> None:
         req = ctx.request
-        annotation = req.annotations.get(RESCTRL_ANNOTATION)
+        annotation = req.annotations.get(ANNOTATION_RESCTRL)
         if not annotation or not self.supported():
             return
         try:
@@ -215,7 +215,7 @@ class Resctrl(RuntimePlugin):
     def set_rdt_class(self, ctx: ContainerContext) -> None:
         """The group must exist before the runtime can put the container in it."""
         req = ctx.request
-        annotation = req.pod_annotations.get(RESCTRL_ANNOTATION)
+        annotation = req.pod_annotations.get(ANNOTATION_RESCTRL)
         if not annotation or not self.supported():
             return
         who = f"pod {req.pod_meta} container {req.container_name}"
@@ -227,7 +227,7 @@ class Resctrl(RuntimePlugin):
 
     def add_tasks(self, ctx: ContainerContext) -> None:
         req = ctx.request
-        annotation = req.pod_annotations.get(RESCTRL_ANNOTATION)
+        annotation = req.pod_annotations.get(ANNOTATION_RESCTRL)
         if not annotation or not self.supported():
             return
         who = f"pod {req.pod_meta} container {req.container_name}"
@@ -265,14 +265,14 @@ class Resctrl(RuntimePlugin):
         """Groups and tasks of the running annotated pods (containers' and sandbox's threads,
         as upstream's pod-level task reconciler); with a complete list, the groups of pods
         gone removed."""
-        annotated = [p for p in pods if p.annotations.get(RESCTRL_ANNOTATION)]
+        annotated = [p for p in pods if p.annotations.get(ANNOTATION_RESCTRL)]
         if not (annotated or complete) or not self.supported():
             return []
         problems = []
         for pod in annotated:
             who = f"pod {pod.meta}"
             try:
-                group = self.ensure_group(pod.meta.uid, pod.annotations[RESCTRL_ANNOTATION], who)
+                group = self.ensure_group(pod.meta.uid, pod.annotations[ANNOTATION_RESCTRL], who)
                 self._move_pod_tasks(group, pod, who)
             except (HookError, OSError, resctrlfs.ResctrlError) as exc:
                 problems.append(f"{who}: resctrl group: {exc}")
@@ -309,5 +309,5 @@ class Resctrl(RuntimePlugin):
                 problems.append(f"pod uid {uid}: remove resctrl group: {exc}")
                 continue
             log.info("plugin %s: removed resctrl group %s: pod uid %s is not running with %s",
-                     self.name, entry.name, uid, RESCTRL_ANNOTATION)
+                     self.name, entry.name, uid, ANNOTATION_RESCTRL)
         return problems

@@ -1,0 +1,118 @@
+"""Koordinator's API as the node sees it: every label, annotation and extended-resource name
+koordlet and the proxy read or write, each defined once here, and the parsers of the
+annotations more than one module reads.
+
+The scheduler, koord-manager and the node agents talk through these keys; a key spelt twice
+drifts. One error policy for the parsers: a malformed value raises ``AnnotationError``
+naming the object, the annotation and the field; each caller decides what that means for it
+(a hook refuses the request, a strategy skips the pod, a report leaves the field out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from koord.hookapi import cpuset_value, json_annotation, parse_quantity
+
+# ---- pod labels ---------------------------------------------------------------------------
+LABEL_POD_QOS = "koordinator.sh/qosClass"
+LABEL_POD_PRIORITY = "koordinator.sh/priority"
+LABEL_POD_PRIORITY_CLASS = "koordinator.sh/priority-class"
+LABEL_POD_EVICTION_ENABLED = "koordinator.sh/eviction-enabled"
+LABEL_CORE_SCHED_GROUP_ID = "koordinator.sh/core-sched-group-id"
+LABEL_CORE_SCHED_POLICY = "koordinator.sh/core-sched-policy"
+LABEL_RUNTIME_PROXY_SKIP = "runtimeproxy.koordinator.sh/skip-hookserver"
+"""On a pod: the proxy calls no hooks for it (koordlet's own pod carries it)."""
+
+# ---- pod annotations ----------------------------------------------------------------------
+ANNOTATION_RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+ANNOTATION_DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+ANNOTATION_EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
+ANNOTATION_RESCTRL = "node.koordinator.sh/resctrl"
+ANNOTATION_POD_CPU_BURST = "koordinator.sh/cpuBurst"
+ANNOTATION_POD_CPU_QOS = "koordinator.sh/cpuQOS"
+ANNOTATION_POD_MEMORY_QOS = "koordinator.sh/memoryQOS"
+ANNOTATION_EVICTION_POLICY = "koordinator.sh/eviction-policy"
+ANNOTATION_EVICTION_PRIORITY = "koordinator.sh/eviction-priority"
+ANNOTATION_OOM_SCORE_ADJ = "koordinator.sh/oom-score-adj"
+ANNOTATION_OOM_SCORE_ADJ_SPEC = "koordinator.sh/oom-score-adj-spec"
+ANNOTATION_CPU_NORMALIZATION_BASE_QUOTA = "koordlet.koordinator.sh/cpu-normalization-base-quota"
+
+# ---- node annotations ---------------------------------------------------------------------
+ANNOTATION_CPU_BASIC_INFO = "node.koordinator.sh/cpu-basic-info"
+ANNOTATION_CPU_TOPOLOGY = "node.koordinator.sh/cpu-topology"
+ANNOTATION_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
+ANNOTATION_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
+ANNOTATION_POD_CPU_ALLOCS = "node.koordinator.sh/pod-cpu-allocs"
+ANNOTATION_KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
+ANNOTATION_NODE_RESERVATION = "node.koordinator.sh/reservation"
+ANNOTATION_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
+ANNOTATION_ENABLE_NUMA_RESERVATION = "node.koordinator.sh/enable-numa-reservation"
+ANNOTATION_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
+ANNOTATION_RAW_ALLOCATABLE = "node.koordinator.sh/raw-allocatable"
+
+# ---- extended resources -------------------------------------------------------------------
+BATCH_CPU = "kubernetes.io/batch-cpu"
+BATCH_MEMORY = "kubernetes.io/batch-memory"
+MID_CPU = "kubernetes.io/mid-cpu"
+MID_MEMORY = "kubernetes.io/mid-memory"
+
+
+class AnnotationError(ValueError):
+    """A Koordinator annotation that is not what its writer promises; the message names the
+    object, the annotation and the field."""
+
+
+@dataclass(frozen=True)
+class ResourceStatus:
+    """``scheduling.koordinator.sh/resource-status``: what the scheduler bound the pod to."""
+
+    cpuset: str | None
+    """The cpus (cpuset syntax) of an LSE/LSR pod, None when it has none."""
+    numa_cpu_nodes: tuple[int, ...]
+    """NUMA nodes granting the pod cpu or batch-cpu, in the annotation's order."""
+
+
+NO_RESOURCE_STATUS = ResourceStatus(None, ())
+
+
+def resource_status(annotations: Mapping[str, str], owner: str = "pod") -> ResourceStatus:
+    """The pod's resource-status (empty when absent); AnnotationError naming the field."""
+    status = json_annotation(annotations, ANNOTATION_RESOURCE_STATUS, error=AnnotationError, owner=owner)
+    if status is None:
+        return NO_RESOURCE_STATUS
+    where = f"{owner} annotation {ANNOTATION_RESOURCE_STATUS}"
+    cpuset = status.get("cpuset")
+    allocated = None if cpuset is None or cpuset == "" else cpuset_value(cpuset, f"{where}: cpuset", AnnotationError)
+    numa = status.get("numaNodeResources")
+    if numa is None:
+        return ResourceStatus(allocated, ())
+    if not isinstance(numa, list):
+        raise AnnotationError(f"{where}: numaNodeResources={numa!r:.60} is not a list")
+    nodes: list[int] = []
+    for i, item in enumerate(numa):
+        at = f"{where}: numaNodeResources[{i}]"
+        if not isinstance(item, dict):
+            raise AnnotationError(f"{at}={item!r:.60} is not an object")
+        node = item.get("node", 0)
+        if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+            raise AnnotationError(f"{at}.node={node!r:.40}: want a non-negative integer")
+        resources = item.get("resources")
+        if resources is None:
+            continue
+        if not isinstance(resources, dict):
+            raise AnnotationError(f"{at}.resources={resources!r:.60} is not an object")
+        if _grants_cpu(resources, at):
+            nodes.append(node)
+    return ResourceStatus(allocated, tuple(nodes))
+
+
+def _grants_cpu(resources: dict, where: str) -> bool:
+    """A non-zero cpu, or a positive batch-cpu, in one NUMA node's resources."""
+    try:
+        cpu = parse_quantity(resources["cpu"]) if "cpu" in resources else 0
+        batch = parse_quantity(resources[BATCH_CPU]) if BATCH_CPU in resources else 0
+    except ValueError as exc:
+        raise AnnotationError(f"{where}.resources: {exc}") from None
+    return cpu != 0 or batch > 0
