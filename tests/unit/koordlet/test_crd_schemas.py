@@ -8,6 +8,7 @@ import json
 import pytest
 
 from koord.koordlet.statesinformer import topology as t
+from koord.koordlet.statesinformer import topologyinputs as ti
 from koord.koordlet.statesinformer.nodemetric import build_status
 from koord.koordlet.statesinformer.specs import DEFAULT_NODE_SLO_SPEC, node_metric_collect_policy
 from koord.testing import crds
@@ -28,7 +29,7 @@ def test_node_metric_status_validates():
 
 
 def test_node_resource_topology_validates():
-    kubelet = t.KubeletConfig(cpu_manager_policy="static", reserved_system_cpus="0")
+    kubelet = ti.KubeletConfig(cpu_manager_policy="static", reserved_system_cpus="0")
     status = compute({"metadata": {"name": "n1", "uid": "u"}}, kubelet=kubelet,
                      state=json.dumps({"entries": {"g": {"c": "2-3"}}}).encode())
     obj = t.updated(status, t.new_nrt({"metadata": {"name": "n1", "uid": "u"}}))

@@ -32,6 +32,7 @@ from koord.koordlet.metricsadvisor.framework import Env
 from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.koordlet.statesinformer import nrt
 from koord.koordlet.statesinformer import topology as t
+from koord.koordlet.statesinformer import topologyinputs as ti
 from koord.testing.kubeapi import NODERESOURCETOPOLOGIES, FakeKubeAPI
 from koord.testing.pods import FakeStatesInformer, pod_meta
 
@@ -65,8 +66,8 @@ FILTER_PODS = [pod("pod", "test-pod"), pod("LSPod", "test-ls-pod", "LS", "3-4"),
                  id="Filter Managed Pods"),
 ])
 def test_cal_guaranteed_cpu(state, pods, want):
-    shared = {i: t.CPU(i, i, 0, 0) for i in range(10)}
-    assert t.pod_cpu_allocs(t.cpu_manager_entries(state.encode()), pods, shared) == want
+    shared = {i: ti.CPU(i, i, 0, 0) for i in range(10)}
+    assert t.pod_cpu_allocs(ti.cpu_manager_entries(state.encode()), pods, shared) == want
     assert not {1, 2, 3} & set(shared) if want else len(shared) == 10
 
 
@@ -74,12 +75,12 @@ def test_cal_guaranteed_cpu(state, pods, want):
                                    pytest.param(b"{", id="Restore checkpoint with invalid JSON"),
                                    pytest.param(b'{"entries": {"p": {"c": 3}}}', id="not a cpu list string")])
 def test_cal_guaranteed_cpu_errors(state):
-    with pytest.raises(t.TopologyError, match="cpu_manager_state"):
-        t.cpu_manager_entries(state)
+    with pytest.raises(ti.TopologyError, match="cpu_manager_state"):
+        ti.cpu_manager_entries(state)
 
 
 # Test_getNodeReserved: 12 cpus, 2 sockets; cpu i and i+6 are one core
-FAKE_TOPO = [t.CPU(i, i % 6, i % 2, i % 2) for i in range(12)]
+FAKE_TOPO = [ti.CPU(i, i % 6, i % 2, i % 2) for i in range(12)]
 
 
 def reservation(**value):
@@ -133,7 +134,7 @@ def test_remove_system_qos_cpus(system_qos, want_ls):
     ("best-effort", "pod", "BestEffortPodLevel"), ("none", "pod", "None"),
 ])
 def test_get_topology_policy(policy, scope, want):
-    assert t.topology_policy(policy, scope) == want
+    assert ti.topology_policy(policy, scope) == want
 
 
 CPU_INFO_16 = {"processors": [{"cpu": i, "core": i, "socket": 0, "node": 0, "online": True} for i in range(16)]}
@@ -146,7 +147,7 @@ def compute(node, pods=(), kubelet=None, state=None, cpu_info=CPU_INFO_16, numa=
 
 
 def test_static_policy_allocations_leave_the_shared_pools():
-    kubelet = t.KubeletConfig(cpu_manager_policy="static", cpu_manager_policy_options={"full-pcpus-only": "true"},
+    kubelet = ti.KubeletConfig(cpu_manager_policy="static", cpu_manager_policy_options={"full-pcpus-only": "true"},
                               reserved_system_cpus="0", topology_manager_policy="single-numa-node",
                               topology_manager_scope="pod")
     state = json.dumps({"policyName": "static", "entries": {"g": {"c": "2-3"}}}).encode()
@@ -177,26 +178,26 @@ def test_without_kubelet_config_the_policy_is_empty_and_allocs_null():
 
 @pytest.mark.parametrize("configz, want", [
     (b'{"kubeletconfig": {"cpuManagerPolicy": "static", "kubeReserved": {"cpu": "500m"}, '
-     b'"systemReserved": {"cpu": "1"}}}', t.KubeletConfig(cpu_manager_policy="static", reserved_cpu=Fraction(3, 2))),
-    (b'{"kubeletconfig": {}}', t.KubeletConfig()),
+     b'"systemReserved": {"cpu": "1"}}}', ti.KubeletConfig(cpu_manager_policy="static", reserved_cpu=Fraction(3, 2))),
+    (b'{"kubeletconfig": {}}', ti.KubeletConfig()),
 ])
 def test_kubelet_configz(configz, want):
-    assert t.kubelet_config_of(configz) == want
+    assert ti.kubelet_config_of(configz) == want
 
 
 @pytest.mark.parametrize("configz", [b"[]", b"{}", b'{"kubeletconfig": {"cpuManagerPolicy": 3}}',
                                      b'{"kubeletconfig": {"kubeReserved": {"cpu": "lots"}}}'])
 def test_bad_configz_is_refused_naming_it(configz):
-    with pytest.raises(t.TopologyError, match="configz"):
-        t.kubelet_config_of(configz)
+    with pytest.raises(ti.TopologyError, match="configz"):
+        ti.kubelet_config_of(configz)
 
 
 
 @given(st.binary(max_size=200))
 def test_any_state_file_parses_or_is_refused(data):
     try:
-        entries = t.cpu_manager_entries(data)
-    except t.TopologyError:
+        entries = ti.cpu_manager_entries(data)
+    except ti.TopologyError:
         return
     assert all(isinstance(v, dict) for v in entries.values())
 
@@ -207,7 +208,7 @@ def test_any_state_file_parses_or_is_refused(data):
 def test_any_node_annotations_compute_or_are_refused(annotations):
     try:
         compute({"metadata": {"name": "n", "annotations": annotations}})
-    except t.TopologyError:
+    except ti.TopologyError:
         pass
 
 
@@ -341,7 +342,7 @@ def test_round_is_skipped_until_inputs_exist(tmp_path, caplog):
     ({"metadata": {"labels": "x"}}, "metadata.labels"),
 ])
 def test_hostile_node_is_refused_naming_the_field(node, named):
-    with pytest.raises(t.TopologyError, match=named):
+    with pytest.raises(ti.TopologyError, match=named):
         compute(node)
 
 

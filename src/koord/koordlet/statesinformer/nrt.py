@@ -28,7 +28,8 @@ from ..metriccache import kinds
 from .kubelet import KubeletPodsSource
 from .objects import api_status, parse_object
 from .pods import PodsUnavailable
-from .topology import KubeletConfig, TopologyError, changed, compute, kubelet_config_of, new_nrt, updated
+from .topology import changed, compute, new_nrt, updated
+from .topologyinputs import KubeletConfig, TopologyError, kubelet_config_of
 
 log = logging.getLogger(__name__)
 

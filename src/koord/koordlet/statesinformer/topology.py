@@ -18,8 +18,7 @@ import copy
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from fractions import Fraction
+from dataclasses import dataclass
 from typing import Any
 
 from koord.apis.extension import (
@@ -27,205 +26,42 @@ from koord.apis.extension import (
     ANNOTATION_CPU_BASIC_INFO,
     ANNOTATION_CPU_SHARED_POOLS,
     ANNOTATION_CPU_TOPOLOGY,
-    ANNOTATION_ENABLE_NUMA_RESERVATION,
     ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
     ANNOTATION_NODE_RESERVATION,
     ANNOTATION_POD_CPU_ALLOCS,
     ANNOTATION_SYSTEM_QOS_RESOURCE,
-    AnnotationError,
-    resource_status,
+    LABEL_ENABLE_NUMA_RESERVATION,
 )
-from koord.hookapi import MAX_CPU_ID, format_cpuset, json_document, parse_cpuset, parse_quantity
+from koord.hookapi import format_cpuset, parse_cpuset, parse_quantity
 
 from .meta import PodMeta
+from .topologyinputs import (
+    CPU,
+    NONE_POLICY,
+    KubeletConfig,
+    TopologyError,
+    annotation_object,
+    cpu_manager_entries,
+    cpus_of,
+    cpus_or_none,
+    mapping_of,
+    numa_memory_of,
+    resource_status_cpus,
+    topology_policy,
+)
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 
 MANAGED_ANNOTATIONS = (ANNOTATION_CPU_BASIC_INFO, ANNOTATION_KUBELET_CPU_MANAGER_POLICY, ANNOTATION_CPU_SHARED_POOLS,
                        ANNOTATION_BE_CPU_SHARED_POOLS, ANNOTATION_CPU_TOPOLOGY, ANNOTATION_POD_CPU_ALLOCS,
                        ANNOTATION_NODE_RESERVATION, ANNOTATION_SYSTEM_QOS_RESOURCE)
-MANAGED_LABELS = (ANNOTATION_ENABLE_NUMA_RESERVATION,)
+MANAGED_LABELS = (LABEL_ENABLE_NUMA_RESERVATION,)
 MANAGED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "hugepages-2Mi", "hugepages-1Gi")
 ZONE_TYPE = "Node"
-NONE_POLICY = "None"
-MAX_STATE_BYTES = 4 * 1024 * 1024
-MAX_ENTRIES = 10_000
-
-_TOPOLOGY_POLICIES = {
-    ("container", "single-numa-node"): "SingleNUMANodeContainerLevel",
-    ("container", "restricted"): "RestrictedContainerLevel",
-    ("container", "best-effort"): "BestEffortContainerLevel",
-    ("pod", "single-numa-node"): "SingleNUMANodePodLevel",
-    ("pod", "restricted"): "RestrictedPodLevel",
-    ("pod", "best-effort"): "BestEffortPodLevel",
-}
-
-
-class TopologyError(ValueError):
-    """An input of the topology (a file, the kubelet's answer, an annotation) is unusable; names it."""
-
-
 def go_json(value: Any) -> str:
     """Go's ``json.Marshal`` bytes for plain values: compact, UTF-8, HTML characters escaped."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-@dataclass(frozen=True)
-class CPU:
-    id: int
-    core: int
-    socket: int
-    node: int
-
-
-# ---- inputs -----------------------------------------------------------------------------
-
-def _int(value: Any, where: str, top: int = MAX_CPU_ID) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
-        raise TopologyError(f"{where}={value!r:.40}: want an integer in [0, {top}]")
-    return value
-
-
-def cpus_of(cpu_info: Any) -> list[CPU]:
-    """The metric cache's ``node_cpu_info`` -> every processor, sorted by id."""
-    procs = cpu_info.get("processors") if isinstance(cpu_info, dict) else None
-    if not isinstance(procs, list) or not procs or len(procs) > MAX_CPU_ID + 1:
-        raise TopologyError("node_cpu_info: want a processors list of 1..4096 entries")
-    out: dict[int, CPU] = {}
-    for i, p in enumerate(procs):
-        if not isinstance(p, dict):
-            raise TopologyError(f"node_cpu_info.processors[{i}]: want an object")
-        where = f"node_cpu_info.processors[{i}]"
-        cpu = CPU(_int(p.get("cpu"), f"{where}.cpu"), _int(p.get("core"), f"{where}.core"),
-                  _int(p.get("socket"), f"{where}.socket"), _int(p.get("node"), f"{where}.node"))
-        if cpu.id in out:
-            raise TopologyError(f"{where}: cpu {cpu.id} listed twice")
-        out[cpu.id] = cpu
-    return [out[k] for k in sorted(out)]
-
-
-def numa_memory_of(numa_info: Any) -> dict[int, int]:
-    """The metric cache's ``node_numa_info`` -> NUMA node id -> its memory in bytes."""
-    nodes = numa_info.get("nodes") if isinstance(numa_info, dict) else None
-    if not isinstance(nodes, list) or len(nodes) > 1024:
-        raise TopologyError("node_numa_info: want a nodes list")
-    out = {}
-    for i, n in enumerate(nodes):
-        if not isinstance(n, dict):
-            raise TopologyError(f"node_numa_info.nodes[{i}]: want an object")
-        out[_int(n.get("id"), f"node_numa_info.nodes[{i}].id", 1023)] = _int(
-            n.get("memory_total_bytes"), f"node_numa_info.nodes[{i}].memory_total_bytes", 2**62)
-    return out
-
-
-@dataclass(frozen=True)
-class KubeletConfig:
-    """What the topology needs of the kubelet's configuration (its ``/configz``)."""
-
-    cpu_manager_policy: str = ""
-    cpu_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
-    topology_manager_policy: str = ""
-    topology_manager_scope: str = ""
-    reserved_system_cpus: str = ""
-    reserved_cpu: Fraction = Fraction(0)
-    """kubeReserved + systemReserved cpu: how many cpus the static policy keeps for the system."""
-
-
-def _mapping(value: Any, where: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise TopologyError(f"{where}: want an object")
-    return value
-
-
-def _strings(value: Any, where: str) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise TopologyError(f"{where}: want an object of strings")
-    return dict(value)
-
-
-def kubelet_config_of(data: bytes) -> KubeletConfig:
-    """The kubelet's ``/configz`` answer (``{"kubeletconfig": {...}}``)."""
-    doc = json_document(data, "kubelet /configz", TopologyError)
-    conf = doc.get("kubeletconfig")
-    if not isinstance(conf, dict):
-        raise TopologyError("kubelet /configz: no kubeletconfig object")
-    texts = {}
-    for key in ("cpuManagerPolicy", "topologyManagerPolicy", "topologyManagerScope", "reservedSystemCPUs"):
-        value = conf.get(key) or ""
-        if not isinstance(value, str) or len(value) > 1024:
-            raise TopologyError(f"kubelet /configz: kubeletconfig.{key}={value!r:.40}: want a string")
-        texts[key] = value
-    reserved = Fraction(0)
-    for key in ("kubeReserved", "systemReserved"):
-        cpu = _strings(conf.get(key), f"kubelet /configz: kubeletconfig.{key}").get("cpu")
-        if cpu:
-            try:
-                reserved += max(parse_quantity(cpu), Fraction(0))
-            except ValueError as exc:
-                raise TopologyError(f"kubelet /configz: kubeletconfig.{key}.cpu: {exc}") from None
-    return KubeletConfig(
-        cpu_manager_policy=texts["cpuManagerPolicy"],
-        cpu_manager_policy_options=_strings(conf.get("cpuManagerPolicyOptions"),
-                                            "kubelet /configz: kubeletconfig.cpuManagerPolicyOptions"),
-        topology_manager_policy=texts["topologyManagerPolicy"],
-        topology_manager_scope=texts["topologyManagerScope"],
-        reserved_system_cpus=texts["reservedSystemCPUs"], reserved_cpu=reserved)
-
-
-def cpu_manager_entries(data: bytes) -> dict[str, dict[str, str]]:
-    """The kubelet's ``cpu_manager_state`` checkpoint -> pod uid -> container -> cpu list."""
-    if not data:
-        raise TopologyError("cpu_manager_state: empty state file")
-    doc = json_document(data, "cpu_manager_state", TopologyError)
-    entries = doc.get("entries") or {}
-    if not isinstance(entries, dict) or len(entries) > MAX_ENTRIES:
-        raise TopologyError("cpu_manager_state: entries is not an object of pods")
-    return {str(uid): _strings(containers, f"cpu_manager_state: entries[{uid!r:.40}]")
-            for uid, containers in entries.items()}
-
-
-def topology_policy(policy: str, scope: str) -> str:
-    """The kubelet's topology manager policy and scope as a NodeResourceTopology policy."""
-    return _TOPOLOGY_POLICIES.get((scope, policy), NONE_POLICY)
-
-
-def _cpuset(text: Any) -> list[int] | None:
-    """A cpu list, or None when it does not parse (upstream skips such values)."""
-    if not isinstance(text, str):
-        return None
-    try:
-        return parse_cpuset(text)
-    except ValueError:
-        return None
-
-
-def _annotation_object(annotations: Mapping[str, str], key: str, where: str) -> dict | None:
-    text = annotations.get(key)
-    if not text:
-        return None
-    if not isinstance(text, str) or len(text) > 256 * 1024:
-        raise TopologyError(f"{where} annotation {key}: want a JSON string of at most 256 KiB")
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        raise TopologyError(f"{where} annotation {key}: not JSON") from None
-    if value is not None and not isinstance(value, dict):
-        raise TopologyError(f"{where} annotation {key}: want an object")
-    return value
-
-
-def resource_status_cpus(pod: PodMeta) -> list[int]:
-    """The cpuset the scheduler bound the pod to (empty when none or unparsable)."""
-    try:
-        cpuset = resource_status(pod.annotations, owner=f"pod {pod.key}").cpuset
-    except AnnotationError:
-        return []
-    return _cpuset(cpuset) or []
 
 
 # ---- the computations (upstream's, with its test tables) -----------------------------------
@@ -262,7 +98,7 @@ def node_reservation(annotations: Mapping[str, str], cpus: list[CPU]) -> dict:
     ``reservedCPUs`` resolved (a cpu quantity becomes that many cpus taken by topology;
     an unparsable list becomes none)."""
     try:
-        anno = _annotation_object(annotations, ANNOTATION_NODE_RESERVATION, "node") or {}
+        anno = annotation_object(annotations, ANNOTATION_NODE_RESERVATION, "node") or {}
     except TopologyError:
         anno = {}
     out: dict[str, Any] = {}
@@ -271,7 +107,7 @@ def node_reservation(annotations: Mapping[str, str], cpus: list[CPU]) -> dict:
         out["resources"] = resources
     reserved_text = anno.get("reservedCPUs") if isinstance(anno.get("reservedCPUs"), str) else ""
     if reserved_text:
-        reserved = _cpuset(reserved_text) or []
+        reserved = cpus_or_none(reserved_text) or []
     else:
         count = 0
         if isinstance(resources, dict) and resources.get("cpu") is not None:
@@ -289,7 +125,7 @@ def node_reservation(annotations: Mapping[str, str], cpus: list[CPU]) -> dict:
 
 def system_qos_resource(annotations: Mapping[str, str]) -> dict | None:
     """``node.koordinator.sh/system-qos-resource`` of the Node (None when absent)."""
-    anno = _annotation_object(annotations, ANNOTATION_SYSTEM_QOS_RESOURCE, "node")
+    anno = annotation_object(annotations, ANNOTATION_SYSTEM_QOS_RESOURCE, "node")
     if anno is None:
         return None
     out: dict[str, Any] = {}
@@ -315,7 +151,7 @@ def pod_cpu_allocs(entries: Mapping[str, Mapping[str, str]], pods: Iterable[PodM
             continue
         cpus: set[int] = set()
         for text in entries[uid].values():
-            cpus.update(_cpuset(text) or [])
+            cpus.update(cpus_or_none(text) or [])
         if not cpus:
             continue
         alloc: dict[str, Any] = {}
@@ -416,22 +252,22 @@ def compute(*, node: dict, pods: list[PodMeta], cpu_info: Any, numa_info: Any, b
         if kubelet.cpu_manager_policy_options:
             policy["options"] = dict(sorted(kubelet.cpu_manager_policy_options.items()))
         if kubelet.cpu_manager_policy == "static":
-            reserved = (_cpuset(kubelet.reserved_system_cpus) if kubelet.reserved_system_cpus
+            reserved = (cpus_or_none(kubelet.reserved_system_cpus) if kubelet.reserved_system_cpus
                         else take_by_topology(cpus, math.ceil(kubelet.reserved_cpu)))
             if reserved:
                 policy["reservedCPUs"] = format_cpuset(reserved)
             if cpu_manager_state:
                 allocs = pod_cpu_allocs(cpu_manager_entries(cpu_manager_state), pods, shared) or None
         topo_policy = topology_policy(kubelet.topology_manager_policy, kubelet.topology_manager_scope)
-    node_meta = _mapping(node.get("metadata"), "Node metadata")
-    node_annotations = _mapping(node_meta.get("annotations"), "Node metadata.annotations")
+    node_meta = mapping_of(node.get("metadata"), "Node metadata")
+    node_annotations = mapping_of(node_meta.get("annotations"), "Node metadata.annotations")
     reservation = node_reservation(node_annotations, cpus)
     system_qos = system_qos_resource(node_annotations)
     ls_pools, be_pools = cpu_share_pools(shared, pods)
-    reserved_cpus = _cpuset(reservation.get("reservedCPUs", "")) or []
+    reserved_cpus = cpus_or_none(reservation.get("reservedCPUs", "")) or []
     ls_pools, be_pools = remove_cpus(ls_pools, reserved_cpus), remove_cpus(be_pools, reserved_cpus)
     if system_qos and system_qos.get("cpuset") and system_qos.get("cpusetExclusive", True):
-        sys_cpus = _cpuset(system_qos["cpuset"]) or []
+        sys_cpus = cpus_or_none(system_qos["cpuset"]) or []
         ls_pools, be_pools = remove_cpus(ls_pools, sys_cpus), remove_cpus(be_pools, sys_cpus)
     annotations = {
         ANNOTATION_CPU_BASIC_INFO: go_json(basic_info),
@@ -445,9 +281,9 @@ def compute(*, node: dict, pods: list[PodMeta], cpu_info: Any, numa_info: Any, b
         ANNOTATION_SYSTEM_QOS_RESOURCE: go_json(system_qos),
     }
     labels = {}
-    node_labels = _mapping(node_meta.get("labels"), "Node metadata.labels")
-    if node_labels.get(ANNOTATION_ENABLE_NUMA_RESERVATION):
-        labels[ANNOTATION_ENABLE_NUMA_RESERVATION] = node_labels[ANNOTATION_ENABLE_NUMA_RESERVATION]
+    node_labels = mapping_of(node_meta.get("labels"), "Node metadata.labels")
+    if node_labels.get(LABEL_ENABLE_NUMA_RESERVATION):
+        labels[LABEL_ENABLE_NUMA_RESERVATION] = node_labels[LABEL_ENABLE_NUMA_RESERVATION]
     return TopologyStatus(annotations=annotations, labels=labels, policy=topo_policy, zones=zones)
 
 
