@@ -19,6 +19,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from koord import rlimits
 from koord.health import HealthServer
@@ -410,7 +412,7 @@ def node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def kube_api_client(kubeconfig: Path | None, qps: float = 20.0, burst: int = 30):
+def kube_api_client(kubeconfig: Path | None, qps: float = 20.0, burst: int = 30) -> Any:
     """The API client, its requests limited to ``qps`` after a ``burst`` (``ratelimit``)."""
     from kubernetes import client, config
 
@@ -443,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rlimits.raise_open_file_limit()
     stopping = threading.Event()
 
-    def on_signal(signum: int, _frame) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("%s received: shutting down", signal.Signals(signum).name)
         stopping.set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ class PredictionConfig:
             model_checkpoint_max_per_step=args.prediction_model_checkpoint_max_per_step)
 
 
-def _bounded_int(low: int, high: int):
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         if not (text.isascii() and text.lstrip("-").isdigit()) or not low <= int(text) <= high:
             raise argparse.ArgumentTypeError(f"{text!r}: want an integer in {low}-{high}")

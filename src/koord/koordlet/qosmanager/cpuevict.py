@@ -29,6 +29,7 @@ from ..metriccache import (
     Aggregation,
 )
 from ..slo import EVICT_BY_ALLOCATABLE, ThresholdConfig
+from ..statesinformer import PodMeta
 from .allocatable import evict_by_allocatable
 from .evictcalc import (
     BATCH_CPU,
@@ -113,7 +114,7 @@ class CPUEvict(EvictStrategy):
         used_by = ctx.last_by(POD_CPU_USAGE, POD_UID, (p.uid for p in pods))
         victims = be_cpu_victims(pods, used_by, BE_CPU_EVICT)
 
-        def batch_request(p) -> float:
+        def batch_request(p: PodMeta) -> float:
             return float(sum(c.requests.get(BATCH_CPU, 0) for c in p.containers))
 
         log.warning("%s: BE satisfaction at or below %d%%: releasing %dm of batch-cpu requests",

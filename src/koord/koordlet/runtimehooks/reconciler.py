@@ -61,6 +61,7 @@ from typing import TypeVar
 import grpc
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
+from google.protobuf.message import Message
 
 from koord.hookapi import ContainerHookRequest, HookPoint, PodHookRequest, crilist, fromcri
 
@@ -228,7 +229,7 @@ class Reconciler:
                       report.pods, report.containers, len(report.written), len(report.errors))
             return report
 
-    def _list(self, method: str, request, item_type: type[_Item], report: ReconcileReport) -> list[_Item]:
+    def _list(self, method: str, request: Message, item_type: type[_Item], report: ReconcileReport) -> list[_Item]:
         """The items of a List* answer that decode; the others are skipped, each logged once."""
         raw = self._channel.unary_unary(f"/runtime.v1.RuntimeService/{method}",
                                         request_serializer=type(request).SerializeToString)(
@@ -325,7 +326,7 @@ class Reconciler:
         REFRESH_ROUNDS, spread by id."""
         return self._refreshing and zlib.crc32(key.encode()) % REFRESH_ROUNDS == self._round % REFRESH_ROUNDS
 
-    def _reconcile_pods(self, sandboxes, current: dict[str, PodMeta], rules: tuple[object, ...],
+    def _reconcile_pods(self, sandboxes: list[cri.PodSandbox], current: dict[str, PodMeta], rules: tuple[object, ...],
                         last_answers: dict[str, Answer], report: ReconcileReport) -> dict[str, ListedPod]:
         pods: dict[str, ListedPod] = {}
         cri_pods: dict[str, tuple[bytes, str]] = {}
@@ -395,8 +396,8 @@ class Reconciler:
             self._containers[container_id] = cached
         return cached[1]
 
-    def _reconcile_containers(self, containers, pods: dict[str, ListedPod], sizes: dict[str, object],
-                              rules: tuple[object, ...], last_answers: dict[str, Answer],
+    def _reconcile_containers(self, containers: list[cri.Container], pods: dict[str, ListedPod],
+                              sizes: dict[str, object], rules: tuple[object, ...], last_answers: dict[str, Answer],
                               report: ReconcileReport) -> None:
         listed = {container.id for container in containers}
         for gone in self._containers.keys() - listed:

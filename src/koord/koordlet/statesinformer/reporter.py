@@ -130,7 +130,7 @@ _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 class TokenBucket:
     """``rate`` tokens per second up to ``burst``; ``allow()`` takes one if there is one."""
 
-    def __init__(self, rate: float, burst: int, clock=time.monotonic) -> None:
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate, self.burst, self._clock = rate, burst, clock
         self._tokens = float(burst)
         self._last = clock()
