@@ -355,28 +355,32 @@ def test_history_survives_close_and_reopen(tmp_path):
     c.close()
 
 
-def test_a_head_of_one_row_per_sample_from_an_older_file_is_read_and_cut(tmp_path):
-    """A file written before ticks were stored as one row keeps its head: read at open,
-    answered with the new ticks, and moved into chunks by the next cut."""
+def test_a_head_of_one_row_per_sample_from_an_older_file_is_migrated_once(tmp_path, caplog):
+    """A file written before ticks were stored as one row keeps its head as one row per
+    sample in ``head``: at open those rows become ticks, before the ticks stored since (they
+    are older), and the table goes; the samples are answered and cut as any others."""
     c = MetricCache(tmp_path)
     now = time.time()
-    c.append([pod("a", now - 5, 1.5)])
+    c.append([pod("a", now - 3, 3.5)])
     c.close()
     db = sqlite3.connect(tmp_path / "metrics.db")
     sid = db.execute("SELECT id FROM series").fetchone()[0]
-    db.execute("DELETE FROM head_ticks")
-    db.execute("INSERT INTO head VALUES (?, ?, ?)", (sid, round((now - 5) * 1000), 1.5))
+    db.execute("CREATE TABLE head (series_id INTEGER NOT NULL, ts INTEGER NOT NULL, value REAL NOT NULL)")
+    db.executemany("INSERT INTO head VALUES (?, ?, ?)",
+                   [(sid, round((now - 5) * 1000), 1.5), (sid, round((now - 4) * 1000), 2.5)])
     db.commit()
     db.close()
-    c = MetricCache(tmp_path)
-    c.append([pod("a", now - 4, 2.5)])
-    want = [(pytest.approx(now - 5, abs=1e-3), 1.5), (pytest.approx(now - 4, abs=1e-3), 2.5)]
+    with caplog.at_level(logging.INFO):
+        c = MetricCache(tmp_path)
+    assert "2 samples of an older file's head moved into 2 ticks" in caplog.text
+    want = [(pytest.approx(now - t, abs=1e-3), v) for t, v in ((5, 1.5), (4, 2.5), (3, 3.5))]
     assert c.query(mc.POD_CPU_USAGE, now - 10, now) == want
+    assert c._conn().execute("SELECT count(*) FROM sqlite_master WHERE name = 'head'").fetchone()[0] == 0
     c.flush()
     c.close()
     c = MetricCache(tmp_path)
     assert c.query(mc.POD_CPU_USAGE, now - 10, now) == want
-    assert c._conn().execute("SELECT count(*) FROM head").fetchone()[0] == 0
+    assert c._conn().execute("SELECT count(*) FROM head_ticks").fetchone()[0] == 0
     c.close()
 
 
@@ -481,7 +485,7 @@ def _garbage(db, at: float, size: int) -> None:
 ])
 def test_damaged_database_is_moved_aside_and_a_fresh_one_started(tmp_path, caplog, case, damage):
     _populated(tmp_path)
-    db = tmp_path / mc.storage.DB_NAME
+    db = tmp_path / mc.sqlitefile.DB_NAME
     damage(db)
     c = MetricCache(tmp_path)
     try:
@@ -680,8 +684,8 @@ def test_last_by_gives_aggregate_by_last(points, cut_at, lo, span):
 def test_aggregate_by_in_batches_gives_each_values_own_aggregate(monkeypatch, kind, label, labels_of):
     """With more series than one batch holds (a value's series never split across two),
     every value still gets what a query of that value alone gives, head and chunks alike."""
-    from koord.koordlet.metriccache import storage
-    monkeypatch.setattr(storage, "_AGGREGATE_BATCH", 3)
+    from koord.koordlet.metriccache import queries
+    monkeypatch.setattr(queries, "_AGGREGATE_BATCH", 3)
     aggs = list(Aggregation)
     c = MetricCache(None, chunk_seconds=1e9)
     try:

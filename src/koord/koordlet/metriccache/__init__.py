@@ -8,7 +8,8 @@ from .aggregate import Aggregation, percentile
 from .flags import add_flags, from_args
 from .kinds import *  # noqa: F403 - the metric kind and label constants are the API
 from .kinds import SCHEMA
-from .storage import MetricCache, MetricCacheError, Sample, Samples, SeriesKey, series_key
+from .samples import MetricCacheError, Sample, Samples, SeriesKey, series_key
+from .storage import MetricCache
 
 __all__ = ["Aggregation", "MetricCache", "MetricCacheError", "SCHEMA", "Sample", "Samples", "SeriesKey", "add_flags",
            "from_args", "percentile", "series_key"]

@@ -13,10 +13,9 @@ way Prometheus' TSDB keeps them, as a head plus chunks:
   (ms deltas + float64 values, zlib) keyed by (series, time span), so a window query
   on one pod reads only that pod's few rows; the head is then emptied.
 
-Files written before ``head_ticks`` hold their head as one row per sample in ``head``: read
-at open like the ticks, and emptied with them.
-
-``series`` maps kind + sorted labels to a small integer id once; ``kv`` holds JSON values.
+``series`` maps kind + sorted labels to a small integer id once; ``kv`` holds JSON values
+(``kv.py``). The file itself (schema, lock, damage, migration) is ``sqlitefile.py``; the
+answers ``queries.py``; what a sample is and the checks it passes ``samples.py``.
 Bounds: chunks older than the retention are dropped, and while the used pages exceed the
 size bound the oldest tenth of the stored span goes. Freed pages are reused, so the file
 stops growing at the bound. In memory, a series idle for ``DEFAULT_IDLE_SECONDS`` (a pod
@@ -25,8 +24,6 @@ that left) is dropped; its rows stay until the retention.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -34,26 +31,35 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
-from .aggregate import Aggregation, aggregate, aggregate_values
-from .chunks import Series, chunk_window, decode_chunk, decode_tick, encode_chunk, encode_tick
-from .kinds import SCHEMA
+from . import sqlitefile
+from .chunks import Series, decode_tick, encode_chunk, encode_tick
+from .kv import KeyValues
+from .queries import Queries
+from .samples import (
+    MetricCacheError,
+    Sample,
+    Samples,
+    SeriesKey,
+    check_number,
+    known_floats,
+    labels_json,
+    series_key,
+    to_ms,
+    validate_sample,
+)
+from .sqlitefile import transaction
 
 log = logging.getLogger(__name__)
 
-DB_NAME = "metrics.db"
-LOCK_NAME = "LOCK"
 DEFAULT_RETENTION_SECONDS = 12 * 3600.0
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
 MIN_MAX_BYTES = 1024 * 1024
 DEFAULT_CHUNK_SECONDS = 60.0
 """The in-memory head holds up to this much of every series (16 bytes a sample: 1.2 MiB a
 minute at 100 pods x 3 containers); a cut of a minute's head costs ~26 ms of CPU there."""
-MAX_LABEL_VALUE = 256
 # Retention is enforced at most this often (and at open); the size bound after every write.
 GC_INTERVAL_SECONDS = 60.0
 DEFAULT_IDLE_SECONDS = 3600.0
@@ -62,181 +68,8 @@ memory: about half a kilobyte each, a dozen a pod, kept for the retention they w
 with every pod a node ran in the last 12 hours. Its chunks stay on disk until the
 retention, and a query reaching back that far reads them from there (koordlet's own
 queries look back 30 minutes at most)."""
-PAGE_CACHE_KIB = 512
-# SQLite caps bound parameters; series ids are queried in chunks below it.
-_IDS_PER_QUERY = 500
-_AGGREGATE_BATCH = 32
-"""Series whose points ``aggregate_by`` decodes and holds at once."""
 
-_SCHEMA_SQL = """
-CREATE TABLE IF NOT EXISTS series (
-    id INTEGER PRIMARY KEY,
-    kind TEXT NOT NULL,
-    labels TEXT NOT NULL,
-    UNIQUE (kind, labels)
-);
-CREATE TABLE IF NOT EXISTS head (
-    series_id INTEGER NOT NULL,
-    ts INTEGER NOT NULL,
-    value REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS head_ticks (
-    ts INTEGER NOT NULL,
-    series BLOB NOT NULL,
-    vals BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS chunks (
-    series_id INTEGER NOT NULL,
-    max_ts INTEGER NOT NULL,
-    min_ts INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (series_id, max_ts)
-);
-CREATE INDEX IF NOT EXISTS chunks_by_time ON chunks (max_ts);
-CREATE TABLE IF NOT EXISTS kv (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
-
-
-class MetricCacheError(Exception):
-    """The metric cache cannot open, or a sample or query is invalid; the message says which."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sample, for callers storing a few at a time (tests, tools); a collector's tick
-    builds ``Samples`` instead."""
-
-    kind: str
-    labels: Mapping[str, str]
-    timestamp: float  # unix seconds
-    value: float
-
-
-SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
-"""A series' identity: its kind and its labels as sorted (name, value) pairs."""
-
-
-def series_key(kind: str, labels: Mapping[str, str]) -> SeriesKey:
-    """MetricCacheError when the labels cannot be a key (not a mapping of sortable names)."""
-    try:
-        items = tuple(labels.items())
-        # Most series have one label (a pod uid, a container id): nothing to sort.
-        return kind, items if len(items) < 2 else tuple(sorted(items))
-    except (TypeError, AttributeError):
-        raise MetricCacheError(f"sample of {kind!r}: labels {labels!r} are not a mapping of "
-                               "names to strings") from None
-
-
-class Samples:
-    """One tick's samples, all taken at ``timestamp``: series keys and values side by side.
-
-    What a collector builds every second for a thousand series: a caller that knows its
-    series makes each key once with ``series_key`` and reuses it, so a sample costs two
-    list appends, and the metric cache checks a known series' value and nothing else.
-    Iterating gives ``Sample`` objects (for tests and logs)."""
-
-    __slots__ = ("keys", "timestamp", "values")
-
-    def __init__(self, timestamp: float) -> None:
-        self.timestamp = timestamp
-        self.keys: list[SeriesKey] = []
-        self.values: list[float] = []
-
-    def add(self, kind: str, labels: Mapping[str, str], value: float) -> None:
-        self.keys.append(series_key(kind, labels))
-        self.values.append(value)
-
-    def add_keyed(self, key: SeriesKey, value: float) -> None:
-        self.keys.append(key)
-        self.values.append(value)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __iter__(self) -> Iterator[Sample]:
-        for (kind, labels), value in zip(self.keys, self.values, strict=True):
-            yield Sample(kind, dict(labels), self.timestamp, value)
-
-    def __repr__(self) -> str:
-        return f"Samples(at {self.timestamp}, {len(self.keys)} samples)"
-
-
-def _known_floats(known: Mapping[SeriesKey, Series], tick: Samples) -> bool:
-    """Every sample of ``tick`` is of a known series and a finite float: what a collectors'
-    tick nearly always is, checked in C-level passes (a sum of finite floats that is finite
-    proves them all finite; a sum that overflows only sends the tick to the full check)."""
-    values = tick.values
-    return (len(values) == len(tick.keys) and all(map(known.__contains__, tick.keys))
-            and set(map(type, values)) <= {float} and math.isfinite(sum(values)))
-
-
-@contextlib.contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """BEGIN ... COMMIT, rolled back when the body raises (the error goes on)."""
-    db.execute("BEGIN")
-    try:
-        yield
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise
-
-
-def _labels_json(labels: Mapping[str, str]) -> str:
-    return json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
-
-
-def _ms(ts: float) -> int:
-    return round(ts * 1000)
-
-
-def _check_number(sample: Sample) -> None:
-    ts, value = sample.timestamp, sample.value
-    if type(ts) is float and type(value) is float and 0 <= ts < math.inf and -math.inf < value < math.inf:
-        return  # what every collector sends, checked without the loop below (NaN fails here)
-    for what, number in (("timestamp", sample.timestamp), ("value", sample.value)):
-        try:
-            finite = not isinstance(number, bool) and isinstance(number, (int, float)) and math.isfinite(number)
-        except OverflowError:  # an int beyond any float
-            finite = False
-        if not finite:
-            raise MetricCacheError(f"sample {sample!r}: {what} must be a finite number")
-    if sample.timestamp < 0:
-        raise MetricCacheError(f"sample {sample!r}: negative timestamp")
-
-
-def validate_sample(sample: Sample) -> None:
-    """Raises MetricCacheError naming the sample when it does not fit its kind's schema."""
-    names = SCHEMA.get(sample.kind)
-    if names is None:
-        raise MetricCacheError(f"sample {sample!r}: unknown metric kind {sample.kind!r}")
-    if len(sample.labels) != len(names) or set(sample.labels) != set(names):
-        raise MetricCacheError(
-            f"sample {sample!r}: kind {sample.kind!r} needs exactly the labels {sorted(names)}, "
-            f"got {sorted(sample.labels)}")
-    for name, value in sample.labels.items():
-        if not isinstance(value, str) or not value or len(value) > MAX_LABEL_VALUE:
-            raise MetricCacheError(
-                f"sample {sample!r}: label {name!r} must be a non-empty string of at most "
-                f"{MAX_LABEL_VALUE} characters")
-    _check_number(sample)
-
-
-def _check_query(kind: str, labels: Mapping[str, str] | None) -> None:
-    names = SCHEMA.get(kind)
-    if names is None:
-        raise MetricCacheError(f"query: unknown metric kind {kind!r}")
-    unknown = set(labels or ()) - set(names)
-    if unknown:
-        raise MetricCacheError(
-            f"query {kind!r}: unknown labels {sorted(unknown)}; this kind has {sorted(names)}")
-
-
-class MetricCache:
+class MetricCache(Queries, KeyValues):
     """Thread-safe store of metric samples and KV values.
 
     ``path`` is a directory (created) holding ``metrics.db``; ``None`` keeps everything in
@@ -290,23 +123,23 @@ class MetricCache:
         caller retries later.
         """
         if self.path is None:
-            self._use(self._connect(":memory:"))
+            self._use(sqlitefile.connect(":memory:", self._journal_limit))
             return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise MetricCacheError(f"metric cache dir {self.path}: {exc.strerror or exc}") from None
-        self._take_dir_lock()
-        db_file = self.path / DB_NAME
+        self._lock_fd = sqlitefile.take_dir_lock(self.path)
+        db_file = self.path / sqlitefile.DB_NAME
         try:
             try:
-                self._use(self._connect(str(db_file)), check=True)
+                self._use(sqlitefile.connect(str(db_file), self._journal_limit), check=True)
             except sqlite3.DatabaseError as exc:
                 if isinstance(exc, sqlite3.OperationalError):
                     raise
                 self._close_db()
-                self._move_aside(db_file, exc)
-                self._use(self._connect(str(db_file)))
+                sqlitefile.move_aside(db_file, exc)
+                self._use(sqlitefile.connect(str(db_file), self._journal_limit))
         except sqlite3.Error as exc:
             self._close_db()
             self._release_dir_lock()
@@ -329,55 +162,10 @@ class MetricCache:
             self._db.close()
             self._db = None
 
-    @staticmethod
-    def _move_aside(db_file: Path, exc: Exception) -> None:
-        """Keeps the damaged file (and its WAL) for a human under a name that says when."""
-        aside = db_file.with_name(f"{DB_NAME}.corrupt-{int(time.time())}")
-        log.error("metric cache %s is damaged (%s); moved to %s, starting empty",
-                  db_file, exc, aside)
-        for suffix in ("", "-wal", "-shm"):
-            src = Path(str(db_file) + suffix)
-            if src.exists():
-                src.rename(Path(str(aside) + suffix))
-
-    def _take_dir_lock(self) -> None:
-        assert self.path is not None
-        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise MetricCacheError(
-                f"metric cache dir {self.path} is in use by another process (pid {holder}); "
-                "give each koordlet its own --tsdb-path") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd
-
     def _release_dir_lock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-
-    def _connect(self, target: str) -> sqlite3.Connection:
-        db = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL mode: a commit survives a process crash (kill -9), not a power cut.
-            db.execute("PRAGMA synchronous=NORMAL")
-            # SQLite's default page cache is 2 MiB; the hot data lives in memory (the head
-            # mirror) and a report reads each chunk once, so 512 KiB serves as well.
-            db.execute(f"PRAGMA cache_size=-{PAGE_CACHE_KIB}")
-            db.execute(f"PRAGMA journal_size_limit={self._journal_limit}")
-            page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
-            db.execute(f"PRAGMA wal_autocheckpoint={max(self._journal_limit // page_size, 16)}")
-            db.executescript(_SCHEMA_SQL)
-            db.execute("SELECT count(*) FROM series").fetchone()
-        except sqlite3.DatabaseError:
-            db.close()
-            raise
-        return db
 
     def close(self) -> None:
         with self._lock:
@@ -389,11 +177,6 @@ class MetricCache:
                 log.warning("metric cache: checkpoint at close failed: %s", exc)
             self._close_db()
             self._release_dir_lock()
-
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise MetricCacheError("metric cache is closed")
-        return self._db
 
     def _load_series(self) -> None:
         """Series and the head from disk, once at open."""
@@ -416,10 +199,6 @@ class MetricCache:
             series = by_id.get(sid)
             if series is not None:
                 series.cut_at(int(cut))
-        for sid, ts, value in db.execute("SELECT series_id, ts, value FROM head ORDER BY rowid"):
-            series = by_id.get(sid)
-            if series is not None:
-                series.add(ts, value)
         for ts, sids, values in db.execute("SELECT ts, series, vals FROM head_ticks ORDER BY rowid"):
             try:
                 decoded = decode_tick(sids, values)
@@ -461,15 +240,15 @@ class MetricCache:
             ts = tick.timestamp
             if not (type(ts) is float and 0 <= ts < math.inf):
                 for key, value in zip(tick.keys, tick.values, strict=True):
-                    _check_number(Sample(key[0], dict(key[1]), ts, value))
+                    check_number(Sample(key[0], dict(key[1]), ts, value))
             count += len(tick.keys)
-            if _known_floats(known, tick):
+            if known_floats(known, tick):
                 continue
             for key, value in zip(tick.keys, tick.values, strict=True):
                 if not (type(value) is float and -math.inf < value < math.inf) or key not in known:
                     sample = Sample(key[0], dict(key[1]), ts, value)
                     if key in known:
-                        _check_number(sample)  # its labels already passed as this series'
+                        check_number(sample)  # its labels already passed as this series'
                     else:
                         validate_sample(sample)
         if not count:
@@ -479,11 +258,11 @@ class MetricCache:
             created: list[SeriesKey] = []
             stored: list[tuple[int, list[Series], list[float]]] = []
             try:
-                with _transaction(db):
+                with transaction(db):
                     for tick in ticks:
                         if not tick.keys:
                             continue
-                        ms = _ms(tick.timestamp)
+                        ms = to_ms(tick.timestamp)
                         series = [known.get(key) or self._new_series(db, key, created) for key in tick.keys]
                         db.execute("INSERT INTO head_ticks VALUES (?, ?, ?)",
                                    (ms, *encode_tick([s.id for s in series], tick.values)))
@@ -512,7 +291,7 @@ class MetricCache:
         """A series not in memory: new, or one dropped as idle that has samples again (its
         row and chunks are still there)."""
         kind, labels = key[0], dict(key[1])
-        text = _labels_json(labels)
+        text = labels_json(labels)
         cur = db.execute("INSERT OR IGNORE INTO series (kind, labels) VALUES (?, ?)", (kind, text))
         if cur.rowcount:
             sid = int(cur.lastrowid or 0)
@@ -556,9 +335,8 @@ class MetricCache:
                 yield series.id, last, first, blob
 
         try:
-            with _transaction(db):
+            with transaction(db):
                 db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)", rows())
-                db.execute("DELETE FROM head")
                 db.execute("DELETE FROM head_ticks")
         except sqlite3.Error as exc:
             log.error("metric cache: writing chunks failed (the head is kept): %s", exc)
@@ -583,7 +361,7 @@ class MetricCache:
         total = 0
         for suffix in ("", "-wal"):
             try:
-                total += (self.path / (DB_NAME + suffix)).stat().st_size
+                total += (self.path / (sqlitefile.DB_NAME + suffix)).stat().st_size
             except FileNotFoundError:
                 pass
         return total
@@ -610,8 +388,8 @@ class MetricCache:
             self._cut_chunks(db)
         if force or now - self._last_gc >= GC_INTERVAL_SECONDS:
             self._last_gc = now
-            self._delete_before(db, _ms(now - self.retention_seconds), thorough=force)
-            self._drop_idle(_ms(now - self.idle_seconds))
+            self._delete_before(db, to_ms(now - self.retention_seconds), thorough=force)
+            self._drop_idle(to_ms(now - self.idle_seconds))
         target = self.max_bytes - self._journal_limit
         while self._used_bytes() > target:
             oldest, newest, first_end = db.execute(
@@ -635,29 +413,6 @@ class MetricCache:
             self._idle_newest = max(self._idle_newest, series.cut)
         self._forget_series([key for key, _ in idle])
 
-    def _recent(self, kind: str, lo: int) -> list[Series]:
-        """The in-memory series of ``kind`` with a sample at or after ``lo`` ms: the others
-        (pods that left within the idle hour) have none in a window starting there, and a
-        node running short jobs holds thousands of them."""
-        return [s for s in self._by_kind.get(kind, ()) if s.last_ms() >= lo]
-
-    def _idle(self, kind: str, lo: int, hi: int) -> list[Series]:
-        """The series of ``kind`` dropped from memory as idle that have chunks in [lo, hi]
-        ms, read from disk for a query reaching back that far (none for a later window)."""
-        if self._idle_newest < 0 or lo > self._idle_newest:
-            return []
-        out = []
-        for sid, labels in self._conn().execute(
-                "SELECT id, labels FROM series WHERE kind = ? AND id IN "
-                "(SELECT series_id FROM chunks WHERE max_ts >= ? AND min_ts <= ?)", (kind, lo, hi)):
-            if sid in self._by_id:
-                continue
-            try:
-                out.append(Series(sid, json.loads(labels)))
-            except ValueError:
-                continue  # logged when the file was opened
-        return out
-
     def _delete_before(self, db: sqlite3.Connection, cutoff_ms: int, thorough: bool = False) -> None:
         """Drops chunks that end before the cutoff, head samples older than it, and series
         left without samples.
@@ -672,15 +427,13 @@ class MetricCache:
         for series in self._by_id.values():  # first: the empty heads are then known
             head_expired |= series.drop_before(cutoff_ms)
         try:
-            with _transaction(db):
+            with transaction(db):
                 db.execute("DELETE FROM chunks WHERE max_ts < ?", (cutoff_ms,))
                 if head_expired or thorough:
-                    db.execute("DELETE FROM head WHERE ts < ?", (cutoff_ms,))
                     db.execute("DELETE FROM head_ticks WHERE ts < ?", (cutoff_ms,))
                 if thorough:
                     keep = {sid for sid, series in self._by_id.items() if series.ts}
                     keep.update(sid for (sid,) in db.execute("SELECT DISTINCT series_id FROM chunks"))
-                    keep.update(sid for (sid,) in db.execute("SELECT DISTINCT series_id FROM head"))
                     gone = [(sid,) for (sid,) in db.execute("SELECT id FROM series").fetchall() if sid not in keep]
                     db.executemany("DELETE FROM series WHERE id = ?", gone)
                 else:
@@ -699,193 +452,3 @@ class MetricCache:
         self._diverged = False
         alive = {sid for (sid,) in db.execute("SELECT id FROM series")}
         self._forget_series([key for key, series in self._series.items() if series.id not in alive])
-
-    # ---- queries ------------------------------------------------------------------------
-
-    def query(self, kind: str, start: float, end: float,
-              labels: Mapping[str, str] | None = None) -> list[tuple[float, float]]:
-        """(timestamp, value) of every series of ``kind`` whose labels include ``labels``,
-        merged in ascending time order, over [start, end] inclusive."""
-        points = [(t, sid, v) for sid, parts in self._series_points(kind, start, end, labels).items()
-                  for ts, vs in parts for t, v in zip(ts, vs, strict=True)]
-        points.sort()
-        return [(t / 1000, v) for t, _, v in points]
-
-    def aggregates(self, kind: str, start: float, end: float, aggs: Iterable[Aggregation],
-                   labels: Mapping[str, str] | None = None) -> dict[Aggregation, float]:
-        """Several aggregations of one query (absent when there is no sample)."""
-        points = self.query(kind, start, end, labels)
-        return {agg: result for agg in aggs if (result := aggregate(points, agg)) is not None}
-
-    def aggregate_by(self, kind: str, label: str, start: float, end: float,
-                     aggs: Iterable[Aggregation]) -> dict[str, dict[Aggregation, float]]:
-        """Per value of ``label``, each aggregation over [start, end] of its series: what
-        ``aggregate`` gives for ``{label: value}``, for every value at once (one read of the
-        chunks per batch of series, where one query per pod would scan all series each time).
-        Only the newest sample needs time order (the merged order's last of the newest
-        instant: the largest (ts, series id, value)); averages and percentiles are computed
-        from the values as they come. Values without samples in the window are absent.
-
-        The points of at most about ``_AGGREGATE_BATCH`` series are held at once: a report
-        averages five minutes of every container, megabytes if decoded all together, and
-        the allocator kept the holes such a spike left (the process grew at every report)."""
-        _check_query(kind, {label: ""})
-        wanted = tuple(aggs)
-        lo, hi = _ms(start), _ms(end)
-        groups: dict[str, list[Series]] = {}
-        with self._lock:
-            for series in [*self._recent(kind, lo), *self._idle(kind, lo, hi)]:
-                value = series.labels.get(label)
-                if value is not None:
-                    groups.setdefault(value, []).append(series)
-        out: dict[str, dict[Aggregation, float]] = {}
-        batch: list[tuple[str, list[Series]]] = []
-        held = 0
-        for value, members in groups.items():
-            batch.append((value, members))
-            held += len(members)
-            if held >= _AGGREGATE_BATCH:
-                self._aggregate_groups(kind, batch, lo, hi, wanted, out)
-                batch, held = [], 0
-        if batch:
-            self._aggregate_groups(kind, batch, lo, hi, wanted, out)
-        return out
-
-    def _aggregate_groups(self, kind: str, groups: list[tuple[str, list[Series]]], lo: int, hi: int,
-                          wanted: tuple[Aggregation, ...], out: dict[str, dict[Aggregation, float]]) -> None:
-        """``aggregate_by`` of some values (each with its series), into ``out``."""
-        parts_of = self._points(kind, [s for _, members in groups for s in members], lo, hi)
-        for value, members in groups:
-            group = [(s.id, ts, vs) for s in members for ts, vs in parts_of.get(s.id, ()) if len(ts)]
-            values = [v for _, _, vs in group for v in vs]
-            if not values:
-                continue
-            found: dict[Aggregation, float] = {}
-            for agg in wanted:
-                if agg is Aggregation.LAST:
-                    found[agg] = max((t, sid, v) for sid, ts, vs in group
-                                     for t, v in zip(ts, vs, strict=True))[2]
-                else:
-                    found[agg] = aggregate_values(values, agg)
-            out[value] = found
-
-    def last_by(self, kind: str, label: str, values: Iterable[str], start: float, end: float) -> dict[str, float]:
-        """Per value of ``label``, the newest sample within [start, end] of its series: what
-        ``aggregate_by`` gives as LAST, for the values that have one.
-
-        The QoS strategies ask this every second about every pod or container. When
-        ``label`` is the kind's only label, each value has one series, looked up by its key;
-        its newest sample is the head's last when the head is in time order, newer than any
-        chunk and that sample lies in the window. Any value the head cannot answer so is
-        left to ``aggregate_by``."""
-        _check_query(kind, {label: ""})
-        if SCHEMA[kind] != (label,):
-            found = self.aggregate_by(kind, label, start, end, (Aggregation.LAST,))
-            return {v: found[v][Aggregation.LAST] for v in values if v in found}
-        lo, hi = _ms(start), _ms(end)
-        out: dict[str, float] = {}
-        rest = []
-        with self._lock:
-            series, chunks_newest = self._series, self._chunks_newest
-            for value in values:
-                one = series.get(series_key(kind, {label: value}))
-                if one is None:
-                    if lo <= self._idle_newest:  # maybe dropped from memory as idle: ask the chunks
-                        rest.append(value)
-                    continue  # no series: no sample
-                if one.in_order and one.ts and lo <= one.newest <= hi and one.newest > chunks_newest:
-                    out[value] = one.values[-1]
-                else:
-                    rest.append(value)
-        if rest:
-            found = self.aggregate_by(kind, label, start, end, (Aggregation.LAST,))
-            out.update((v, found[v][Aggregation.LAST]) for v in rest if v in found)
-        return out
-
-    def _series_points(self, kind: str, start: float, end: float, labels: Mapping[str, str] | None
-                       ) -> dict[int, list[tuple[Sequence[int], Sequence[float]]]]:
-        """By series id, the (ms times, values) parts within [start, end] of each series of
-        ``kind`` whose labels include ``labels``."""
-        _check_query(kind, labels)
-        want = dict(labels or {})
-        lo, hi = _ms(start), _ms(end)
-        with self._lock:
-            if want and len(want) == len(SCHEMA[kind]):  # every label given: one series at most
-                try:
-                    one = self._series.get(series_key(kind, want))
-                except (TypeError, MetricCacheError):  # an unhashable or unsortable value names no series
-                    one = None
-                matching = [one] if one is not None else [s for s in self._idle(kind, lo, hi) if s.labels == want]
-            else:
-                matching = [s for s in [*self._recent(kind, lo), *self._idle(kind, lo, hi)]
-                            if all(s.labels.get(k) == v for k, v in want.items())]
-        return self._points(kind, matching, lo, hi)
-
-    def _points(self, kind: str, matching: list[Series], lo: int, hi: int
-                ) -> dict[int, list[tuple[Sequence[int], Sequence[float]]]]:
-        """By series id, the (ms times, values) parts within [lo, hi] ms of each of
-        ``matching``: the head's, then each chunk's. The head and the chunks are read
-        under one hold of the lock (a cut moves samples from one to the other); the
-        chunks are decoded after it. A series forgotten meanwhile has nothing left."""
-        ids = [s.id for s in matching]
-        found: dict[int, list[tuple[Sequence[int], Sequence[float]]]] = {}
-        blobs: list[tuple[int, bytes]] = []
-        with self._lock:
-            db = self._conn()
-            for i in range(0, len(ids) if lo <= self._chunks_newest else 0, _IDS_PER_QUERY):
-                chunk = ids[i:i + _IDS_PER_QUERY]
-                marks = ",".join("?" * len(chunk))
-                blobs += db.execute(
-                    f"SELECT series_id, data FROM chunks WHERE series_id IN ({marks}) "
-                    "AND max_ts >= ? AND min_ts <= ?", (*chunk, lo, hi)).fetchall()
-            for s in matching:
-                found[s.id] = [s.window(lo, hi)]
-        for sid, blob in blobs:
-            try:
-                times, vals = decode_chunk(blob)
-            except ValueError as exc:
-                log.error("metric cache: %s series %d: %s; skipped", kind, sid, exc)
-                continue
-            found[sid].append(chunk_window(times, vals, lo, hi))
-        return found
-
-    def series_labels(self, kind: str) -> list[dict[str, str]]:
-        """The label sets of every series of ``kind`` the cache holds (old ones included)."""
-        with self._lock:
-            return [dict(s.labels) for s in [*self._by_kind.get(kind, ()), *self._idle(kind, -1, 2**62)]]
-
-    def aggregate(self, kind: str, start: float, end: float, agg: Aggregation,
-                  labels: Mapping[str, str] | None = None) -> float | None:
-        return aggregate(self.query(kind, start, end, labels), agg)
-
-    def time_range(self, kind: str, start: float, end: float,
-                   labels: Mapping[str, str] | None = None) -> float:
-        """Last minus first sample time in the window; 0 with fewer than two samples."""
-        points = self.query(kind, start, end, labels)
-        if len(points) < 2:
-            return 0.0
-        return points[-1][0] - points[0][0]
-
-    # ---- KV -----------------------------------------------------------------------------
-
-    def set_kv(self, key: str, value: Any) -> None:
-        try:
-            text = json.dumps(value, sort_keys=True)
-        except (TypeError, ValueError) as exc:
-            raise MetricCacheError(f"kv {key!r}: value is not JSON-serialisable: {exc}") from None
-        with self._lock:
-            try:
-                self._conn().execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, text))
-            except sqlite3.Error as exc:
-                raise MetricCacheError(f"kv {key!r}: write failed: {exc}") from None
-
-    def get_kv(self, key: str) -> Any | None:
-        with self._lock:
-            row = self._conn().execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            return None
-        try:
-            return json.loads(row[0])
-        except ValueError:
-            log.error("metric cache: kv %r holds unreadable JSON; treated as absent", key)
-            return None
