@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import socket
 import subprocess
 import tarfile
@@ -58,6 +59,8 @@ def inputs_key() -> str:
 def image(pytestconfig: pytest.Config) -> Path:
     archive = CHECKOUT / ".cache" / "image" / inputs_key() / "koordlet-image.tar"
     if not archive.exists():
+        for stale in archive.parent.parent.glob("*"):  # images of other inputs
+            shutil.rmtree(stale, ignore_errors=True)
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
             print(f"\nbuilding koordlet's image with scripts/image.sh into {archive.parent} (about 2 minutes)",
