@@ -69,7 +69,18 @@ rm -rf "$STAGE/source/src/koord/testing" "$STAGE/source/src/koord/demo.py" "$STA
 "${PIP[@]}" install --no-deps --no-compile --target "$ROOTFS$PREFIX" "$STAGE"/wheel/koord_runtime-*.whl
 # The kubernetes client's asyncio copy (kubernetes.aio, two thirds of its size) is imported by
 # nothing here; the import check below holds the synchronous client koordlet uses.
-rm -rf "$ROOTFS$PREFIX/bin" "$ROOTFS$PREFIX/kubernetes/aio"
+# direct_url.json names the wheel's temp path; each RECORD then lists only the files kept (the
+# console scripts' rows hold hashes of the build's temp paths), so two builds are the same image.
+rm -rf "$ROOTFS$PREFIX/bin" "$ROOTFS$PREFIX/kubernetes/aio" "$ROOTFS$PREFIX"/*.dist-info/direct_url.json
+"$PYTHON" - "$ROOTFS$PREFIX" <<'EOF'
+import csv, io, pathlib, sys
+site = pathlib.Path(sys.argv[1])
+for record in site.glob("*.dist-info/RECORD"):
+    rows = [row for row in csv.reader(io.StringIO(record.read_text())) if row and (site / row[0]).resolve().exists()]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    record.write_text(out.getvalue())
+EOF
 cat > "$ROOTFS/koordlet" <<EOF
 #!/usr/bin/python3 -I
 """koordlet's entry point in its image: the project's packages are in $PREFIX."""
