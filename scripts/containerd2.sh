@@ -17,13 +17,7 @@ state="$prefix.apt"
 fail() { echo "containerd2.sh: $*" >&2; exit 1; }
 command -v apt-get >/dev/null || fail "apt-get not found: containerd 2.x comes from Debian's packages"
 
-# The machine's own Debian mirror: the first archive URI in its apt sources that is not the
-# security archive (deb822 .sources files and one-line sources.list entries alike).
-mirror=$( { cat /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 's/^URIs:[[:space:]]*//p' | tr ' ' '\n'
-            cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-              | sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p'
-          } | grep -v -i security | grep -m1 '^http' || true)
-[ -n "$mirror" ] || fail "no Debian mirror found in /etc/apt/sources.list{,.d}"
+mirror=$(scripts/debian-mirror.sh) || exit 1
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 [ -r "$keyring" ] || fail "$keyring missing (Debian package debian-archive-keyring)"
 

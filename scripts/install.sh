@@ -20,6 +20,8 @@ command -v runc >/dev/null || missing+=(runc)
 { command -v dockerd >/dev/null && [ -x /usr/bin/docker ]; } || missing+=(docker.io)
 command -v gcc >/dev/null || missing+=(gcc)
 command -v haproxy >/dev/null || missing+=(haproxy)
+# koordlet's image (scripts/image.sh) is a Debian root filesystem mmdebstrap makes.
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
 if [ -n "${V2_PACKAGES:-}" ]; then
   # The cgroup v2 lane (scripts/test-v2.sh): QEMU, a v2 kernel, and the static busybox virtme-ng boots with.
