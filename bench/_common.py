@@ -9,8 +9,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from koord.testing.containerd import Containerd
-from koord.testing.proxy import RuntimeProxy
+from koord_testing.containerd import Containerd
+from koord_testing.proxy import RuntimeProxy
 
 
 @contextlib.contextmanager

@@ -35,8 +35,8 @@ from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor
 from koord.koordlet.statesinformer.kubelet import pods_of_list
 from koord.koordlet.statesinformer.meta import PodMeta
-from koord.testing.cgroupfs import memory_stat_text, write_usage
-from koord.testing.pods import FakeStatesInformer
+from koord_testing.cgroupfs import memory_stat_text, write_usage
+from koord_testing.pods import FakeStatesInformer
 
 MiB = 1024 * 1024
 

@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import cpu_seconds, percentile, us  # noqa: E402
 
-from koord.testing.docker import CriDockerd, Dockerd, UnixHTTPConnection  # noqa: E402
-from koord.testing.hookplugin import RecordingPlugin  # noqa: E402
-from koord.testing.kubelet import KubeletClient  # noqa: E402
-from koord.testing.proxy import RuntimeProxy  # noqa: E402
-from koord.testing.sockets import make_short_socket_dir  # noqa: E402
+from koord_testing.docker import CriDockerd, Dockerd, UnixHTTPConnection  # noqa: E402
+from koord_testing.hookplugin import RecordingPlugin  # noqa: E402
+from koord_testing.kubelet import KubeletClient  # noqa: E402
+from koord_testing.proxy import RuntimeProxy  # noqa: E402
+from koord_testing.sockets import make_short_socket_dir  # noqa: E402
 
 MiB = 1 << 20
 

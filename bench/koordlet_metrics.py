@@ -28,8 +28,8 @@ from pathlib import Path
 from koord.koordlet import metriccache as mc
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
-from koord.testing.cgroupfs import memory_stat_text, write_usage
-from koord.testing.pods import FakeStatesInformer
+from koord_testing.cgroupfs import memory_stat_text, write_usage
+from koord_testing.pods import FakeStatesInformer
 
 MiB = 1024 * 1024
 

@@ -51,8 +51,8 @@ from pathlib import Path
 
 import yaml
 
-from koord.testing.cgroupfs import make_fake_v1_cgroup, memory_stat_text
-from koord.testing.fakecri import FakeCRI
+from koord_testing.cgroupfs import make_fake_v1_cgroup, memory_stat_text
+from koord_testing.fakecri import FakeCRI
 
 MiB = 1024 * 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")

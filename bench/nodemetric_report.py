@@ -24,7 +24,7 @@ from koord.koordlet import metriccache as mc
 from koord.koordlet.statesinformer.nodemetric import collect, status_of
 from koord.koordlet.statesinformer.reporter import FileStatusWriter
 from koord.koordlet.statesinformer.specs import node_metric_collect_policy
-from koord.testing.pods import container_meta, pod_meta
+from koord_testing.pods import container_meta, pod_meta
 
 
 def main() -> None:

@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import percentile  # noqa: E402
 
-from koord.testing.cgroups import Cgroup, shares_to_weight  # noqa: E402
-from koord.testing.containerd import Containerd  # noqa: E402
-from koord.testing.koordlet import KoordletProcess  # noqa: E402
-from koord.testing.kubelet import KubeletClient  # noqa: E402
-from koord.testing.runtimes import resolve  # noqa: E402
-from koord.testing.wait import wait_for  # noqa: E402
+from koord_testing.cgroups import Cgroup, shares_to_weight  # noqa: E402
+from koord_testing.containerd import Containerd  # noqa: E402
+from koord_testing.koordlet import KoordletProcess  # noqa: E402
+from koord_testing.kubelet import KubeletClient  # noqa: E402
+from koord_testing.runtimes import resolve  # noqa: E402
+from koord_testing.wait import wait_for  # noqa: E402
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 LIMITS = {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "256Mi"}

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import containerd, cpu_seconds, percentile, proxy, proxy_pids, rss_bytes, us  # noqa: E402
 from cri_api.v1 import api_pb2 as cri  # noqa: E402
 
-from koord.testing.kubelet import KubeletClient  # noqa: E402
+from koord_testing.kubelet import KubeletClient  # noqa: E402
 
 PLANES = ("haproxy", "python")
 CLIENTS = 8

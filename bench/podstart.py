@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import containerd, proxy, us  # noqa: E402
 
-from koord.testing.hookplugin import RecordingPlugin  # noqa: E402
-from koord.testing.kubelet import KubeletClient  # noqa: E402
+from koord_testing.hookplugin import RecordingPlugin  # noqa: E402
+from koord_testing.kubelet import KubeletClient  # noqa: E402
 
 PLUGIN_CALLS_PER_POD = 8
 

@@ -23,8 +23,8 @@ from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer.specs import merged_node_slo
-from koord.testing.cgroupfs import make_fake_v1_cgroup
-from koord.testing.pods import FakeStatesInformer, container_meta, pod_meta
+from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.pods import FakeStatesInformer, container_meta, pod_meta
 
 
 def build(root: Path, pods: int, policy: str) -> tuple[CPUSuppress, MetricCache]:

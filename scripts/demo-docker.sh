@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
-exec .venv/bin/python -m koord.demo_docker
+exec .venv/bin/python -m koord_testing.demo_docker

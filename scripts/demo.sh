@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 scripts/install.sh
 # The NRI act needs a containerd 2.x; without one the demo says so and shows the rest.
 scripts/containerd2.sh || echo "demo.sh: no containerd 2.x (see above): the NRI act will say so"
-exec .venv/bin/python -m koord.demo
+exec .venv/bin/python -m koord_testing.demo

@@ -10,7 +10,7 @@
 # No test helpers, demos, apt, compilers, docs (copyright files stay), man pages or locales.
 # agent_mode=dsMode is set in the image, so koordlet takes upstream's DaemonSet defaults
 # (/host-cgroup/, /host-sys/, ...). The archive is an OCI layout and a docker-archive at once
-# (koord.testing.ociarchive): `ctr -n k8s.io images import` and `docker load` both take it.
+# (koord_testing.ociarchive): `ctr -n k8s.io images import` and `docker load` both take it.
 # Run as root on Debian 12 x86_64 (the wheels and byte-code must match the image's python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,11 +60,10 @@ echo "image.sh: [2/4] koordlet and its dependencies from requirements.lock into 
 PIP=("$STAGE/build/bin/python" -m pip -q --disable-pip-version-check)
 "${PIP[@]}" install --no-deps --require-hashes --only-binary=:all: --no-compile --target "$ROOTFS$PREFIX" \
   -r requirements.lock
-# The project's wheel from a clean copy without the test helpers and demos.
+# The project's wheel from a clean copy (the wheel holds the koord package only: no test support).
 mkdir -p "$STAGE/source"
 cp -r pyproject.toml README.md LICENSE src "$STAGE/source/"
 find "$STAGE/source" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
-rm -rf "$STAGE/source/src/koord/testing" "$STAGE/source/src/koord/demo.py" "$STAGE/source/src/koord/demo_docker.py"
 "${PIP[@]}" wheel --no-deps -w "$STAGE/wheel" "$STAGE/source"
 "${PIP[@]}" install --no-deps --no-compile --target "$ROOTFS$PREFIX" "$STAGE"/wheel/koord_runtime-*.whl
 # The kubernetes client's asyncio copy (kubernetes.aio, two thirds of its size) is imported by
@@ -108,7 +107,7 @@ rm -rf "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/cache/apt/* "$ROOTFS"/var/cac
 
 echo "image.sh: [4/4] image archive"
 mkdir -p "$OUTDIR"
-PYTHONPATH=src "$PYTHON" -m koord.testing.ociarchive "$ROOTFS" "$OUTDIR/koordlet-image.tar" --ref "$REF" \
+PYTHONPATH=src "$PYTHON" -m koord_testing.ociarchive "$ROOTFS" "$OUTDIR/koordlet-image.tar" --ref "$REF" \
   --entrypoint /koordlet --env agent_mode=dsMode \
   --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --epoch "$EPOCH"
 echo "image.sh: built $OUTDIR/koordlet-image.tar ($(du -m "$OUTDIR/koordlet-image.tar" | cut -f1) MB," \

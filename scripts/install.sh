@@ -61,4 +61,10 @@ if [ -n "${V2_PACKAGES:-}" ]; then
 else
   .venv/bin/python -m pip install -q -e '.[test]'
 fi
+# Test support (src/koord_testing) is not part of the installed project: the tests, demos and
+# benchmarks find it through this path entry of the development environment only.
+.venv/bin/python - <<'PY'
+import pathlib, site
+pathlib.Path(site.getsitepackages()[0], "koord_testing.pth").write_text(str(pathlib.Path("src").resolve()) + "\n")
+PY
 echo "install.sh: ready ($(containerd --version | cut -d' ' -f1-3), $(runc --version | head -1), $(.venv/bin/python --version))"

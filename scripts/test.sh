@@ -37,7 +37,7 @@ native=0
 # that need them fail naming the file; this line says it once, with the way out.
 missing_binaries() {
   local missing
-  missing=$(.venv/bin/python -c 'from koord.testing.sharedbin import missing_shared_binaries as m
+  missing=$(.venv/bin/python -c 'from koord_testing.sharedbin import missing_shared_binaries as m
 print(" ".join(m("crictl", "cri-dockerd")))')
   if [ -n "$missing" ]; then
     echo "test.sh: cannot run Docker mode's tests (tests/e2e/test_docker.py) nor crictl's lifecycle test" \

@@ -41,6 +41,6 @@ fi
 # The demo adds about 5 minutes under emulation; the tests above cover each of its steps.
 if [ -n "${KOORD_V2_DEMO:-}" ]; then
   echo "v2-guest.sh: the demo on cgroup v2"
-  .venv/bin/python -m koord.demo || { echo "v2-guest.sh: the demo FAILED on cgroup v2" >&2; rc=1; }
+  .venv/bin/python -m koord_testing.demo || { echo "v2-guest.sh: the demo FAILED on cgroup v2" >&2; rc=1; }
 fi
 exit "$rc"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from koord.testing.containerd import Containerd, containerd_binaries_present
-from koord.testing.kubelet import KubeletClient
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.runtimes import ContainerdRuntime, resolve, selection
-from koord.testing.sockets import short_socket_dir as _short_socket_dir
+from koord_testing.containerd import Containerd, containerd_binaries_present
+from koord_testing.kubelet import KubeletClient
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.runtimes import ContainerdRuntime, resolve, selection
+from koord_testing.sockets import short_socket_dir as _short_socket_dir
 
 # Property tests check what a parser accepts, never how fast: a machine busy with the
 # end-to-end tests' containers must not turn a slow example into a failure.
@@ -62,7 +62,7 @@ def _runtime_params() -> list[object]:
 @pytest.fixture(scope="session", params=_runtime_params())
 def containerd_runtime(request: pytest.FixtureRequest) -> ContainerdRuntime:
     """The containerd build this test runs against: every e2e test that starts containerd runs
-    once per selected build (``$KOORD_TEST_CONTAINERD``, see ``koord.testing.runtimes``)."""
+    once per selected build (``$KOORD_TEST_CONTAINERD``, see ``koord_testing.runtimes``)."""
     if isinstance(request.param, RuntimeError):
         pytest.fail(str(request.param), pytrace=False)
     runtime: ContainerdRuntime = request.param

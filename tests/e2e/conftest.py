@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing.containerd import Containerd
-from koord.testing.docker import docker_binaries_present
-from koord.testing.kubelet import KubeletClient
-from koord.testing.runtimes import resolve
-from koord.testing.sockets import make_short_socket_dir
+from koord_testing.containerd import Containerd
+from koord_testing.docker import docker_binaries_present
+from koord_testing.kubelet import KubeletClient
+from koord_testing.runtimes import resolve
+from koord_testing.sockets import make_short_socket_dir
 
 from .docker_rig import DockerEnv, DockerRig
 from .fault_rig import fault_node  # noqa: F401 - a fixture for the fault tests

@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from koord.testing.docker import CriDockerd, Dockerd
-from koord.testing.kubelet import KubeletClient
-from koord.testing.proxy import RuntimeProxy
+from koord_testing.docker import CriDockerd, Dockerd
+from koord_testing.kubelet import KubeletClient
+from koord_testing.proxy import RuntimeProxy
 
 from .rig import PluginRig
 

@@ -19,12 +19,12 @@ import pytest
 import yaml
 
 from koord.hookapi import parse_quantity
-from koord.testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient
-from koord.testing.kubeletpods import KubeletPodsServer, pod_json
-from koord.testing.workloads import hold_command
+from koord_testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient
+from koord_testing.kubeletpods import KubeletPodsServer, pod_json
+from koord_testing.workloads import hold_command
 
 MiB = 2**20
 REPORT_SECONDS, AGGREGATE_SECONDS = 1, 3

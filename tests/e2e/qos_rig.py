@@ -21,10 +21,10 @@ from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObjectsSource, StatesInformer
 from koord.koordlet.statesinformer.kubelet import KubeletPodsSource
-from koord.testing.cgroups import CGROUP_ROOT, enable_v2_controllers
-from koord.testing.containerd import Containerd
-from koord.testing.kubelet import KubeletClient
-from koord.testing.kubeletpods import KubeletPodsServer, pod_json
+from koord_testing.cgroups import CGROUP_ROOT, enable_v2_controllers
+from koord_testing.containerd import Containerd
+from koord_testing.kubelet import KubeletClient
+from koord_testing.kubeletpods import KubeletPodsServer, pod_json
 
 QOS_LABEL = "koordinator.sh/qosClass"
 

@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.hookapi import HookPoint
-from koord.testing.cgroups import Cgroup
-from koord.testing.containerd import Containerd
-from koord.testing.hookplugin import ALL_HOOKS, POD_HOOKS, Behaviour, RecordingPlugin
-from koord.testing.kubelet import KubeletClient
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.sockets import make_short_socket_dir
+from koord_testing.cgroups import Cgroup
+from koord_testing.containerd import Containerd
+from koord_testing.hookplugin import ALL_HOOKS, POD_HOOKS, Behaviour, RecordingPlugin
+from koord_testing.kubelet import KubeletClient
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.sockets import make_short_socket_dir
 
 MiB = 1 << 20
 SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"

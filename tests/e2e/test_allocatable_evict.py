@@ -11,9 +11,9 @@ import pytest
 
 from koord.koordlet.metriccache import Aggregation
 from koord.koordlet.qosmanager import QOSConfig
-from koord.testing.containerd import Containerd
-from koord.testing.wait import wait_for
-from koord.testing.workloads import hold_command
+from koord_testing.containerd import Containerd
+from koord_testing.wait import wait_for
+from koord_testing.workloads import hold_command
 
 from .qos_rig import QOSRig, qos_rig  # noqa: F401 (fixture)
 

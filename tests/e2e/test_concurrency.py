@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
-from koord.testing.cgroups import shares_to_weight
-from koord.testing.hookplugin import Behaviour
+from koord_testing.cgroups import shares_to_weight
+from koord_testing.hookplugin import Behaviour
 
 from .rig import Rig, cgroup, only_keys, spec_env
 

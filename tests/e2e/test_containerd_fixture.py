@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
-from koord.testing.cgroups import Cgroup, shares_to_weight
-from koord.testing.containerd import Containerd, mounts_under
-from koord.testing.image import image_archive_bytes
-from koord.testing.kubelet import KubeletClient
-from koord.testing.runtimes import ContainerdRuntime
+from koord_testing.cgroups import Cgroup, shares_to_weight
+from koord_testing.containerd import Containerd, mounts_under
+from koord_testing.image import image_archive_bytes
+from koord_testing.kubelet import KubeletClient
+from koord_testing.runtimes import ContainerdRuntime
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """CPU QoS on a mainline kernel, end to end: koordlet as a process against real containerd +
 runc pods, NodeSLO and Node from files, values read back from the real cgroup files through
-``koord.testing.cgroups`` (so the same tests run in the cgroup v2 lane).
+``koord_testing.cgroups`` (so the same tests run in the cgroup v2 lane).
 
 Pods live under the test's own kube dir (``koordtest-<id>/kubepods``, koordlet's
 ``--cgroup-kube-dir``), so nothing here touches other tests' pods or a real kubelet's.
@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from koord.testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient
-from koord.testing.kubeletpods import KubeletPodsServer, pod_json
-from koord.testing.procstat import PodsOnlyProcStat
-from koord.testing.wait import wait_for
-from koord.testing.workloads import burn_command
+from koord_testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient
+from koord_testing.kubeletpods import KubeletPodsServer, pod_json
+from koord_testing.procstat import PodsOnlyProcStat
+from koord_testing.wait import wait_for
+from koord_testing.workloads import burn_command
 
 from .qos_rig import write_json
 

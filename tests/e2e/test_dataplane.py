@@ -15,11 +15,11 @@ import pytest
 from cri_api.v1 import api_pb2 as cri
 
 from koord.runtimeproxy.dataplane import Layout
-from koord.testing.containerd import Containerd, wait_cri_ready
-from koord.testing.fakecri import FakeCRI
-from koord.testing.kubelet import KubeletClient, grpc_target
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.wait import wait_for
+from koord_testing.containerd import Containerd, wait_cri_ready
+from koord_testing.fakecri import FakeCRI
+from koord_testing.kubelet import KubeletClient, grpc_target
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

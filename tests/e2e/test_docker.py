@@ -23,10 +23,10 @@ import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
 from koord.hookapi import HookPoint
-from koord.testing.docker import CriDockerd, UnixHTTPConnection, api
-from koord.testing.hookplugin import Behaviour
-from koord.testing.image import build_pause_image
-from koord.testing.kubelet import KubeletClient
+from koord_testing.docker import CriDockerd, UnixHTTPConnection, api
+from koord_testing.hookplugin import Behaviour
+from koord_testing.image import build_pause_image
+from koord_testing.kubelet import KubeletClient
 
 from .docker_rig import DockerRig
 from .rig import free_port

@@ -1,6 +1,6 @@
 """Upstream's two eviction modes end to end, on real containerd pods with a real BE burner,
 the real metrics advisor, the states informer listing pods over CRI and the fake API
-server (``koord.testing.kubeapi``) behind the QoS manager's API client.
+server (``koord_testing.kubeapi``) behind the QoS manager's API client.
 
 ``-only-evict-by-api=false`` (upstream's default): koordlet stops the BE pod's container
 through CRI StopContainer on the containerd it lists pods from; the API server sees the
@@ -30,12 +30,12 @@ from koord.koordlet.metricsadvisor.config import AdvisorConfig
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObjectsSource, StatesInformer
-from koord.testing.cgroups import CGROUP_ROOT, remove_tree
-from koord.testing.containerd import Containerd
-from koord.testing.kubeapi import FakeKubeAPI
-from koord.testing.kubelet import KubeletClient
-from koord.testing.wait import wait_for
-from koord.testing.workloads import burn_command
+from koord_testing.cgroups import CGROUP_ROOT, remove_tree
+from koord_testing.containerd import Containerd
+from koord_testing.kubeapi import FakeKubeAPI
+from koord_testing.kubelet import KubeletClient
+from koord_testing.wait import wait_for
+from koord_testing.workloads import burn_command
 
 from .qos_rig import write_json
 

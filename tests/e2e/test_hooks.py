@@ -20,9 +20,9 @@ from cri_api.v1 import api_pb2 as cri
 from prometheus_client.parser import text_string_to_metric_families
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
-from koord.testing.cgroups import shares_to_weight
-from koord.testing.hookplugin import ALL_HOOKS, Behaviour, RecordingPlugin
-from koord.testing.kubelet import pod_cgroup_parent
+from koord_testing.cgroups import shares_to_weight
+from koord_testing.hookplugin import ALL_HOOKS, Behaviour, RecordingPlugin
+from koord_testing.kubelet import pod_cgroup_parent
 
 from .rig import LIFECYCLE_HOOKS, SKIP_LABEL, MiB, Rig, cgroup, eventually, free_port, only_keys, record_order, spec_env
 

@@ -21,12 +21,12 @@ from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks
 from koord.koordlet.runtimehooks.reconciler import Reconciler
-from koord.testing.cgroups import pod_dir, remove_tree
-from koord.testing.containerd import Containerd
-from koord.testing.fakecri import FakeCRI
-from koord.testing.hookplugin import RecordingPlugin
-from koord.testing.kubelet import KubeletClient
-from koord.testing.proxy import RuntimeProxy
+from koord_testing.cgroups import pod_dir, remove_tree
+from koord_testing.containerd import Containerd
+from koord_testing.fakecri import FakeCRI
+from koord_testing.hookplugin import RecordingPlugin
+from koord_testing.kubelet import KubeletClient
+from koord_testing.proxy import RuntimeProxy
 
 from .rig import eventually, free_port
 

@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from koord.testing import crds
-from koord.testing.containerd import Containerd, unmount_all
-from koord.testing.docker import Dockerd
-from koord.testing.kubeapi import NODEMETRICS
-from koord.testing.wait import wait_for
+from koord_testing import crds
+from koord_testing.containerd import Containerd, unmount_all
+from koord_testing.docker import Dockerd
+from koord_testing.kubeapi import NODEMETRICS
+from koord_testing.wait import wait_for
 
 from .test_upstream_dropin import NODE, Machine, machine  # noqa: F401 - machine is a fixture
 
@@ -83,7 +83,7 @@ def test_image_holds_koordlet_and_not_what_a_node_agent_does_not_need(image: Pat
     assert "opt/koordlet/lib/koord/koordlet/cli.py" in members
     unwanted = ("usr/bin/gcc", "usr/bin/cc", "usr/bin/apt", "usr/bin/apt-get",
                 "usr/lib/x86_64-linux-gnu/libperl.so.5.36",  # perl; perl-base, which dpkg needs, stays
-                "opt/koordlet/lib/koord/testing", "opt/koordlet/lib/koord/demo.py", "opt/koordlet/lib/kubernetes/aio")
+                "opt/koordlet/lib/koord_testing", "opt/koordlet/lib/koord/demo.py", "opt/koordlet/lib/kubernetes/aio")
     assert [name for name in unwanted if name in members] == []
     for prefix in ("usr/share/man/", "usr/share/locale/", "var/lib/apt/lists/", "usr/lib/gcc/"):
         assert not [m for m in members if m.startswith(prefix) and not m.endswith("/")], prefix

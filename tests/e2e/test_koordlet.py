@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing import klogparse
-from koord.testing.cgroupfs import make_fake_v1_cgroup
-from koord.testing.cgroups import Cgroup, PodLimits, shares_to_weight
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.wait import wait_for as wait
+from koord_testing import klogparse
+from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroups import Cgroup, PodLimits, shares_to_weight
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.wait import wait_for as wait
 
 pytestmark = pytest.mark.e2e
 cgroup = pytest.mark.cgroup

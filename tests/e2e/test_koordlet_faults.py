@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing.wait import wait_for
+from koord_testing.wait import wait_for
 
 from .fault_rig import REPORT_SECONDS, FaultNode, MiB, dump
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing.cgroups import Cgroup, cgroup_version, shares_to_weight
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.sockets import make_short_socket_dir
-from koord.testing.wait import wait_for
+from koord_testing.cgroups import Cgroup, cgroup_version, shares_to_weight
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.sockets import make_short_socket_dir
+from koord_testing.wait import wait_for
 
 from .test_upstream_dropin import upstream_args
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing import klogparse
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.wait import wait_for
+from koord_testing import klogparse
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

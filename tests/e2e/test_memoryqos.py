@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from koord.koordlet.qosmanager import QOSConfig
-from koord.testing.cgroups import Cgroup
-from koord.testing.wait import scaled, wait_for
+from koord_testing.cgroups import Cgroup
+from koord_testing.wait import scaled, wait_for
 
 from .qos_rig import QOSRig, qos_rig  # noqa: F401 (fixture)
 

@@ -19,11 +19,11 @@ from koord.koordlet.metriccache import kinds
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor
 from koord.koordlet.statesinformer import StatesInformer
 from koord.koordlet.statesinformer.pods import CriPodsSource
-from koord.testing.cgroups import Cgroup
-from koord.testing.containerd import Containerd
-from koord.testing.kubelet import KubeletClient
-from koord.testing.wait import wait_for
-from koord.testing.workloads import burn_command, hold_command
+from koord_testing.cgroups import Cgroup
+from koord_testing.containerd import Containerd
+from koord_testing.kubelet import KubeletClient
+from koord_testing.wait import wait_for
+from koord_testing.workloads import burn_command, hold_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cgroup]
 

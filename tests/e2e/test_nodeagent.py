@@ -18,13 +18,13 @@ import yaml
 
 from koord.hookapi import parse_quantity
 from koord.koordlet.metriccache import POD_CPU_USAGE, POD_UID, Aggregation, MetricCache
-from koord.testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient
-from koord.testing.wait import scaled
-from koord.testing.wait import wait_for as wait
-from koord.testing.workloads import burn_command, hold_command
+from koord_testing.cgroups import Cgroup, enable_v2_controllers, remove_tree
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient
+from koord_testing.wait import scaled
+from koord_testing.wait import wait_for as wait
+from koord_testing.workloads import burn_command, hold_command
 
 pytestmark = pytest.mark.e2e
 T = TypeVar("T")

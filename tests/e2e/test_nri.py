@@ -27,9 +27,9 @@ from koord.nri import api_pb2 as api
 from koord.nri import events
 from koord.nri.mux import encode_frames
 from koord.nri.stub import Handlers, NriStub
-from koord.testing.containerd import Containerd
-from koord.testing.kubelet import KubeletClient
-from koord.testing.wait import wait_for
+from koord_testing.containerd import Containerd
+from koord_testing.kubelet import KubeletClient
+from koord_testing.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
-from koord.testing.containerd import Containerd
-from koord.testing.kubelet import KubeletClient
-from koord.testing.proxy import RuntimeProxy
+from koord_testing.containerd import Containerd
+from koord_testing.kubelet import KubeletClient
+from koord_testing.proxy import RuntimeProxy
 
 # Building the environment (pip, byte-compiling) takes minutes on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from koord.koordlet.pleg import BURST, RATE_PER_SECOND
-from koord.testing import klogparse
-from koord.testing.cgroups import Cgroup, hierarchies, pod_dir, remove_tree, shares_to_weight
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient, pod_cgroup_parent
-from koord.testing.wait import wait_for
+from koord_testing import klogparse
+from koord_testing.cgroups import Cgroup, hierarchies, pod_dir, remove_tree, shares_to_weight
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient, pod_cgroup_parent
+from koord_testing.wait import wait_for
 
 from .test_koordlet import BATCH_SPEC, EXTENDED_SPEC, QOS, TWO_GI, run_be_pod
 

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
-from koord.testing.containerd import Containerd
-from koord.testing.proxy import RuntimeProxy
+from koord_testing.containerd import Containerd
+from koord_testing.proxy import RuntimeProxy
 
 pytestmark = pytest.mark.e2e
 

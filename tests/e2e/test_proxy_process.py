@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as cri
 
-from koord.testing import klogparse
-from koord.testing.containerd import Containerd
-from koord.testing.kubelet import KubeletClient
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.runtimes import ContainerdRuntime
+from koord_testing import klogparse
+from koord_testing.containerd import Containerd
+from koord_testing.kubelet import KubeletClient
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.runtimes import ContainerdRuntime
 
 pytestmark = pytest.mark.e2e
 

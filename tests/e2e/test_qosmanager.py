@@ -29,13 +29,13 @@ from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, CriPodsSource, FileObjectsSource, StatesInformer
-from koord.testing.cgroups import CGROUP_ROOT, Cgroup, remove_tree
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient
-from koord.testing.procstat import PodsOnlyProcStat
-from koord.testing.wait import wait_for
-from koord.testing.workloads import burn_command, hold_command
+from koord_testing.cgroups import CGROUP_ROOT, Cgroup, remove_tree
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient
+from koord_testing.procstat import PodsOnlyProcStat
+from koord_testing.wait import wait_for
+from koord_testing.workloads import burn_command, hold_command
 
 from .qos_rig import QOSRig, qos_rig, write_json  # noqa: F401 (fixture)
 

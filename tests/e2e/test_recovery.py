@@ -15,9 +15,9 @@ from cri_api.v1 import api_pb2 as cri
 from google.protobuf.json_format import MessageToDict
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
-from koord.testing.cgroups import Cgroup, shares_to_weight
-from koord.testing.hookplugin import Behaviour, RecordingPlugin
-from koord.testing.kubelet import KubeletClient, pod_cgroup_parent
+from koord_testing.cgroups import Cgroup, shares_to_weight
+from koord_testing.hookplugin import Behaviour, RecordingPlugin
+from koord_testing.kubelet import KubeletClient, pod_cgroup_parent
 
 from .rig import MiB, Rig, eventually, free_port
 

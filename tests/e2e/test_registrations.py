@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2 as hook
-from koord.testing.hookplugin import Behaviour
+from koord_testing.hookplugin import Behaviour
 
 from .rig import Rig, eventually
 

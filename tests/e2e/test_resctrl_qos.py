@@ -29,10 +29,10 @@ from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.koordlet.runtimehooks.rule import parse_rules
-from koord.testing.cgroups import CGROUP_ROOT, Cgroup
-from koord.testing.containerd import Containerd
-from koord.testing.resctrltree import add_group_files, make_cpuinfo, make_resctrl_tree
-from koord.testing.wait import wait_for
+from koord_testing.cgroups import CGROUP_ROOT, Cgroup
+from koord_testing.containerd import Containerd
+from koord_testing.resctrltree import add_group_files, make_cpuinfo, make_resctrl_tree
+from koord_testing.wait import wait_for
 
 from .qos_rig import QOSRig, qos_rig  # noqa: F401 (fixture)
 

@@ -15,7 +15,7 @@ from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, FileObjectsSource, StatesInformer
-from koord.testing.wait import wait_for
+from koord_testing.wait import wait_for
 
 from .qos_rig import write_json
 

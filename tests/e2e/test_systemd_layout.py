@@ -1,7 +1,7 @@
 """Pods in kubelet's systemd-driver layout, the one kubelet normally uses on cgroup v2:
 ``kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice/cri-containerd-<id>.scope``.
 
-containerd runs its systemd cgroup driver (through ``koord.testing.runc_systemd``, since no
+containerd runs its systemd cgroup driver (through ``koord_testing.runc_systemd``, since no
 systemd runs here), kubelet's side sends systemd parents, and one koordlet process with
 ``--cgroup-driver systemd`` must find and write every level: the reconciler's cpuset and
 batch resources, the pod-level quota of a cpuset pod, the metrics advisor's usage in the
@@ -20,14 +20,14 @@ import pytest
 import yaml
 
 from koord.hookapi import parse_quantity
-from koord.testing import klogparse
-from koord.testing.cgroups import Cgroup, PodLimits, shares_to_weight
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient
-from koord.testing.runtimes import ContainerdRuntime
-from koord.testing.wait import wait_for
-from koord.testing.workloads import burn_command
+from koord_testing import klogparse
+from koord_testing.cgroups import Cgroup, PodLimits, shares_to_weight
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient
+from koord_testing.runtimes import ContainerdRuntime
+from koord_testing.wait import wait_for
+from koord_testing.workloads import burn_command
 
 from .qos_rig import write_json
 

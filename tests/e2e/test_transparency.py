@@ -27,14 +27,14 @@ from google.protobuf.json_format import MessageToDict, MessageToJson
 from google.protobuf.message import Message
 
 from koord.runtimeproxy.streams import STOPPING_MESSAGE
-from koord.testing.cgroups import Cgroup, shares_to_weight
-from koord.testing.containerd import Containerd
-from koord.testing.fakecri import ECHO_CODE, INITIAL_METADATA_KEY, MIRROR_METHOD, FakeCRI
-from koord.testing.kubelet import KubeletClient, grpc_target
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.runtimes import ContainerdRuntime
-from koord.testing.sharedbin import missing_shared_binaries, shared_binary
-from koord.testing.wait import wait_for
+from koord_testing.cgroups import Cgroup, shares_to_weight
+from koord_testing.containerd import Containerd
+from koord_testing.fakecri import ECHO_CODE, INITIAL_METADATA_KEY, MIRROR_METHOD, FakeCRI
+from koord_testing.kubelet import KubeletClient, grpc_target
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.runtimes import ContainerdRuntime
+from koord_testing.sharedbin import missing_shared_binaries, shared_binary
+from koord_testing.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -23,13 +23,13 @@ import pytest
 import yaml
 
 from koord.hookapi import format_cpuset, parse_cpuset, parse_quantity
-from koord.testing import crds, rbac
-from koord.testing.cgroupfs import make_fake_v1_cgroup
-from koord.testing.fakekubelet import FakeKubelet
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubeapi import NODEMETRICS, NODERESOURCETOPOLOGIES, NODES, FakeKubeAPI
-from koord.testing.sockets import make_short_socket_dir
-from koord.testing.wait import wait_for
+from koord_testing import crds, rbac
+from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.fakekubelet import FakeKubelet
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubeapi import NODEMETRICS, NODERESOURCETOPOLOGIES, NODES, FakeKubeAPI
+from koord_testing.sockets import make_short_socket_dir
+from koord_testing.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

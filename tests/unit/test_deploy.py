@@ -121,7 +121,7 @@ def test_every_api_call_of_the_code_is_mapped():
 
 
 def test_rbac_grants_every_call_and_upstreams_reference_permissions():
-    from koord.testing import rbac
+    from koord_testing import rbac
 
     upstream = [("", "pods/eviction", "create"), ("", "nodes/proxy", "get"), ("", "nodes", "get"),
                 ("", "nodes/status", "patch"), ("slo.koordinator.sh", "nodeslos", "get"),

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from koord import klog
-from koord.testing.klogparse import Entry, error_lines, parse
+from koord_testing.klogparse import Entry, error_lines, parse
 
 # 2026-11-28 01:02:03.456789 UTC
 CREATED = 1795827723.456789

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing.fakecri import FakeCRI
-from koord.testing.proxy import RuntimeProxy
+from koord_testing.fakecri import FakeCRI
+from koord_testing.proxy import RuntimeProxy
 
 UNITS = sorted((Path(__file__).parents[2] / "deploy").glob("*.service"))
 

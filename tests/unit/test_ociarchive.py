@@ -1,4 +1,4 @@
-"""koord.testing.ociarchive: the image archive is deterministic, keeps a root filesystem's
+"""koord_testing.ociarchive: the image archive is deterministic, keeps a root filesystem's
 file types, numeric owners and modes, clamps times, and its blobs are what its manifests say."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing import ociarchive
+from koord_testing import ociarchive
 
 EPOCH = 1_700_000_000
 

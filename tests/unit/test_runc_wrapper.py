@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing import containerd as containerd_module
-from koord.testing.containerd import Containerd
+from koord_testing import containerd as containerd_module
+from koord_testing.containerd import Containerd
 
 SCOPE = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podu1.slice/cri-containerd-c1.scope"
 

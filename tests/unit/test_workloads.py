@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing.image import compile_pause
-from koord.testing.workloads import burn_command, hold_command
+from koord_testing.image import compile_pause
+from koord_testing.workloads import burn_command, hold_command
 
 
 @pytest.fixture(scope="module")

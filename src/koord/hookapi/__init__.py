@@ -2,7 +2,7 @@
 and the parsers every box shares (durations, endpoints, cpu lists, quantities, JSON annotations).
 
 The proxy (``koord.runtimeproxy``), koordlet (``koord.koordlet``), the plugin SDK
-(``koord.pluginsdk``) and the test plugins (``koord.testing``) import these instead of
+(``koord.pluginsdk``) and the test plugins (``koord_testing``) import these instead of
 writing their own, so the two ends of the protocol cannot drift apart.
 """
 

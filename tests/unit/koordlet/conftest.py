@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from koord.testing.fakecri import FakeCRI
+from koord_testing.fakecri import FakeCRI
 
 
 @pytest.fixture

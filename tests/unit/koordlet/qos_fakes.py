@@ -1,10 +1,10 @@
-"""Pod and CPU builders for the QoS manager's unit tests (over koord.testing.pods)."""
+"""Pod and CPU builders for the QoS manager's unit tests (over koord_testing.pods)."""
 
 from __future__ import annotations
 
 from koord.koordlet.qosmanager.nodeinfo import Processor
 from koord.koordlet.statesinformer import PodMeta
-from koord.testing.pods import container_meta, pod_meta
+from koord_testing.pods import container_meta, pod_meta
 
 GI = 1 << 30
 

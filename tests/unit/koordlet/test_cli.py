@@ -13,8 +13,8 @@ import pytest
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import cli, flags, flagtypes
-from koord.testing.cgroupfs import make_fake_v1_cgroup
-from koord.testing.processes import stop_process
+from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.processes import stop_process
 
 WAIT = 20.0
 

@@ -11,8 +11,8 @@ from koord.koordlet.statesinformer import topology as t
 from koord.koordlet.statesinformer import topologyinputs as ti
 from koord.koordlet.statesinformer.nodemetric import build_status
 from koord.koordlet.statesinformer.specs import DEFAULT_NODE_SLO_SPEC, node_metric_collect_policy
-from koord.testing import crds
-from koord.testing.pods import pod_meta
+from koord_testing import crds
+from koord_testing.pods import pod_meta
 
 from .test_node_topology import compute
 from .test_nodemetric import NOW, ByAggregation

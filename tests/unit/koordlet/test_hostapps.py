@@ -13,7 +13,7 @@ from koord.koordlet.runtimehooks.hostapps import HostApp, parse_host_apps
 from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.koordlet.runtimehooks.rule import RuleError, parse_rules
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 POOLS = {"node.koordinator.sh/cpu-shared-pools":
          '[{"socket":0,"node":0,"cpuset":"0-1"},{"socket":0,"node":1,"cpuset":"4-5"}]'}

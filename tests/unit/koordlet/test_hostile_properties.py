@@ -28,7 +28,7 @@ from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequ
 from koord.koordlet.runtimehooks.rule import RuleError, parse_rules
 from koord.koordlet.runtimehooks.server import RuntimeHookServer
 from koord.runtimeproxy import convert
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 PARENT = "kubepods/besteffort/poduid1"
 CONTAINER_ID = "cid1"

@@ -15,7 +15,7 @@ import pytest
 from koord.koordlet.cli import Koordlet
 from koord.koordlet.flags import parse_args
 from koord.koordlet.metriccache import NODE_CPU_USAGE, NODE_MEMORY_USAGE, MetricCache, Sample
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 
 def free_port():
@@ -160,7 +160,7 @@ def test_node_metric_report_can_be_disabled(tmp_path, short_dir):
 
 def test_in_a_cluster_objects_come_from_the_api_server_and_status_goes_back(tmp_path, short_dir,
                                                                              monkeypatch):
-    from koord.testing.kubeapi import NODEMETRICS, NODES, NODESLOS, FakeKubeAPI
+    from koord_testing.kubeapi import NODEMETRICS, NODES, NODESLOS, FakeKubeAPI
 
     monkeypatch.setenv("NODE_NAME", "node1")
     cache = MetricCache(tmp_path / "tsdb")

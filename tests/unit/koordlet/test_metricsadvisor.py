@@ -13,8 +13,8 @@ import pytest
 from koord.koordlet import metriccache as mc
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor, add_flags, from_args
 from koord.koordlet.metricsadvisor.framework import Collector
-from koord.testing.pods import FakeStatesInformer
-from koord.testing.wait import wait_for
+from koord_testing.pods import FakeStatesInformer
+from koord_testing.wait import wait_for
 
 
 class Flaky(Collector):

@@ -26,8 +26,8 @@ from koord.koordlet.metricsadvisor.collectors import (
 from koord.koordlet.metricsadvisor.framework import CgroupTarget, Env, Point, Problems, Rates
 from koord.koordlet.metricsadvisor.parsers import FileProblem
 from koord.koordlet.statesinformer.meta import PodMeta
-from koord.testing.cgroupfs import memory_stat_text, write_usage
-from koord.testing.pods import FakeStatesInformer, container_meta, pod_meta
+from koord_testing.cgroupfs import memory_stat_text, write_usage
+from koord_testing.pods import FakeStatesInformer, container_meta, pod_meta
 
 MiB = 1024 * 1024
 HZ = os.sysconf("SC_CLK_TCK")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from koord.koordlet.modules import ModuleStarter
-from koord.testing.wait import wait_for
+from koord_testing.wait import wait_for
 
 
 class Flaky:

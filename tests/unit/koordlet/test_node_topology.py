@@ -33,8 +33,8 @@ from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.koordlet.statesinformer import nrt
 from koord.koordlet.statesinformer import topology as t
 from koord.koordlet.statesinformer import topologyinputs as ti
-from koord.testing.kubeapi import NODERESOURCETOPOLOGIES, FakeKubeAPI
-from koord.testing.pods import FakeStatesInformer, pod_meta
+from koord_testing.kubeapi import NODERESOURCETOPOLOGIES, FakeKubeAPI
+from koord_testing.pods import FakeStatesInformer, pod_meta
 
 
 def pod(uid, name, qos="", cpuset=None):

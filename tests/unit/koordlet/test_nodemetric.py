@@ -17,7 +17,7 @@ from koord.koordlet.statesinformer.nodemetric import (
     qos_with_default,
 )
 from koord.koordlet.statesinformer.specs import node_metric_collect_policy
-from koord.testing.pods import pod_meta
+from koord_testing.pods import pod_meta
 
 NOW = 1_800_000_000.0
 DEFAULT_POLICY = node_metric_collect_policy(None)

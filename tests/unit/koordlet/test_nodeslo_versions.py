@@ -14,7 +14,7 @@ from koord.koordlet import cli, flags, qosmanager
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager.framework import Context
 from koord.koordlet.statesinformer import FileObjectsSource
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 
 def node_slo(percent: object = 50, enable: object = True) -> str:

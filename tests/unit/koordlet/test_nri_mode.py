@@ -29,7 +29,7 @@ from koord.koordlet.runtimehooks.nriconvert import (
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerResponse, PodContext
 from koord.nri import api_pb2 as api
 from koord.nri import events
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 PARENT = "/kubepods/besteffort/podu1"
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from koord.koordlet.pleg import BURST, IN_IGNORED, RATE_PER_SECOND, Inotify, Pleg, decode_events, is_pod_dir
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
-from koord.testing.wait import wait_for
+from koord_testing.wait import wait_for
 
 # (version, driver, QoS dirs relative to the hierarchy, a pod dir in besteffort, its container dir)
 LAYOUTS = [

@@ -19,7 +19,7 @@ from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManag
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, KubeQoS, PodMeta, Resources
 from koord.koordlet.runtimehooks.rule import CoreSchedParam, CoreSchedRule, RuleError, parse_rules
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 
 def slo(policy: str | None, **classes: dict) -> dict:

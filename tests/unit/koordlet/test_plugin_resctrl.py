@@ -26,8 +26,8 @@ from koord.koordlet.runtimehooks.protocol import (
 )
 from koord.nri import api_pb2 as api
 from koord.nri.stub import NriStub
-from koord.testing.nri import FakeRuntime
-from koord.testing.resctrltree import RDT_FLAGS, make_cpuinfo, make_resctrl_tree
+from koord_testing.nri import FakeRuntime
+from koord_testing.resctrltree import RDT_FLAGS, make_cpuinfo, make_resctrl_tree
 
 ANNOTATION = "node.koordinator.sh/resctrl"
 PARENT = "/kubepods/besteffort/poduid1"

@@ -47,7 +47,7 @@ from koord.koordlet.prediction.server import (
 )
 from koord.koordlet.rfc3339 import format_time, parse_time
 from koord.koordlet.statesinformer.nodemetric import build_status, cpu_quantity
-from koord.testing.pods import FakeStatesInformer, container_meta, pod_meta
+from koord_testing.pods import FakeStatesInformer, container_meta, pod_meta
 
 GiB, MiB = 2**30, 2**20
 HOUR = 3600.0

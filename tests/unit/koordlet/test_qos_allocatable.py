@@ -23,7 +23,7 @@ from koord.koordlet.qosmanager.evictcalc import (
 from koord.koordlet.qosmanager.memoryevict import MemoryEvict
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.slo import SLOError, threshold_config
-from koord.testing.pods import FakeStatesInformer, with_resources
+from koord_testing.pods import FakeStatesInformer, with_resources
 
 from .qos_fakes import GI, pod
 

@@ -27,7 +27,7 @@ from koord.koordlet.qosmanager.burstcalc import (
 )
 from koord.koordlet.qosmanager.cpuburst import REREAD_ROUNDS, CPUBurst
 from koord.koordlet.statesinformer import NODE_SLO, PodMeta
-from koord.testing.pods import with_resources
+from koord_testing.pods import with_resources
 
 from .qos_fakes import pod
 from .test_qos_strategies import Rig

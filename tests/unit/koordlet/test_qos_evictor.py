@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry
 from koord.koordlet.qosmanager.evictor import Evictor
 from koord.koordlet.qosmanager.metrics import QOSMetrics
 from koord.koordlet.statesinformer import PodMeta
-from koord.testing.kubeapi import FakeKubeAPI
-from koord.testing.pods import container_meta
-from koord.testing.wait import wait_for
+from koord_testing.kubeapi import FakeKubeAPI
+from koord_testing.pods import container_meta
+from koord_testing.wait import wait_for
 
 from .qos_fakes import pod
 

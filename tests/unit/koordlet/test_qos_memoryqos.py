@@ -20,7 +20,7 @@ from koord.koordlet.qosmanager.resourceqos import NONE_MEMORY_QOS, memory_qos, p
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.runtimehooks.protocol import KubeQoS
 from koord.koordlet.slo import SLOError
-from koord.testing.pods import FakeStatesInformer, with_resources
+from koord_testing.pods import FakeStatesInformer, with_resources
 
 from .qos_fakes import GI, pod
 

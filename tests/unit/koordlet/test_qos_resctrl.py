@@ -23,8 +23,8 @@ from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.resctrl import ResctrlReconcile
 from koord.koordlet.resctrlfs import ResctrlError, l3_mask, mb_value, parse_schemata
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
-from koord.testing.pods import FakeStatesInformer
-from koord.testing.resctrltree import RDT_FLAGS, add_group_files, make_cpuinfo, make_resctrl_tree
+from koord_testing.pods import FakeStatesInformer
+from koord_testing.resctrltree import RDT_FLAGS, add_group_files, make_cpuinfo, make_resctrl_tree
 
 from .qos_fakes import pod
 

@@ -18,8 +18,8 @@ from koord.koordlet.qosmanager.cpusuppress import TREE_REWALK_ROUNDS, CPUSuppres
 from koord.koordlet.qosmanager.evictor import Evictor
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, PodMeta, StatesInformer
-from koord.testing.cgroupfs import make_fake_v1_cgroup
-from koord.testing.pods import container_meta
+from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.pods import container_meta
 
 from .qos_fakes import GI, pod
 

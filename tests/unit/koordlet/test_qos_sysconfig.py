@@ -13,7 +13,7 @@ from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.sysconfig import KNOBS, SystemConfig, wanted_values
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
-from koord.testing.pods import FakeStatesInformer
+from koord_testing.pods import FakeStatesInformer
 
 NODE_MEMORY = 512 << 30  # upstream's nodeValidMemory
 INITIAL = {"min_free_kbytes": str(NODE_MEMORY // 1024 * 100 // 10000), "watermark_scale_factor": "150",

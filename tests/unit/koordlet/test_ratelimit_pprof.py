@@ -12,7 +12,7 @@ import pytest
 from koord.koordlet.cli import kube_api_client
 from koord.koordlet.pprof import PprofServer
 from koord.koordlet.ratelimit import TokenBucket, bucket_for
-from koord.testing.kubeapi import NODES, FakeKubeAPI
+from koord_testing.kubeapi import NODES, FakeKubeAPI
 
 
 class FakeTime:

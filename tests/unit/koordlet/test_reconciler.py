@@ -16,7 +16,7 @@ from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
 from koord.koordlet.runtimehooks.reconciler import Reconciler
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 QOS = "koordinator.sh/qosClass"
 
@@ -265,7 +265,7 @@ def test_a_starting_container_brings_the_next_round_within_a_second(fake_cri, tm
     import time
 
     from koord.koordlet.runtimehooks import reconciler as module
-    from koord.testing.wait import wait_for
+    from koord_testing.wait import wait_for
 
     monkeypatch.setattr(module, "STARTING_RETRY", 0.05)
     be_containers(fake_cri, tmp_path, ["c1"])

@@ -17,7 +17,7 @@ from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from koord.koordlet.runtimehooks.plugins.oomscoreadj import OOMScoreAdj
 from koord.koordlet.runtimehooks.reconciler import Reconciler, with_current_metadata
 from koord.koordlet.statesinformer.meta import PodMeta
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 QOS = "koordinator.sh/qosClass"
 BURSTABLE = "kubepods/burstable/podp1"

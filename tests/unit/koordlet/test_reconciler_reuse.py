@@ -12,8 +12,8 @@ from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
 from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS, Reconciler
 from koord.koordlet.statesinformer.meta import PodMeta
-from koord.testing.cgroupfs import make_fake_v1_cgroup
-from koord.testing.pods import pod_meta
+from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.pods import pod_meta
 
 POD = "kubepods/burstable/podp1"
 

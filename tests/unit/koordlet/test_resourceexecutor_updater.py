@@ -15,7 +15,7 @@ from koord.koordlet.resourceexecutor import executor as executor_module
 from koord.koordlet.resourceexecutor.executor import CgroupError
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor, Update, merge_wider
 from koord.koordlet.resources import KubeQoS
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 BE = "kubepods/besteffort"
 POD = f"{BE}/pod1"

@@ -19,7 +19,7 @@ from koord.pluginsdk import (
     Resources,
     RuntimePluginServer,
 )
-from koord.testing.processes import stop_process
+from koord_testing.processes import stop_process
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpu_env_plugin.py"
 WAIT = 20.0

@@ -18,7 +18,7 @@ from koord.koordlet.runtimehooks.plugins import build_plugins
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
 from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.koordlet.runtimehooks.server import RuntimeHookServer
-from koord.testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 META = api_pb2.PodSandboxMetadata(name="web", namespace="prod", uid="u1")
 CONTAINER_META = api_pb2.ContainerMetadata(name="c1", id="cid1")

@@ -8,7 +8,7 @@ from kubernetes import config
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.statesinformer import NODE, NODE_SLO, KubeObjectsSource, StatesInformer
 from koord.koordlet.statesinformer.reporter import KubeStatusWriter, NodeMetricReporter, TokenBucket
-from koord.testing.kubeapi import NODEMETRICS, NODES, NODESLOS, FakeKubeAPI
+from koord_testing.kubeapi import NODEMETRICS, NODES, NODESLOS, FakeKubeAPI
 
 WAIT = 10.0
 

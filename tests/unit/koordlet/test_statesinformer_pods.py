@@ -15,7 +15,7 @@ from koord.koordlet.statesinformer.meta import (
     milli_cpu_of_shares,
     pod_cgroup_dir,
 )
-from koord.testing.pods import container_meta, pod_meta
+from koord_testing.pods import container_meta, pod_meta
 
 
 @pytest.mark.parametrize("kube_dir,qos,driver,want", [

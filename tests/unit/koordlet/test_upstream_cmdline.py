@@ -19,7 +19,7 @@ from koord import klog
 from koord.commonflags import version_text
 from koord.koordlet import cli, flags, goflags, upstreamflags
 from koord.runtimeproxy import config as proxy_config
-from koord.testing.klogparse import parse
+from koord_testing.klogparse import parse
 
 UPSTREAM_DAEMONSET_ARGS = [  # upstream config/manager/koordlet.yaml, verbatim
     "-cgroup-root-dir=/host-cgroup/", "-feature-gates=AllAlpha=true,AllBeta=true",

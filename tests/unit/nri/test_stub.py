@@ -15,7 +15,7 @@ from koord.nri import api_pb2 as api
 from koord.nri import events
 from koord.nri.rpc import Code, RpcError
 from koord.nri.stub import API_VERSION, Handlers, NriStub
-from koord.testing.nri import FakeRuntime
+from koord_testing.nri import FakeRuntime
 
 POD = api.PodSandbox(id="p1", name="pod-a", namespace="ns")
 CTR = api.Container(id="c1", pod_sandbox_id="p1", name="app")

@@ -26,8 +26,8 @@ from koord.runtimeproxy.dispatcher import RuntimeDispatcher
 from koord.runtimeproxy.metrics import ProxyMetrics
 from koord.runtimeproxy.pluginsmanager import PluginsManager
 from koord.runtimeproxy.store import Store
-from koord.testing.fakecri import FakeCRI
-from koord.testing.hookplugin import ALL_HOOKS, Behaviour, RecordingPlugin
+from koord_testing.fakecri import FakeCRI
+from koord_testing.hookplugin import ALL_HOOKS, Behaviour, RecordingPlugin
 
 SKIP = ("runtimeproxy.koordinator.sh/skip-hookserver", "true")
 UNKNOWN_FIELD = b"\xf8\x7f\x01"

@@ -20,7 +20,7 @@ from koord.hookapi.registration import Registration
 from koord.runtimeproxy.dispatcher import HookFailed, RuntimeDispatcher, Target
 from koord.runtimeproxy.metrics import ProxyMetrics
 from koord.runtimeproxy.pluginsmanager import PluginsManager
-from koord.testing.hookplugin import Behaviour, RecordingPlugin
+from koord_testing.hookplugin import Behaviour, RecordingPlugin
 
 TARGET = Target("ns/web", "c1")
 

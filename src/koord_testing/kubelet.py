@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from koord.testing.cgroups import PodLimits, create_pod_cgroup, pod_dir, remove_tree
+from koord_testing.cgroups import PodLimits, create_pod_cgroup, pod_dir, remove_tree
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 QOS_CLASSES = ("besteffort", "burstable", "guaranteed")

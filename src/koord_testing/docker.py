@@ -32,12 +32,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from koord.testing.cgroups import hierarchies, pod_dir, remove_tree
-from koord.testing.containerd import _cgroup_pids, _kill, unmount_all, wait_cri_ready
-from koord.testing.image import DEFAULT_REF, build_pause_image
-from koord.testing.kubelet import KubeletClient
-from koord.testing.processes import stop_process
-from koord.testing.sharedbin import missing_shared_binaries, shared_binary
+from koord_testing.cgroups import hierarchies, pod_dir, remove_tree
+from koord_testing.containerd import _cgroup_pids, _kill, unmount_all, wait_cri_ready
+from koord_testing.image import DEFAULT_REF, build_pause_image
+from koord_testing.kubelet import KubeletClient
+from koord_testing.processes import stop_process
+from koord_testing.sharedbin import missing_shared_binaries, shared_binary
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from koord.testing.cgroups import Cgroup
+from koord_testing.cgroups import Cgroup
 
 
 class PodsOnlyProcStat:

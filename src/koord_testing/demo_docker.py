@@ -12,12 +12,12 @@ import uuid
 from contextlib import ExitStack
 
 from koord.apis.extension import ANNOTATION_EXTENDED_RESOURCE_SPEC, ANNOTATION_RESOURCE_STATUS, LABEL_POD_QOS
-from koord.demo import BATCH_SPEC, say, start_koordlet
-from koord.demo import show as show_cgroup
-from koord.testing.docker import CriDockerd, Dockerd, DockerKubeletClient
-from koord.testing.processes import stop_process
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.sockets import make_short_socket_dir
+from koord_testing.demo import BATCH_SPEC, say, start_koordlet
+from koord_testing.demo import show as show_cgroup
+from koord_testing.docker import CriDockerd, Dockerd, DockerKubeletClient
+from koord_testing.processes import stop_process
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.sockets import make_short_socket_dir
 
 
 def show(dockerd: Dockerd, client: DockerKubeletClient, sandbox: str, container: str,

@@ -9,7 +9,7 @@ this program as its runc binary instead: it drops ``--systemd-cgroup`` and rewri
 before it execs the real runc with the cgroupfs driver. Pods then sit exactly where kubelet's
 systemd driver puts them, which is what koordlet has to find.
 
-Run as ``python -m koord.testing.runc_systemd <real runc> <runc arguments...>``.
+Run as ``python -m koord_testing.runc_systemd <real runc> <runc arguments...>``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from koord.testing.cgroups import systemd_slice_path
+from koord_testing.cgroups import systemd_slice_path
 
 SYSTEMD_FLAG = "--systemd-cgroup"
 
@@ -55,7 +55,7 @@ def rewrite_bundle(bundle: Path) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
-        raise SystemExit("usage: python -m koord.testing.runc_systemd <real runc> <runc arguments...>")
+        raise SystemExit("usage: python -m koord_testing.runc_systemd <real runc> <runc arguments...>")
     real, args = argv[1], [a for a in argv[2:] if a != SYSTEMD_FLAG]
     if "create" in args or "run" in args:
         bundle = bundle_of(args)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from koord.runtimeproxy.config import DEFAULT_DATA_PLANE_START_TIMEOUT, DEFAULT_HOOK_TIMEOUT
-from koord.testing.containerd import wait_cri_ready
-from koord.testing.docker import wait_docker_ready
-from koord.testing.processes import stop_process
-from koord.testing.wait import scaled, wait_for
+from koord_testing.containerd import wait_cri_ready
+from koord_testing.docker import wait_docker_ready
+from koord_testing.processes import stop_process
+from koord_testing.wait import scaled, wait_for
 
 START_TIMEOUT = 20.0
 SERVING_LINES = ("serving CRI on ", "serving the Docker API on ")

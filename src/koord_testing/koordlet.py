@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from koord.testing.processes import stop_process
-from koord.testing.sockets import make_short_socket_dir
-from koord.testing.wait import scaled
+from koord_testing.processes import stop_process
+from koord_testing.sockets import make_short_socket_dir
+from koord_testing.wait import scaled
 
 
 class KoordletProcess:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_CHECKOUT = Path(__file__).resolve().parents[3]  # src/koord/testing/sharedbin.py -> the checkout
+_CHECKOUT = Path(__file__).resolve().parents[2]  # src/koord_testing/sharedbin.py -> the checkout
 
 
 def shared_bin_dir() -> Path:

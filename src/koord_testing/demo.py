@@ -27,15 +27,15 @@ from koord.apis.extension import (
     LABEL_POD_QOS,
 )
 from koord.hookapi import parse_quantity
-from koord.testing.cgroups import Cgroup, cgroup_version
-from koord.testing.containerd import Containerd
-from koord.testing.koordlet import KoordletProcess
-from koord.testing.kubelet import KubeletClient
-from koord.testing.processes import stop_process
-from koord.testing.proxy import RuntimeProxy
-from koord.testing.runtimes import resolve, system_runtime
-from koord.testing.wait import scaled
-from koord.testing.workloads import burn_command
+from koord_testing.cgroups import Cgroup, cgroup_version
+from koord_testing.containerd import Containerd
+from koord_testing.koordlet import KoordletProcess
+from koord_testing.kubelet import KubeletClient
+from koord_testing.processes import stop_process
+from koord_testing.proxy import RuntimeProxy
+from koord_testing.runtimes import resolve, system_runtime
+from koord_testing.wait import scaled
+from koord_testing.workloads import burn_command
 
 _BATCH_500M_2GI = {BATCH_CPU: "500", BATCH_MEMORY: "2Gi"}
 BATCH_SPEC = {"containers": {"app": {"requests": _BATCH_500M_2GI, "limits": _BATCH_500M_2GI}}}

@@ -24,12 +24,12 @@ from typing import BinaryIO
 
 import grpc
 
-from koord.testing.cgroups import hierarchies, pod_dir, remove_tree
-from koord.testing.image import DEFAULT_REF, build_pause_image
-from koord.testing.kubelet import KubeletClient, cri_modules, grpc_target
-from koord.testing.processes import stop_process
-from koord.testing.runtimes import ContainerdRuntime, system_runtime
-from koord.testing.wait import scaled, wait_for
+from koord_testing.cgroups import hierarchies, pod_dir, remove_tree
+from koord_testing.image import DEFAULT_REF, build_pause_image
+from koord_testing.kubelet import KubeletClient, cri_modules, grpc_target
+from koord_testing.processes import stop_process
+from koord_testing.runtimes import ContainerdRuntime, system_runtime
+from koord_testing.wait import scaled, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class Containerd:
     ) -> None:
         """``runtime``: which containerd build runs (default: the one on PATH).
         ``cgroup_driver="systemd"``: containerd's systemd driver, with runc wrapped so that the
-        cgroups land where systemd would create them (see ``koord.testing.runc_systemd``);
+        cgroups land where systemd would create them (see ``koord_testing.runc_systemd``);
         pods then need kubelet's systemd parents (``KubeletClient(kube_dir="kubepods.slice")``)."""
         if cgroup_driver not in ("cgroupfs", "systemd"):
             raise ValueError(f"cgroup driver {cgroup_driver!r}: want 'cgroupfs' or 'systemd'")
@@ -269,7 +269,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.runc_wrapper.write_text(
             "#!/bin/sh\n"
             f'case " $* " in *" create "*|*" run "*)\n'
-            f'  exec {sys.executable} -m koord.testing.runc_systemd {real} "$@";;\nesac\n'
+            f'  exec {sys.executable} -m koord_testing.runc_systemd {real} "$@";;\nesac\n'
             'for arg do shift; [ "$arg" = --systemd-cgroup ] || set -- "$@" "$arg"; done\n'
             f'exec {real} "$@"\n')
         self.runc_wrapper.chmod(0o755)

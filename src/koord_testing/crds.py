@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-CRD_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "crds"
+CRD_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "crds"
 FILES = {
     "NodeMetric": "slo.koordinator.sh_nodemetrics.yaml",
     "NodeSLO": "slo.koordinator.sh_nodeslos.yaml",

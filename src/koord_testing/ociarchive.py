@@ -6,8 +6,8 @@ and test images have no registry and no image builder. Everything is determinist
 same inputs give the same image digest: entries in sorted order, owners by number only,
 modification times clamped to ``epoch``, gzip without a name or time stamp.
 
-Used for the tests' pause image (``koord.testing.image``) and for koordlet's image
-(``scripts/image.sh``: ``python3 -m koord.testing.ociarchive``, standard library only).
+Used for the tests' pause image (``koord_testing.image``) and for koordlet's image
+(``scripts/image.sh``: ``python3 -m koord_testing.ociarchive``, standard library only).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _iso(epoch: int) -> str:
 
 def write_archive(out: Path, layers: Sequence[Layer], ref: str, *, entrypoint: Sequence[str],
                   env: Sequence[str] = (), epoch: int = 0, architecture: str = "amd64",
-                  created_by: str = "koord.testing.ociarchive") -> str:
+                  created_by: str = "koord_testing.ociarchive") -> str:
     """Writes the image archive to ``out`` (atomically) and returns its manifest digest."""
     for item in env:
         if "=" not in item or item.startswith("="):
@@ -186,7 +186,7 @@ def write_archive(out: Path, layers: Sequence[Layer], ref: str, *, entrypoint: S
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python3 -m koord.testing.ociarchive ROOTFS OUT.tar --ref R --entrypoint P [--env N=V] [--epoch S]``"""
+    """``python3 -m koord_testing.ociarchive ROOTFS OUT.tar --ref R --entrypoint P [--env N=V] [--epoch S]``"""
     p = argparse.ArgumentParser(prog="ociarchive", description="one-layer image archive of a root filesystem")
     p.add_argument("rootfs", type=Path)
     p.add_argument("out", type=Path)

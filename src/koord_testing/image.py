@@ -1,6 +1,6 @@
 """The e2e test image: one static ``/pause`` binary in a one-layer image archive that
 ``ctr -n k8s.io images import`` and ``docker load`` both accept offline
-(``koord.testing.ociarchive``): the machines that run these tests have no registry access.
+(``koord_testing.ociarchive``): the machines that run these tests have no registry access.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from koord.testing import ociarchive
+from koord_testing import ociarchive
 
 DEFAULT_REF = "docker.io/koord/pause:test"
 
@@ -20,7 +20,7 @@ _EPOCH = 0
 
 
 def _pause_source() -> bytes:
-    return resources.files("koord.testing").joinpath("pause.c").read_bytes()
+    return resources.files("koord_testing").joinpath("pause.c").read_bytes()
 
 
 def compile_pause(workdir: Path) -> Path:
@@ -46,12 +46,12 @@ def compile_pause(workdir: Path) -> Path:
 
 
 def image_archive_bytes(binary: bytes, ref: str) -> bytes:
-    """Returns the image archive (``koord.testing.ociarchive``) of ``binary`` as ``/pause``, named ``ref``."""
+    """Returns the image archive (``koord_testing.ociarchive``) of ``binary`` as ``/pause``, named ``ref``."""
     with tempfile.TemporaryDirectory() as tmp:
         layer = ociarchive.layer_from_files([("pause", binary, 0o755)], Path(tmp), _EPOCH)
         out = Path(tmp) / "image.tar"
         ociarchive.write_archive(out, [layer], ref, entrypoint=["/pause"], epoch=_EPOCH,
-                                 created_by="koord.testing.image")
+                                 created_by="koord_testing.image")
         return out.read_bytes()
 
 
