@@ -7,9 +7,10 @@
 # /etc/koordlet. Build it on the Debian release and architecture of the nodes: the environment
 # is tied to that release's python3 minor version and to the architecture of its wheels.
 # Runs as any user; needs python3-venv, dpkg-deb (Debian package dpkg) and pip's package index.
-# The dependencies are the exact versions and hashes of requirements.lock, so two builds ship
-# the same distributions. KOORD_PACKAGE_VERSION=V builds version V instead of pyproject's (a
-# changelog entry says so): a second build to test an upgrade with.
+# The dependencies are the exact versions and hashes of requirements.lock and the byte-code
+# carries no timestamp, so two builds of the same sources ship the same files.
+# KOORD_PACKAGE_VERSION=V builds version V instead of pyproject's (a changelog entry says so):
+# a second build to test an upgrade with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,7 +53,11 @@ mkdir -p "$SOURCE"
 cp -r pyproject.toml README.md LICENSE src "$SOURCE/"
 find "$SOURCE" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
 "$ENV/bin/python" -m pip install -q --no-compile --no-warn-script-location --require-hashes -r requirements.lock
-"$ENV/bin/python" -m pip install -q --no-compile --no-warn-script-location --no-deps "$SOURCE"
+# The project as a wheel installed by name from a local index: installed from a path, pip
+# would record the staging path (direct_url.json) and two builds would differ.
+"$ENV/bin/python" -m pip wheel -q --no-deps --wheel-dir "$STAGE/wheel" "$SOURCE"
+"$ENV/bin/python" -m pip install -q --no-compile --no-warn-script-location --no-deps --no-index \
+  --find-links "$STAGE/wheel" koord-runtime
 # The lock must satisfy what pyproject asks for: pip check names any requirement it does not.
 "$ENV/bin/python" -m pip check >&2 || { echo "package.sh: requirements.lock does not satisfy pyproject.toml" >&2; exit 1; }
 # pip and setuptools came with the venv, from the build machine's python3, not from the lock;
@@ -60,13 +65,32 @@ find "$SOURCE" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf
 "$ENV/bin/python" -m pip uninstall -q -y pip setuptools >/dev/null
 rm -f "$ENV"/bin/activate* "$ENV"/bin/Activate.ps1 "$ENV"/bin/pip*
 grep -rlI --null -F "$ENV" "$ENV" | xargs -0 -r sed -i "s#$ENV#$PREFIX#g"
+# The rewritten launchers' hashes in their distribution's RECORD, recomputed: they would name
+# the staging path's bytes, and differ between two builds.
+"$ENV/bin/python" -I -B - "$ENV" <<'PY'
+import base64, csv, hashlib, io, pathlib, sys
+for record in pathlib.Path(sys.argv[1]).glob("lib/python*/site-packages/*.dist-info/RECORD"):
+    site = record.parent.parent
+    rows = list(csv.reader(io.StringIO(record.read_text())))
+    for row in rows:
+        if row[0].startswith("../") and row[1]:
+            data = (site / row[0]).read_bytes()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            row[1:3] = [f"sha256={digest}", str(len(data))]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    record.write_text(out.getvalue())
+PY
 # Byte-code compiled now, with the installed paths in it, so nothing is written under /opt at
 # run time and dpkg knows every file it must remove.
 # (ensurepip's own byte-code, written when the venv was made, names the staging tree: drop it;
 # -f because the interpreter running compileall may have just written byte-code of its own
 # start-up, e.g. setuptools' _distutils_hack, naming the staging tree too.)
 find "$ENV" -name __pycache__ -prune -exec rm -rf {} +
-PYTHONDONTWRITEBYTECODE=1 "$ENV/bin/python" -m compileall -f -q -j 0 -s "$ROOT" -p / "$ENV/lib" >/dev/null
+# unchecked-hash: no source timestamp in the byte-code, so two builds of the same sources ship
+# the same files, and the interpreter never re-validates files only dpkg changes.
+PYTHONDONTWRITEBYTECODE=1 "$ENV/bin/python" -m compileall -f -q -j 0 -s "$ROOT" -p / \
+  --invalidation-mode unchecked-hash "$ENV/lib" >/dev/null
 
 install -d "$ROOT/usr/bin" "$ROOT/lib/systemd/system" "$ROOT/etc/koordlet" "$ROOT/etc/default" \
   "$ROOT/usr/share/$NAME/examples" "$ROOT/usr/share/doc/$NAME"
@@ -98,7 +122,8 @@ Package: $NAME
 Version: $VERSION
 Architecture: $ARCH
 Maintainer: ${DEBFULLNAME:-koord-runtime builder} <${DEBEMAIL:-root@localhost}>
-Installed-Size: $(du -sk --exclude=DEBIAN "$ROOT" | cut -f1)
+Installed-Size: $(find "$ROOT" -path "$ROOT/DEBIAN" -prune -o -printf '%y %s\n' \
+  | awk '$1 == "f" { kib += int(($2 + 1023) / 1024); next } { kib += 1 } END { print kib }')
 Depends: python3 (>= $PYVER), python3 (<< $PYNEXT), haproxy, util-linux
 Recommends: containerd (>= 1.6~) | containerd.io (>= 1.6~) | docker.io
 Breaks: containerd (<< 1.6~), containerd (>= 3~)

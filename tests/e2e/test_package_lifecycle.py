@@ -228,3 +228,17 @@ def test_copyright_names_every_bundled_distribution(debs: dict[str, Path], tmp_p
         if not name.startswith("koord_runtime"):
             pinned = re.search(rf"^{re.escape(name).replace('_', '[-_.]')}=={re.escape(version)} ", lock, re.M | re.I)
             assert pinned, f"{dist_info} is not the lock's version"
+
+
+def test_two_builds_ship_the_same_files_but_the_changelog(debs: dict[str, Path]) -> None:
+    """The lock's pins, hash-checked byte-code and no staging path in any file: two builds of
+    the same sources differ only in the version they were asked to carry."""
+
+    def sums(deb: Path) -> dict[str, str]:
+        text = subprocess.run(["dpkg-deb", "--info", str(deb), "md5sums"], capture_output=True, text=True,
+                              check=True).stdout
+        return {path: digest for digest, path in (line.split("  ", 1) for line in text.splitlines())}
+
+    old, new = sums(debs[OLD]), sums(debs[NEW])
+    assert old.keys() == new.keys()
+    assert [path for path in old if old[path] != new[path]] == ["usr/share/doc/koord-runtime/changelog.gz"]
