@@ -56,6 +56,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# The runtime dependencies at the versions and hashes the package ships (requirements.lock),
+# then the project and its test tools.
+.venv/bin/python -m pip install -q --require-hashes -r requirements.lock
 if [ -n "${V2_PACKAGES:-}" ]; then
   .venv/bin/python -m pip install -q -e '.[test,v2lane]'
 else

@@ -90,6 +90,9 @@ def test_package_metadata_and_files(deb: Path) -> None:
                  "./etc/koordlet/node.yaml", "./etc/koordlet/nodeslo.yaml",
                  "./usr/share/koord-runtime/examples/nodemetric.yaml", "./usr/share/doc/koord-runtime/copyright"):
         assert path in files, f"{path} is not in the package"
+    shipped = [line.split()[-1] for line in files.splitlines() if "site-packages/" in line]
+    assert any("/site-packages/koord/koordlet/cli.py" in name for name in shipped)
+    assert not [name for name in shipped if "koord_testing" in name or "/koord/demo" in name], "test code shipped"
     # package.sh builds the environment under <staging dir>/root/opt/koord-runtime: no file may keep that path.
     tarball = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
     assert b"/root/opt/koord-runtime" not in tarball, "a file names the build's staging directory"

@@ -79,13 +79,32 @@ def test_rbac_allows_what_koordlet_calls():
     assert ("slo.koordinator.sh", "nodemetrics/status", "update") in granted
 
 
-def test_systemd_unit_flags_parse(node_parser):
+def unit_command(name: str, opts: str = "") -> list[str]:
+    """A unit's ExecStart as systemd runs it: ``$KOORDLET_OPTS`` split on whitespace, as systemd
+    splits an unbraced variable."""
     unit = configparser.ConfigParser(strict=False, interpolation=None)
-    unit.read_string((DEPLOY / "koordlet.service").read_text().replace("\\\n", " "))
+    unit.read_string((DEPLOY / name).read_text().replace("\\\n", " "))
     command = shlex.split(unit["Service"]["ExecStart"])
+    assert command[-1] == "$KOORDLET_OPTS"
+    return command[:-1] + opts.split()
+
+
+def test_systemd_unit_flags_parse(node_parser):
+    command = unit_command("koordlet.service")
     assert command[0] == "/usr/bin/koordlet"
     args = node_parser.parse_args(command[1:])
     assert args.node_metric_file == Path("/etc/koordlet/nodemetric.yaml") and args.addr == ":9316"
+
+
+@pytest.mark.parametrize(("opts", "addr"), [("", ":9316"), ("--addr=:9317", ":9317"),
+                                            ("--log-level=debug --addr=:9400", ":9400")])
+def test_default_file_flags_come_last_and_win(node_parser, opts, addr):
+    """/etc/default/koordlet's KOORDLET_OPTS override the unit's own flags."""
+    unit = (DEPLOY / "koordlet.service").read_text()
+    assert "EnvironmentFile=-/etc/default/koordlet" in unit
+    default = (DEPLOY / "debian" / "koordlet.default").read_text()
+    assert re.search(r'^KOORDLET_OPTS=""$', default, re.M), "the shipped default adds no flag"
+    assert node_parser.parse_args(unit_command("koordlet.service", opts)[1:]).addr == addr
 
 
 def _cluster_role():
@@ -152,9 +171,7 @@ EXAMPLES = DEPLOY.parent / "examples" / "koordlet"
 
 def test_systemd_unit_reads_the_example_input_files(node_parser):
     """The package installs examples/koordlet/*.yaml where koordlet.service looks for them."""
-    unit = configparser.ConfigParser(strict=False, interpolation=None)
-    unit.read_string((DEPLOY / "koordlet.service").read_text().replace("\\\n", " "))
-    args = node_parser.parse_args(shlex.split(unit["Service"]["ExecStart"])[1:])
+    args = node_parser.parse_args(unit_command("koordlet.service")[1:])
     named = {args.node_file, args.node_slo_file, args.node_metric_file}
     assert {p.parent for p in named} == {Path("/etc/koordlet")}
     assert {p.name for p in named} == {p.name for p in EXAMPLES.glob("*.yaml")}
