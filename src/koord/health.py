@@ -1,7 +1,7 @@
-"""The HTTP endpoint both daemons serve: Prometheus ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The HTTP endpoint both daemons serve: their Prometheus pages, ``/healthz`` and ``/readyz``.
 
 koord-runtime-proxy serves it on ``--metrics-bind-address``, koordlet on ``--addr``; each
-passes its own registry and readiness check.
+passes its own metrics pages (path → WSGI app) and readiness check.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ import logging
 import socket
 import socketserver
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from koord.hookapi import parse_bind_address
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +43,20 @@ class _Server(ThreadingWSGIServer):
         self.setup_environ()
 
 
-class HasRegistry(Protocol):
-    registry: CollectorRegistry
+class HasPages(Protocol):
+    def pages(self) -> Mapping[str, WSGIApp]:
+        """The metrics paths served and the app answering each."""
 
 
 class HealthServer:
-    """Serves /metrics, /healthz (the process answers) and /readyz (``ready()`` says why not)."""
+    """Serves the metrics pages, /healthz (the process answers) and /readyz (``ready()`` says why not)."""
 
-    def __init__(self, bind_address: str, metrics: HasRegistry,
+    def __init__(self, bind_address: str, metrics: HasPages,
                  ready: Callable[[], tuple[bool, str]]) -> None:
         self._family, self._host, self.port = parse_bind_address(bind_address)
         self._address = bind_address
         self._ready = ready
-        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._pages = metrics.pages()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -69,7 +71,7 @@ class HealthServer:
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="health-server", daemon=True)
         self._thread.start()
-        log.info("serving /metrics, /healthz and /readyz on %s (port %d)", self._address, self.port)
+        log.info("serving %s, /healthz and /readyz on %s (port %d)", ", ".join(self._pages), self._address, self.port)
 
     def _bind(self, family: socket.AddressFamily) -> _Server:
         server_class = type("HealthHTTPServer", (_Server,), {"address_family": family})
@@ -89,8 +91,9 @@ class HealthServer:
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return _text(start_response, "405 Method Not Allowed", "only GET and HEAD are served\n",
                          [("Allow", "GET, HEAD")])
-        if path == "/metrics":
-            return self._metrics_app(environ, start_response)
+        app = self._pages.get(path)
+        if app is not None:
+            return app(environ, start_response)
         if path == "/healthz":
             return _text(start_response, "200 OK", "ok\n")
         if path == "/readyz":
@@ -102,7 +105,8 @@ class HealthServer:
             if ok:
                 return _text(start_response, "200 OK", "ok\n")
             return _text(start_response, "503 Service Unavailable", f"{reason}\n")
-        return _text(start_response, "404 Not Found", "not found: try /metrics, /healthz or /readyz\n")
+        paths = ", ".join([*self._pages, "/healthz", "/readyz"])
+        return _text(start_response, "404 Not Found", f"not found: try {paths}\n")
 
 
 def _text(start_response: Callable[..., Any], status: str, body: str,

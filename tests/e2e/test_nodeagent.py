@@ -44,11 +44,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+def scrape(port: int, path: str = "/metrics") -> dict[tuple[str, frozenset], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
         text = r.read().decode()
     samples = {}
-    for name, labels, value in re.findall(r"^(\w+)\{(.*)\} (\S+)$", text, re.M):
+    for name, labels, value in re.findall(r"^(\w+)(?:\{(.*)\})? (\S+)$", text, re.M):
         samples[(name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels)))] = float(value)
     return samples
 
@@ -159,6 +159,12 @@ def test_node_metric_and_prometheus_report_real_usage_and_survive_kill_9(
             return (cpu is not None and abs(cpu - file_cpu) < 0.001 and mem is not None
                     and abs(mem - file_mem) < 1 and (cpu, mem))
         print("prometheus:", wait_for(prometheus_matches, "Prometheus pod usage = podsMetric"))
+        pages = {path: {name for name, _ in scrape(port, path)}
+                 for path in ("/metrics", "/internal-metrics", "/external-metrics")}
+        assert pages["/metrics"] == pages["/internal-metrics"] | pages["/external-metrics"]
+        assert "koordlet_container_resource_requests" in pages["/external-metrics"] - pages["/internal-metrics"]
+        assert "koordlet_pod_resource_usage" in pages["/internal-metrics"] - pages["/external-metrics"]
+        assert not {n for n in pages["/metrics"] if n.endswith(("_created", "_total"))}, pages["/metrics"]
 
         killed_at = time.time()
         koordlet.kill()

@@ -265,7 +265,7 @@ class Koordlet:
         advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args), self.informer, cache)
         advisor.start()
         # After a successful start only: a retried start must not register the gauges twice.
-        self.metrics.registry.register(ResctrlPrometheus(cache, node_name()))
+        self.metrics.external.register(ResctrlPrometheus(cache, node_name()))
         return advisor
 
     def _start_runtime_hooks(self) -> None:

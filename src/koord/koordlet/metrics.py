@@ -1,5 +1,9 @@
 """koordlet's Prometheus metrics (served on ``--addr`` with /healthz and /readyz).
 
+Two registries, as upstream's: ``registry`` (internal: koordlet's own state and decisions,
+``/internal-metrics``) and ``external`` (what koordlet measured and reported of the node and
+its pods, ``/external-metrics``); ``/metrics`` serves both (``exposition.py``).
+
 Names follow upstream's ``koordlet_*`` metrics where upstream has one
 (``koordlet_start_time``, ``koordlet_node_metric_node_usage``,
 ``koordlet_node_metric_system_usage``, ``koordlet_container_resource_requests`` /
@@ -27,10 +31,11 @@ from prometheus_client.registry import Collector as PromCollector
 
 from koord.hookapi import HookPoint
 
+from .exposition import WSGIApp, page
 from .statesinformer.meta import PodMeta
 
 UNIT_CORE, UNIT_BYTE = "core", "byte"
-STATUS_SUCCEED, STATUS_FAILED = "succeed", "failed"
+STATUS_SUCCEEDED, STATUS_FAILED = "succeeded", "failed"
 HOOK_BUCKETS_MS = tuple(0.01 * 4**i for i in range(8))
 """Upstream's buckets, 10 µs to 164 ms: a plugin function takes tens of µs, a cgroup write ~40 µs."""
 _NODE = ["node", "resource", "unit"]
@@ -58,6 +63,11 @@ class ReportGauges(PromCollector):
     def update(self, node: Usage | None, system: Usage | None, pods: Iterable[tuple[PodMeta, Usage]],
                containers: Iterable[tuple[PodMeta, str, str, Usage]], all_pods: Iterable[PodMeta]) -> None:
         self._report = (node, system, list(pods), list(containers), list(all_pods))
+
+    def part(self, names: frozenset[str]) -> PromCollector:
+        """A collector of this report's families named in ``names``: the report feeds both
+        registries, each its own families."""
+        return _ReportPart(self, names)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(self._families())
@@ -103,17 +113,36 @@ class ReportGauges(PromCollector):
         )
 
 
-class KoordletMetrics:
-    """All gauges, in a registry of their own so tests can build several."""
+EXTERNAL_REPORT_FAMILIES = frozenset({"koordlet_container_resource_requests", "koordlet_container_resource_limits"})
+"""The report's families upstream serves on /external-metrics (its resource summary)."""
 
-    def __init__(self, node_name: str = "", registry: CollectorRegistry | None = None) -> None:
+
+class _ReportPart(PromCollector):
+    def __init__(self, report: ReportGauges, names: frozenset[str]) -> None:
+        self.report, self.names = report, names
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return (f for f in self.report.describe() if f.name in self.names)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        return (f for f in self.report.collect() if f.name in self.names)
+
+
+class KoordletMetrics:
+    """All of koordlet's metrics, in registries of their own so tests can build several."""
+
+    def __init__(self, node_name: str = "", registry: CollectorRegistry | None = None,
+                 external: CollectorRegistry | None = None) -> None:
         self.node = node_name
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.external = external if external is not None else CollectorRegistry()
         r = self.registry
         self.start_time = Gauge("koordlet_start_time", "the start time of koordlet",
                                 ["node"], registry=r)
         self.report = ReportGauges(node_name)
-        r.register(self.report)
+        internal_report = frozenset(f.name for f in self.report.describe()) - EXTERNAL_REPORT_FAMILIES
+        r.register(self.report.part(internal_report))
+        self.external.register(self.report.part(EXTERNAL_REPORT_FAMILIES))
         self.module_up = Gauge("koordlet_module_up",
                                "1 when the koordlet module started and runs, 0 when it could not",
                                ["node", "module"], registry=r)
@@ -130,18 +159,24 @@ class KoordletMetrics:
             "or annotation koordlet refused)", ["node", "stage", "code"], registry=r)
         self.start_time.labels(node_name).set(time.time())
 
+    def pages(self) -> dict[str, WSGIApp]:
+        """Upstream's three metrics paths and the registries each serves."""
+        return {"/metrics": page((self.registry, self.external)),
+                "/internal-metrics": page((self.registry,)),
+                "/external-metrics": page((self.external,))}
+
     def set_module(self, module: str, up: bool) -> None:
         self.module_up.labels(self.node, module).set(1 if up else 0)
 
     def record_plugin_call(self, plugin: str, stage: HookPoint, ok: bool, seconds: float) -> None:
         self.runtime_hook_invoked.labels(self.node, plugin, stage.value,
-                                         STATUS_SUCCEED if ok else STATUS_FAILED).observe(seconds * 1000)
+                                         STATUS_SUCCEEDED if ok else STATUS_FAILED).observe(seconds * 1000)
 
     def record_hook_request(self, stage: HookPoint, code: grpc.StatusCode) -> None:
         self.runtime_hook_requests.labels(self.node, stage.value, code.name).inc()
 
     def record_report(self, ok: bool) -> None:
-        self.node_metric_reports.labels(self.node, "succeeded" if ok else "failed").set(time.time())
+        self.node_metric_reports.labels(self.node, STATUS_SUCCEEDED if ok else "failed").set(time.time())
 
     def record_report_rows(self, node: Usage | None, system: Usage | None,
                            pods: Iterable[tuple[PodMeta, Usage]],

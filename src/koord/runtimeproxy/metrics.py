@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from koord.health import WSGIApp
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,10 @@ class ProxyMetrics:
             "koord_runtime_proxy_store_containers", "Containers held in the proxy's store.", registry=r)
         self._cri_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._hook_children: dict[tuple[str, str, str], Any] = {}
+
+    def pages(self) -> dict[str, WSGIApp]:
+        """/metrics, in prometheus_client's own exposition (these names are the proxy's, not upstream's)."""
+        return {"/metrics": make_wsgi_app(self.registry)}
 
     def observe_cri(self, method: str, code: str, seconds: float) -> None:
         children = self._cri_children.get((method, code))

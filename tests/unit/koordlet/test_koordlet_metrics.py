@@ -1,4 +1,4 @@
-"""The gauges each NodeMetric report replaces, as /metrics serves them."""
+"""The gauges each NodeMetric report replaces, as the metrics pages serve them."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ def report(metrics: KoordletMetrics, pods: list[PodMeta]) -> None:
                                [(p, c.id, c.name, (0.05, 2.0**19)) for p in pods for c in p.containers], pods)
 
 
+def value(metrics: KoordletMetrics, name: str, labels: dict[str, str]) -> float | None:
+    """The sample from whichever registry serves it (each family is in one)."""
+    found = [v for r in (metrics.registry, metrics.external) if (v := r.get_sample_value(name, labels)) is not None]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
 @pytest.mark.parametrize("name,labels,want", [
     ("koordlet_node_metric_node_usage", {"node": "n1", "resource": "cpu", "unit": "core"}, 1.5),
     ("koordlet_node_metric_node_usage", {"node": "n1", "resource": "memory", "unit": "byte"}, 2.0**30),
@@ -45,23 +52,39 @@ def report(metrics: KoordletMetrics, pods: list[PodMeta]) -> None:
 def test_a_report_is_served_as_gauges(name, labels, want):
     metrics = KoordletMetrics("n1")
     report(metrics, [WEB, JOB])
-    assert metrics.registry.get_sample_value(name, labels) == want
+    assert value(metrics, name, labels) == want
 
 
 def test_the_next_report_replaces_every_series_so_pods_that_left_disappear():
     metrics = KoordletMetrics("n1")
     report(metrics, [WEB, JOB])
     report(metrics, [JOB])
-    value = metrics.registry.get_sample_value
-    assert value("koordlet_pod_resource_usage", {**POD, "resource": "cpu", "unit": "core"}) is None
-    assert value("koordlet_container_resource_requests", {**APP, "resource": "cpu", "unit": "core"}) is None
-    assert value("koordlet_container_resource_requests",
+    assert value(metrics, "koordlet_pod_resource_usage", {**POD, "resource": "cpu", "unit": "core"}) is None
+    assert value(metrics, "koordlet_container_resource_requests", {**APP, "resource": "cpu", "unit": "core"}) is None
+    assert value(metrics, "koordlet_container_resource_requests",
                  {**POD, "pod_uid": "u2", "pod_name": "job", "container_id": "c3", "container_name": "run",
                   "resource": "memory", "unit": "byte"}) == 2**20
 
 
-def test_before_any_report_the_families_are_served_empty():
-    from prometheus_client import generate_latest
-    text = generate_latest(KoordletMetrics("n1").registry).decode()
-    assert "# TYPE koordlet_container_resource_requests gauge" in text
-    assert "koordlet_container_resource_requests{" not in text
+@pytest.mark.parametrize("path,served", [
+    ("/external-metrics", {"koordlet_container_resource_requests", "koordlet_container_resource_limits"}),
+    ("/internal-metrics", {"koordlet_start_time", "koordlet_node_metric_node_usage",
+                           "koordlet_node_metric_system_usage", "koordlet_pod_resource_usage",
+                           "koordlet_container_resource_usage"}),
+])
+def test_each_report_family_is_served_on_upstreams_page_and_on_metrics(path, served):
+    metrics = KoordletMetrics("n1")
+    report(metrics, [WEB, JOB])
+    assert families(metrics, path) == served
+    assert served <= families(metrics, "/metrics")
+
+
+def test_before_any_report_its_families_are_not_served_as_upstreams_go_client_leaves_empty_ones_out():
+    assert families(KoordletMetrics("n1"), "/metrics") == {"koordlet_start_time"}
+
+
+def families(metrics: KoordletMetrics, path: str) -> set[str]:
+    out: list[bytes] = []
+    body = metrics.pages()[path]({"REQUEST_METHOD": "GET"}, lambda status, headers: out.append(status.encode()))
+    assert out == [b"200 OK"]
+    return {line.split()[2] for line in b"".join(body).decode().splitlines() if line.startswith("# TYPE ")}

@@ -380,5 +380,5 @@ def test_every_answer_is_counted_by_status_in_koordlets_metrics(short_socket_dir
                     (("code", "INVALID_ARGUMENT"), ("node", "n1"), ("stage", "PreRunPodSandbox")))] == 1
     counts = {dict(labels)["hook"] for (name, labels), value in samples.items()
               if name == "koordlet_runtime_hook_invoked_duration_milliseconds_count" and value >= 1
-              and dict(labels)["status"] == "succeed" and dict(labels)["stage"] == "PreRunPodSandbox"}
+              and dict(labels)["status"] == "succeeded" and dict(labels)["stage"] == "PreRunPodSandbox"}
     assert "GroupIdentity" in counts and "BatchResource" in counts
