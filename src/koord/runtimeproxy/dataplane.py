@@ -426,12 +426,27 @@ class HAProxyCollector(Collector):
         self.labels = method_labels(routes)
         self.restarts = restarts
 
+    @staticmethod
+    def describe() -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """Every family, empty: what the proxy's metrics documentation lists (no stats read)."""
+        yield CounterMetricFamily("koord_runtime_proxy_haproxy_restarts",
+                                  "Times the supervisor restarted a dead HAProxy.")
+        yield GaugeMetricFamily("koord_runtime_proxy_haproxy_up", "1 when HAProxy's stats socket answered this scrape.")
+        yield CounterMetricFamily(
+            "koord_runtime_proxy_haproxy_requests",
+            "CRI calls through HAProxy by method (any gRPC status; hooked ones are counted together "
+            "here and per method by koord_runtime_proxy_cri_requests_total).", labels=["method"])
+        yield GaugeMetricFamily(
+            "koord_runtime_proxy_haproxy_average_duration_seconds",
+            "Average duration of the method's last 1024 calls through HAProxy.", labels=["method"])
+        yield CounterMetricFamily(
+            "koord_runtime_proxy_haproxy_connection_errors",
+            "Connections HAProxy failed to open for the method (each call answered UNAVAILABLE).", labels=["method"])
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        restarts = CounterMetricFamily("koord_runtime_proxy_haproxy_restarts",
-                                       "Times the supervisor restarted a dead HAProxy.")
+        restarts, up, requests, average, errors = self.describe()
         restarts.add_metric([], self.restarts())
         yield restarts
-        up = GaugeMetricFamily("koord_runtime_proxy_haproxy_up", "1 when HAProxy's stats socket answered this scrape.")
         try:
             stat_csv = stats_command(self.layout.stats_socket, "show stat")
         except (OSError, ValueError) as exc:
@@ -441,16 +456,6 @@ class HAProxyCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
-        requests = CounterMetricFamily(
-            "koord_runtime_proxy_haproxy_requests",
-            "CRI calls through HAProxy by method (any gRPC status; hooked ones are counted together "
-            "here and per method by koord_runtime_proxy_cri_requests_total).", labels=["method"])
-        average = GaugeMetricFamily(
-            "koord_runtime_proxy_haproxy_average_duration_seconds",
-            "Average duration of the method's last 1024 calls through HAProxy.", labels=["method"])
-        errors = CounterMetricFamily(
-            "koord_runtime_proxy_haproxy_connection_errors",
-            "Connections HAProxy failed to open for the method (each call answered UNAVAILABLE).", labels=["method"])
         for row in parse_backend_stats(stat_csv):
             label = self.labels.get(row.get("pxname", ""))
             if label is None:

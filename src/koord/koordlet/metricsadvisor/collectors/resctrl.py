@@ -74,14 +74,19 @@ class ResctrlPrometheus(PromCollector):
     def __init__(self, cache: MetricCache, node: str = "", window: float = 60.0) -> None:
         self.cache, self.node, self.window = cache, node, window
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        now = time.time()
-        llc = GaugeMetricFamily("koordlet_resctrl_llc_occupancy",
+    @staticmethod
+    def describe() -> Iterator[GaugeMetricFamily]:
+        """Both families, empty (no cache read)."""
+        yield GaugeMetricFamily("koordlet_resctrl_llc_occupancy",
                                 "resctrl default qos(LSR, LS, BE) llc occupancy collected by koordlet",
                                 labels=["node", "cache_id", "qos"])
-        mb = GaugeMetricFamily("koordlet_resctrl_memory_bandwidth",
-                               "resctrl default qos(LSR, LS, BE) memory bandwidth collected by koordlet",
-                               labels=["node", "cache_id", "qos", "mb_type"])
+        yield GaugeMetricFamily("koordlet_resctrl_memory_bandwidth",
+                                "resctrl default qos(LSR, LS, BE) memory bandwidth collected by koordlet",
+                                labels=["node", "cache_id", "qos", "mb_type"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = time.time()
+        llc, mb = self.describe()
         for group in GROUPS:
             for cache_id in self._cache_ids(group):
                 labels = {k.QOS: group, k.CACHE_ID: cache_id}

@@ -1,0 +1,68 @@
+"""koordlet's metrics against upstream's: every upstream ``koordlet_*`` name is exported with
+upstream's type, labels and page, or listed below with why koordlet has no data for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from koord.metricsdoc import MetricDoc, catalogue
+
+UPSTREAM = json.loads((Path(__file__).parents[2] / "data" / "upstream-koordlet-metrics-a7a1b76b.json").read_text())
+
+MISSING = {
+    "koordlet_container_cpi": "no CPI collector: cycles and instructions need perf events, not built",
+    "koordlet_node_metric_numa_node_usage": "the NodeMetric report carries no per-NUMA usage",
+    "koordlet_node_metric_numa_system_usage": "the NodeMetric report carries no per-NUMA usage",
+    "koordlet_node_resource_allocatable": "the Node's batch and mid allocatable are read but not yet exported",
+    "koordlet_node_priority_resource_reclaimable": "the report's prod reclaimable is not yet exported",
+    "koordlet_node_resource_priority_reclaimable_status": "the report's prod reclaimable is not yet exported",
+    "koordlet_collect_node_local_storage_info_status": "no node storage info collector",
+    "koordlet_kubelet_request_duration_seconds": "kubelet requests are not timed per verb, path and code",
+    "koordlet_host_application_resource_usage": "host application usage is collected but not yet exported",
+    "koordlet_collect_node_cpu_info_status": "node info collection outcomes are not yet recorded",
+    "koordlet_collect_node_numa_info_status": "node info collection outcomes are not yet recorded",
+    "koordlet_node_used_cpu_cores": "node usage is collected but not yet exported in real time",
+    "koordlet_node_used_memory_bytes": "node usage is collected but not yet exported in real time",
+    "koordlet_be_suppress_be_used_cpu_cores": "BE usage in the suppress calculation is not yet exported",
+    "koordlet_container_oom_score_adj": "the oomscoreadj hook's writes are not yet exported",
+    "koordlet_container_psi": "PSI is collected but not yet exported",
+    "koordlet_pod_psi": "PSI is collected but not yet exported",
+    "koordlet_node_predicted_resource_reclaimable": "predictions are computed but not yet exported",
+    "koordlet_node_predicted_resource_peak": "predictions are computed but not yet exported",
+    "koordlet_resource_update_duration_milliseconds": "resource executor updates are not yet timed",
+    "koordlet_runtime_hook_reconciler_invoked_duration_milliseconds": "reconciler runs are not yet timed",
+}
+"""Upstream names koordlet does not export, and why (one line each)."""
+
+
+def exported() -> dict[str, MetricDoc]:
+    return {d.name: d for d in catalogue() if d.binary == "koordlet"}
+
+
+def test_the_upstream_list_is_upstreams_whole_list():
+    names = [m["name"] for m in UPSTREAM["metrics"]]
+    assert UPSTREAM["commit"].startswith("a7a1b76b")
+    assert len(names) == len(set(names)) == 41
+    assert all(n.startswith("koordlet_") for n in names)
+
+
+@pytest.mark.parametrize("name", sorted(m["name"] for m in UPSTREAM["metrics"]))
+def test_each_upstream_name_is_exported_or_listed_missing_never_both(name):
+    assert (name in exported()) != (name in MISSING), f"{name}: exported and listed missing, or neither"
+
+
+def test_the_missing_list_names_only_upstream_metrics_each_with_a_reason():
+    upstream = {m["name"] for m in UPSTREAM["metrics"]}
+    assert set(MISSING) <= upstream
+    assert all(reason.strip() and "\n" not in reason for reason in MISSING.values())
+
+
+@pytest.mark.parametrize("metric", [m for m in UPSTREAM["metrics"] if m["name"] not in MISSING],
+                         ids=lambda m: m["name"])
+def test_exported_upstream_metrics_have_upstreams_type_labels_and_page(metric):
+    ours = exported()[metric["name"]]
+    assert (ours.type, sorted(ours.labels), ours.page) == (
+        metric["type"], metric["labels"], f"/{metric['page']}-metrics")
