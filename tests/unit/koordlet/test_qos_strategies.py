@@ -163,6 +163,7 @@ def test_suppress_gauges(tmp_path: Path) -> None:
     rig.strategy("BECPUSuppress").run_once()
     assert rig.metric("koordlet_be_suppress_cpu_cores", type="cfsQuota") == 1.2
     assert rig.metric("koordlet_be_suppress_ls_used_cpu_cores") == 8
+    assert rig.metric("koordlet_be_suppress_be_used_cpu_cores") == 2
     rig.slo(enable=True, cpuSuppressPolicy="cpuset", cpuSuppressThresholdPercent=70)
     rig.strategy("BECPUSuppress").run_once()
     assert rig.metric("koordlet_be_suppress_cpu_cores", type="cpuset") == 2

@@ -26,7 +26,6 @@ MISSING = {
     "koordlet_collect_node_numa_info_status": "node info collection outcomes are not yet recorded",
     "koordlet_node_used_cpu_cores": "node usage is collected but not yet exported in real time",
     "koordlet_node_used_memory_bytes": "node usage is collected but not yet exported in real time",
-    "koordlet_be_suppress_be_used_cpu_cores": "BE usage in the suppress calculation is not yet exported",
     "koordlet_container_oom_score_adj": "the oomscoreadj hook's writes are not yet exported",
     "koordlet_container_psi": "PSI is collected but not yet exported",
     "koordlet_pod_psi": "PSI is collected but not yet exported",

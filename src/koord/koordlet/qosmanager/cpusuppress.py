@@ -153,6 +153,7 @@ class CPUSuppress(Strategy):
             min_percent=cfg.cpu_suppress_min_percent)
         m = ctx.metrics
         m.be_suppress_ls_used.labels(m.node).set(suppress.non_be_pods)
+        m.be_suppress_be_used.labels(m.node).set(suppress.be_pods)
         m.be_suppress_target.labels(m.node).set(suppress.milli / 1000)
         if log.isEnabledFor(logging.DEBUG):  # explain() formats every term: not every second for nothing
             log.debug("%s: %s", self.name, suppress.explain())

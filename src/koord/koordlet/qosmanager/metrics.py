@@ -63,6 +63,9 @@ class QOSMetrics:
         self.be_suppress_ls_used = Gauge(
             "koordlet_be_suppress_ls_used_cpu_cores",
             "non-BE pods' CPU usage used in the last suppress calculation", ["node"], registry=r)
+        self.be_suppress_be_used = Gauge(
+            "koordlet_be_suppress_be_used_cpu_cores",
+            "BE pods' CPU usage in the last suppress calculation", ["node"], registry=r)
         self.be_suppress_target = Gauge(
             "koordlet_be_suppress_target_cpu_cores",
             "the suppress formula's last result before the policy's steps and minimums",

@@ -38,6 +38,7 @@ class Suppress:
     non_be_pods: float
     non_be_host_apps: float
     system: float
+    be_pods: float
 
     def explain(self) -> str:
         return (f"suppress {self.milli}m = {self.capacity_milli}m x {self.threshold_percent}% "
@@ -78,7 +79,7 @@ def calculate_suppress(*, capacity_milli: int, reserved_milli: int, node_used: f
              - int(non_be_apps * 1000) - int(system * 1000))
     if min_percent is not None:
         milli = max(milli, capacity_milli * min_percent // 100)
-    return Suppress(milli, capacity_milli, threshold_percent, non_be, non_be_apps, system)
+    return Suppress(milli, capacity_milli, threshold_percent, non_be, non_be_apps, system, all_pods - non_be)
 
 
 def cfs_quota_target(suppress_milli: int, capacity_cores: int, current: int) -> int | None:
