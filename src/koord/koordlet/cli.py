@@ -108,6 +108,7 @@ class Koordlet:
             plugin.update_rules(defaults)
         self.informer = make_states_informer(a)
         self.informer.register_callback(NODE, self.apply_rules)
+        self.informer.register_callback(NODE, lambda: self.metrics.record_node_allocatable(self.informer.get_node()))
         self.informer.register_callback(NODE_SLO, self.apply_rules)
         self.informer.register_callback(NODE_TOPOLOGY, self.apply_rules)
         if self.reconciler is not None:  # an edited pod (annotations, labels) is followed at once

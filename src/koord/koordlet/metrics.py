@@ -21,8 +21,10 @@ prometheus_client child (a lock, a value object, a label dict) per series, which
 
 from __future__ import annotations
 
+import logging
+import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -30,11 +32,18 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
 from koord.hookapi import HookPoint
+from koord.hookapi.quantity import parse_quantity
 
 from .exposition import WSGIApp, page
 from .statesinformer.meta import PodMeta
 
-UNIT_CORE, UNIT_BYTE = "core", "byte"
+log = logging.getLogger(__name__)
+
+UNIT_CORE, UNIT_BYTE, UNIT_INTEGER = "core", "byte", "integer"
+NODE_ALLOCATABLE = (("kubernetes.io/batch-cpu", UNIT_INTEGER), ("kubernetes.io/batch-memory", UNIT_BYTE),
+                    ("kubernetes.io/mid-cpu", UNIT_INTEGER), ("kubernetes.io/mid-memory", UNIT_BYTE))
+"""The Node allocatable upstream exports: the batch and mid resources the slo-controller
+sets (cpu in millicores, so ``integer``); one absent from the Node reads 0, as upstream's."""
 STATUS_SUCCEEDED, STATUS_FAILED = "succeeded", "failed"
 HOOK_BUCKETS_MS = tuple(0.01 * 4**i for i in range(8))
 """Upstream's buckets, 10 µs to 164 ms: a plugin function takes tens of µs, a cgroup write ~40 µs."""
@@ -157,6 +166,9 @@ class KoordletMetrics:
             "koordlet_runtime_hook_requests",
             "hook calls answered by koordlet's hook server, by gRPC status (INVALID_ARGUMENT: a request "
             "or annotation koordlet refused)", ["node", "stage", "code"], registry=r)
+        self.node_allocatable = Gauge("koordlet_node_resource_allocatable",
+                                      "the node allocatable of resources updated by koordinator",
+                                      ["node", "resource", "unit"], registry=self.external)
         self.start_time.labels(node_name).set(time.time())
 
     def pages(self) -> dict[str, WSGIApp]:
@@ -164,6 +176,22 @@ class KoordletMetrics:
         return {"/metrics": page((self.registry, self.external)),
                 "/internal-metrics": page((self.registry,)),
                 "/external-metrics": page((self.external,))}
+
+    def record_node_allocatable(self, node: Mapping | None) -> None:
+        """The Node's batch and mid allocatable (rounded up to integers, as a Go Quantity's
+        Value()); a Node without status.allocatable, or with one that cannot be read, is
+        logged and leaves the last values."""
+        allocatable = ((node or {}).get("status") or {}).get("allocatable")
+        if not isinstance(allocatable, Mapping):
+            return
+        try:
+            values = [(name, unit, math.ceil(parse_quantity(allocatable.get(name, 0))))
+                      for name, unit in NODE_ALLOCATABLE]
+        except ValueError as exc:
+            log.warning("node %s: status.allocatable not exported: %s", self.node, exc)
+            return
+        for name, unit, value in values:
+            self.node_allocatable.labels(self.node, name, unit).set(value)
 
     def set_module(self, module: str, up: bool) -> None:
         self.module_up.labels(self.node, module).set(1 if up else 0)

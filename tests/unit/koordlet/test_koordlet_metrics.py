@@ -88,3 +88,35 @@ def families(metrics: KoordletMetrics, path: str) -> set[str]:
     body = metrics.pages()[path]({"REQUEST_METHOD": "GET"}, lambda status, headers: out.append(status.encode()))
     assert out == [b"200 OK"]
     return {line.split()[2] for line in b"".join(body).decode().splitlines() if line.startswith("# TYPE ")}
+
+
+def allocatable(metrics: KoordletMetrics) -> dict[str, float]:
+    return {s.labels["resource"] + "/" + s.labels["unit"]: s.value
+            for f in metrics.external.collect() if f.name == "koordlet_node_resource_allocatable" for s in f.samples}
+
+
+BATCH_MID = {"kubernetes.io/batch-cpu/integer": 3500, "kubernetes.io/batch-memory/byte": 2**30,
+             "kubernetes.io/mid-cpu/integer": 0, "kubernetes.io/mid-memory/byte": 0}
+
+
+@pytest.mark.parametrize("node,want", [
+    ({"status": {"allocatable": {"cpu": "8", "kubernetes.io/batch-cpu": "3500",
+                                 "kubernetes.io/batch-memory": "1Gi"}}}, BATCH_MID),
+    ({"status": {"allocatable": {"kubernetes.io/batch-cpu": "3499.5", "kubernetes.io/batch-memory": 2**30}}},
+     BATCH_MID),  # rounded up, as a Go Quantity's Value()
+    ({"status": {}}, {}),
+    (None, {}),
+    ({"status": {"allocatable": {"kubernetes.io/batch-cpu": "lots"}}}, {}),
+])
+def test_the_nodes_batch_and_mid_allocatable_are_exported_as_upstreams(node, want):
+    metrics = KoordletMetrics("n1")
+    metrics.record_node_allocatable(node)
+    assert allocatable(metrics) == want
+
+
+def test_an_unreadable_node_keeps_the_last_allocatable():
+    metrics = KoordletMetrics("n1")
+    metrics.record_node_allocatable({"status": {"allocatable": {"kubernetes.io/batch-cpu": "3500",
+                                                                "kubernetes.io/batch-memory": "1Gi"}}})
+    metrics.record_node_allocatable({"status": {"allocatable": {"kubernetes.io/batch-cpu": "-"}}})
+    assert allocatable(metrics) == BATCH_MID

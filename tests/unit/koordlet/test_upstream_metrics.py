@@ -16,7 +16,6 @@ MISSING = {
     "koordlet_container_cpi": "no CPI collector: cycles and instructions need perf events, not built",
     "koordlet_node_metric_numa_node_usage": "the NodeMetric report carries no per-NUMA usage",
     "koordlet_node_metric_numa_system_usage": "the NodeMetric report carries no per-NUMA usage",
-    "koordlet_node_resource_allocatable": "the Node's batch and mid allocatable are read but not yet exported",
     "koordlet_node_priority_resource_reclaimable": "the report's prod reclaimable is not yet exported",
     "koordlet_node_resource_priority_reclaimable_status": "the report's prod reclaimable is not yet exported",
     "koordlet_collect_node_local_storage_info_status": "no node storage info collector",
