@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from koord.koordlet.exposition import render
 from koord.koordlet.metrics import KoordletMetrics
+from koord.koordlet.metricsadvisor.framework import NodeUsedGauges, Point, SharedState
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
 
@@ -120,3 +123,18 @@ def test_an_unreadable_node_keeps_the_last_allocatable():
                                                                 "kubernetes.io/batch-memory": "1Gi"}}})
     metrics.record_node_allocatable({"status": {"allocatable": {"kubernetes.io/batch-cpu": "-"}}})
     assert allocatable(metrics) == BATCH_MID
+
+
+@pytest.mark.parametrize("point,want", [
+    (None, ""),
+    (Point(1.5, 2.0**30, 0.0), '# HELP koordlet_node_used_cpu_cores Number of cpu cores used by node in realtime\n'
+     '# TYPE koordlet_node_used_cpu_cores gauge\nkoordlet_node_used_cpu_cores{node="n1"} 1.5\n'
+     '# HELP koordlet_node_used_memory_bytes Memory used by node in realtime\n'
+     '# TYPE koordlet_node_used_memory_bytes gauge\nkoordlet_node_used_memory_bytes{node="n1"} 1.073741824e+09\n'),
+])
+def test_node_used_gauges_show_the_node_collectors_latest_tick(point, want):
+    shared, registry = SharedState(), CollectorRegistry()
+    registry.register(NodeUsedGauges(shared, "n1"))
+    if point is not None:
+        shared.set_node(point)
+    assert render([registry]).decode() == want

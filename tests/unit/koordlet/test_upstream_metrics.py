@@ -23,8 +23,6 @@ MISSING = {
     "koordlet_host_application_resource_usage": "host application usage is collected but not yet exported",
     "koordlet_collect_node_cpu_info_status": "node info collection outcomes are not yet recorded",
     "koordlet_collect_node_numa_info_status": "node info collection outcomes are not yet recorded",
-    "koordlet_node_used_cpu_cores": "node usage is collected but not yet exported in real time",
-    "koordlet_node_used_memory_bytes": "node usage is collected but not yet exported in real time",
     "koordlet_container_oom_score_adj": "the oomscoreadj hook's writes are not yet exported",
     "koordlet_container_psi": "PSI is collected but not yet exported",
     "koordlet_pod_psi": "PSI is collected but not yet exported",

@@ -9,10 +9,13 @@ import operator
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector as PromCollector
 
 from ..metriccache import MetricCache, Samples
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor
@@ -167,6 +170,31 @@ class SharedState:
     def snapshot(self) -> tuple[Point | None, dict[str, Point], Point | None]:
         with self.lock:
             return self.node, dict(self.pods), self.host_apps
+
+
+class NodeUsedGauges(PromCollector):
+    """Upstream's real-time node usage gauges, read from ``SharedState`` at scrape time
+    (the NodeResource collector's latest tick; nothing before its first CPU rate)."""
+
+    def __init__(self, shared: SharedState, node: str) -> None:
+        self.shared, self.node = shared, node
+
+    @staticmethod
+    def describe() -> Iterator[GaugeMetricFamily]:
+        """Both families, empty."""
+        yield GaugeMetricFamily("koordlet_node_used_cpu_cores", "Number of cpu cores used by node in realtime",
+                                labels=["node"])
+        yield GaugeMetricFamily("koordlet_node_used_memory_bytes", "Memory used by node in realtime",
+                                labels=["node"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        cpu, memory = self.describe()
+        point = self.shared.snapshot()[0]
+        if point is not None:
+            cpu.add_metric([self.node], point.cpu)
+            memory.add_metric([self.node], point.memory)
+        yield cpu
+        yield memory
 
 
 @dataclass(frozen=True, slots=True)
