@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from koord.koordlet.metrics import KoordletMetrics
 from koord.koordlet.metricsadvisor.collectors.resctrl import ResctrlPrometheus
-from koord.koordlet.metricsadvisor.framework import NodeUsedGauges
+from koord.koordlet.metricsadvisor.framework import AdvisorMetrics
 from koord.koordlet.qosmanager.metrics import QOSMetrics
 from koord.koordlet.runtimehooks.plugins.coreschedmetrics import CoreSchedMetrics
 from koord.koordlet.runtimehooks.plugins.cpusetmetrics import CPUSetMetrics
@@ -59,7 +59,7 @@ def koordlet_pages() -> dict[str, list[Collector]]:
     CoreSchedMetrics("", metrics.registry)
     CPUSetMetrics("", metrics.registry)
     external: list[Collector] = [*_registered(metrics.external), ResctrlPrometheus]  # type: ignore[list-item]
-    internal: list[Collector] = [*_registered(metrics.registry), NodeUsedGauges]  # type: ignore[list-item]
+    internal: list[Collector] = [*_registered(metrics.registry), AdvisorMetrics]  # type: ignore[list-item]
     return {"/internal-metrics": internal, "/external-metrics": external}
 
 

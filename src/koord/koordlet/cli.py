@@ -30,7 +30,7 @@ from . import features, metriccache, metricsadvisor, prediction, qosmanager, ups
 from .flags import parse_args
 from .metrics import KoordletMetrics
 from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
-from .metricsadvisor.framework import NodeUsedGauges
+from .metricsadvisor.framework import AdvisorMetrics
 from .modules import ModuleStarter
 from .nodeslocheck import check_node_slo
 from .pleg import Pleg
@@ -268,7 +268,7 @@ class Koordlet:
         advisor.start()
         # After a successful start only: a retried start must not register the gauges twice.
         self.metrics.external.register(ResctrlPrometheus(cache, node_name()))
-        self.metrics.registry.register(NodeUsedGauges(advisor.env.shared, node_name()))
+        self.metrics.registry.register(AdvisorMetrics(advisor.env.shared, node_name()))
         return advisor
 
     def _start_runtime_hooks(self) -> None:

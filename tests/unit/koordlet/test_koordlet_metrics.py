@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from koord.koordlet.exposition import render
 from koord.koordlet.metrics import KoordletMetrics
-from koord.koordlet.metricsadvisor.framework import NodeUsedGauges, Point, SharedState
+from koord.koordlet.metricsadvisor.framework import AdvisorMetrics, Point, SharedState
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
 
@@ -134,7 +134,19 @@ def test_an_unreadable_node_keeps_the_last_allocatable():
 ])
 def test_node_used_gauges_show_the_node_collectors_latest_tick(point, want):
     shared, registry = SharedState(), CollectorRegistry()
-    registry.register(NodeUsedGauges(shared, "n1"))
+    registry.register(AdvisorMetrics(shared, "n1"))
     if point is not None:
         shared.set_node(point)
     assert render([registry]).decode() == want
+
+
+def test_node_info_outcomes_are_served_as_upstreams_status_counters():
+    shared, registry = SharedState(), CollectorRegistry()
+    registry.register(AdvisorMetrics(shared, "n1"))
+    for ok in (True, True, False):
+        shared.count("node_cpu_info", ok)
+    shared.count("node_numa_info", True)
+    lines = [line for line in render([registry]).decode().splitlines() if not line.startswith("#")]
+    assert lines == ['koordlet_collect_node_cpu_info_status{node="n1",status="succeeded"} 2',
+                     'koordlet_collect_node_cpu_info_status{node="n1",status="failed"} 1',
+                     'koordlet_collect_node_numa_info_status{node="n1",status="succeeded"} 1']

@@ -449,6 +449,21 @@ def test_node_info_from_cpuinfo_alone(make_env):
         {"cpu": 1, "core": 1, "socket": 0, "node": 0, "online": True}]}
 
 
+@pytest.mark.parametrize("cpuinfo,want", [
+    ("processor : 0\n", {("node_cpu_info", "succeeded"): 2, ("node_numa_info", "succeeded"): 2}),
+    ("", {("node_cpu_info", "failed"): 2}),  # no processors: nothing stored, no NUMA info either
+])
+def test_node_info_outcomes_are_counted_for_upstreams_status_counters(make_env, cpuinfo, want):
+    env = make_env()
+    (env.proc / "cpuinfo").write_text(cpuinfo)
+    for _ in range(2):
+        try:
+            NodeInfoCollector(env).collect(1.0)
+        except FileProblem:
+            pass
+    assert env.shared.outcomes == want
+
+
 # ---- host applications -------------------------------------------------------------------
 
 @pytest.mark.parametrize("app, want", [

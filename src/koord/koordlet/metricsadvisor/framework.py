@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
 from ..metriccache import MetricCache, Samples
@@ -154,6 +154,13 @@ class SharedState:
     node: Point | None = None
     pods: dict[str, Point] = field(default_factory=dict)  # by collector name
     host_apps: Point | None = None
+    outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(what was collected, "succeeded"/"failed") -> times, for upstream's status counters."""
+
+    def count(self, what: str, ok: bool) -> None:
+        key = (what, "succeeded" if ok else "failed")
+        with self.lock:
+            self.outcomes[key] = self.outcomes.get(key, 0) + 1
 
     def set_node(self, point: Point) -> None:
         with self.lock:
@@ -172,29 +179,39 @@ class SharedState:
             return self.node, dict(self.pods), self.host_apps
 
 
-class NodeUsedGauges(PromCollector):
-    """Upstream's real-time node usage gauges, read from ``SharedState`` at scrape time
-    (the NodeResource collector's latest tick; nothing before its first CPU rate)."""
+NODE_CPU_INFO, NODE_NUMA_INFO = "node_cpu_info", "node_numa_info"
+"""What ``SharedState.count`` counts, the middle of upstream's ``koordlet_collect_<what>_status``."""
+
+
+class AdvisorMetrics(PromCollector):
+    """Upstream's metrics of the advisor's collectors, read from ``SharedState`` at scrape
+    time: the real-time node usage (the NodeResource collector's latest tick, nothing before
+    its first CPU rate) and how often the node's CPU and NUMA info were collected."""
 
     def __init__(self, shared: SharedState, node: str) -> None:
         self.shared, self.node = shared, node
 
     @staticmethod
-    def describe() -> Iterator[GaugeMetricFamily]:
-        """Both families, empty."""
+    def describe() -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Every family, empty."""
         yield GaugeMetricFamily("koordlet_node_used_cpu_cores", "Number of cpu cores used by node in realtime",
                                 labels=["node"])
         yield GaugeMetricFamily("koordlet_node_used_memory_bytes", "Memory used by node in realtime",
                                 labels=["node"])
+        for what, upstream in ((NODE_CPU_INFO, "CPU"), (NODE_NUMA_INFO, "NUMA")):
+            yield CounterMetricFamily(f"koordlet_collect_{what}_status",
+                                      f"the count of CollectNode{upstream}Info status", labels=["node", "status"])
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        cpu, memory = self.describe()
-        point = self.shared.snapshot()[0]
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        cpu, memory, cpu_info, numa_info = self.describe()
+        with self.shared.lock:
+            point, outcomes = self.shared.node, dict(self.shared.outcomes)
         if point is not None:
             cpu.add_metric([self.node], point.cpu)
             memory.add_metric([self.node], point.memory)
-        yield cpu
-        yield memory
+        for (what, status), times in outcomes.items():
+            (cpu_info if what == NODE_CPU_INFO else numa_info).add_metric([self.node, status], times)
+        yield from (cpu, memory, cpu_info, numa_info)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...metriccache import Samples
 from ...metriccache import kinds as k
-from ..framework import Collector
+from ..framework import NODE_CPU_INFO, NODE_NUMA_INFO, Collector
 from ..parsers import PROC_FILE_BYTES, FileProblem, parse, parse_cpu_list, parse_cpuinfo, parse_int, parse_meminfo
 
 _CPU_DIR = re.compile(r"^cpu(\d+)$")
@@ -82,7 +82,13 @@ class NodeInfoCollector(Collector):
         return {"nodes": nodes}
 
     def collect(self, now: float) -> Samples:
-        info = self.cpu_info()
+        try:
+            info = self.cpu_info()
+        except FileProblem:
+            self.env.shared.count(NODE_CPU_INFO, False)
+            raise
         self.env.cache.set_kv(k.NODE_CPU_INFO, info)
+        self.env.shared.count(NODE_CPU_INFO, True)
         self.env.cache.set_kv(k.NODE_NUMA_INFO, self.numa_info(info["processors"]))
+        self.env.shared.count(NODE_NUMA_INFO, True)
         return Samples(now)
