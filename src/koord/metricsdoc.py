@@ -22,6 +22,7 @@ from koord.koordlet.metricsadvisor.framework import AdvisorMetrics
 from koord.koordlet.qosmanager.metrics import QOSMetrics
 from koord.koordlet.runtimehooks.plugins.coreschedmetrics import CoreSchedMetrics
 from koord.koordlet.runtimehooks.plugins.cpusetmetrics import CPUSetMetrics
+from koord.koordlet.runtimehooks.plugins.oomscoreadj import OOMScoreAdjGauge
 from koord.runtimeproxy.dataplane import HAProxyCollector
 from koord.runtimeproxy.metrics import ProxyMetrics
 
@@ -59,7 +60,7 @@ def koordlet_pages() -> dict[str, list[Collector]]:
     CoreSchedMetrics("", metrics.registry)
     CPUSetMetrics("", metrics.registry)
     external: list[Collector] = [*_registered(metrics.external), ResctrlPrometheus]  # type: ignore[list-item]
-    internal: list[Collector] = [*_registered(metrics.registry), AdvisorMetrics]  # type: ignore[list-item]
+    internal: list[Collector] = [*_registered(metrics.registry), AdvisorMetrics, OOMScoreAdjGauge]  # type: ignore[list-item]
     return {"/internal-metrics": internal, "/external-metrics": external}
 
 

@@ -10,13 +10,19 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ as ADJ
 from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ_SPEC as ADJ_SPEC
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, InvalidInput, PluginEnv
-from koord.koordlet.runtimehooks.plugins.oomscoreadj import OOMScoreAdj, oom_score_adj_for, set_oom_score_adj
+from koord.koordlet.runtimehooks.plugins.oomscoreadj import (
+    OOMScoreAdj,
+    OOMScoreAdjGauge,
+    oom_score_adj_for,
+    set_oom_score_adj,
+)
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
 
 PARENT = "kubepods/burstable/pod1"
@@ -132,3 +138,45 @@ def test_refusal_is_reported_once(tmp_path: Path, caplog: pytest.LogCaptureFixtu
                 pod_annotations={ADJ: "-500"}, pod_cgroup_parent="/" + PARENT)))
     refusals = [r for r in caplog.records if "refused oom_score_adj -500" in r.message]
     assert len(refusals) == 1 and "CAP_SYS_RESOURCE" in refusals[0].message
+
+
+CONTAINER = {"node": "n1", "pod_namespace": "ns", "pod_name": "p", "pod_uid": "1", "container_name": "c1"}
+
+
+@pytest.mark.parametrize("refuse, want", [(False, 700.0), (True, None)])
+def test_the_value_a_containers_processes_hold_is_exported_as_upstreams_gauge(
+        tmp_path: Path, monkeypatch, refuse: bool, want: float | None) -> None:
+    fake_proc(tmp_path / "proc", {10: "0"})
+    if refuse:
+        def refused(self: Path, text: str) -> int:
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(Path, "write_text", refused, raising=True)
+    procs = tmp_path / "cgroup" / "cpu" / PARENT / "cid" / "cgroup.procs"
+    procs.parent.mkdir(parents=True, exist_ok=True)
+    with procs.open("w") as f:
+        f.write("10\n")
+    registry = CollectorRegistry()
+    h = Hooks(FailurePolicy.FAIL)
+    env = PluginEnv(CgroupExecutor(tmp_path / "cgroup", version=1), tmp_path, tmp_path / "proc",
+                    registry=registry, node="n1")
+    OOMScoreAdj(env).register(h)
+    h.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(
+        pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
+        pod_annotations={ADJ: "700"}, pod_cgroup_parent="/" + PARENT)))
+    assert registry.get_sample_value("koordlet_container_oom_score_adj", CONTAINER) == want
+
+
+@pytest.mark.parametrize("set_at, scraped_at, want", [
+    ((0.0,), 299.0, 5.0),
+    ((0.0,), 300.0, None),  # not refreshed for five minutes: gone, as upstream's expiring gauge
+    ((0.0, 200.0), 450.0, 5.0),  # each set refreshes it
+])
+def test_a_series_not_refreshed_expires(set_at: tuple[float, ...], scraped_at: float, want: float | None) -> None:
+    now = [0.0]
+    gauge, registry = OOMScoreAdjGauge("n1", clock=lambda: now[0]), CollectorRegistry()
+    registry.register(gauge)
+    for t in set_at:
+        now[0] = t
+        gauge.set("ns", "p", "1", "c1", 5)
+    now[0] = scraped_at
+    assert registry.get_sample_value("koordlet_container_oom_score_adj", CONTAINER) == want

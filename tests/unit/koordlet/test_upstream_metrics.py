@@ -21,7 +21,6 @@ MISSING = {
     "koordlet_collect_node_local_storage_info_status": "no node storage info collector",
     "koordlet_kubelet_request_duration_seconds": "kubelet requests are not timed per verb, path and code",
     "koordlet_host_application_resource_usage": "host application usage is collected but not yet exported",
-    "koordlet_container_oom_score_adj": "the oomscoreadj hook's writes are not yet exported",
     "koordlet_container_psi": "PSI is collected but not yet exported",
     "koordlet_pod_psi": "PSI is collected but not yet exported",
     "koordlet_node_predicted_resource_reclaimable": "predictions are computed but not yet exported",

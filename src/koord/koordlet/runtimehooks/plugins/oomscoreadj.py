@@ -12,12 +12,20 @@ so an annotation edited on a running pod is followed within a round.
 
 Lowering a value below what a process has needs CAP_SYS_RESOURCE; a kernel that refuses
 (EACCES) is reported once per container and value, never retried in a loop of log lines.
+The value a container's processes hold is upstream's ``koordlet_container_oom_score_adj``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector as PromCollector
 
 from koord import cgrouplimits
 from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ, ANNOTATION_OOM_SCORE_ADJ_SPEC
@@ -56,12 +64,48 @@ def oom_score_adj_for(annotations: dict[str, str], container: str) -> int | None
         raise InvalidInput(f"{where}={text!r:.40}: want an integer in [-1000, 1000]")
     return _value(int(text), where)
 
+EXPIRE_SECONDS = 300.0
+"""As upstream's expiring gauge: a container's series goes this long after its last set
+(the reconciler refreshes every running container far more often)."""
+
+
+class OOMScoreAdjGauge(PromCollector):
+    """``koordlet_container_oom_score_adj``: the value each container's processes hold, as
+    its rows read at scrape time; a row not refreshed for ``EXPIRE_SECONDS`` is dropped."""
+
+    def __init__(self, node: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.node, self._clock = node, clock
+        self._lock = threading.Lock()
+        self._rows: dict[tuple[str, str, str, str], tuple[int, float]] = {}
+
+    def set(self, namespace: str, pod: str, uid: str, container: str, value: int) -> None:
+        with self._lock:
+            self._rows[(namespace, pod, uid, container)] = (value, self._clock())
+
+    @staticmethod
+    def describe() -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("koordlet_container_oom_score_adj", "the oom_score_adj value set for the container",
+                                labels=["node", "pod_namespace", "pod_name", "pod_uid", "container_name"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        [family] = self.describe()
+        now = self._clock()
+        with self._lock:
+            for key in [k for k, (_, at) in self._rows.items() if now - at >= EXPIRE_SECONDS]:
+                del self._rows[key]
+            rows = list(self._rows.items())
+        for key, (value, _) in rows:
+            family.add_metric([self.node, *key], value)
+        yield family
+
 
 class OOMScoreAdj(RuntimePlugin):
     name = "OOMScoreAdj"
 
     def __init__(self, env: PluginEnv) -> None:
         super().__init__(env)
+        self.gauge = OOMScoreAdjGauge(env.node)
+        (env.registry if env.registry is not None else CollectorRegistry()).register(self.gauge)
         self._refused: dict[str, int] = {}
         """Container id -> the value the kernel last refused for it (said once)."""
 
@@ -87,6 +131,9 @@ class OOMScoreAdj(RuntimePlugin):
             return
         pids = [int(p) for p in text.split()[:MAX_PIDS] if p.isascii() and p.isdigit()]
         updated, refused = set_oom_score_adj(self.env.proc_root, pids, value)
+        if len(refused) < len(pids):  # some process holds the value now
+            meta = req.pod_meta
+            self.gauge.set(meta.namespace, meta.name, meta.uid, req.container_name, value)
         if updated:
             log.info("plugin %s: %s: oom_score_adj %d set for %d of %d processes", self.name, who, value,
                      updated, len(pids))
