@@ -4,17 +4,16 @@ Two registries, as upstream's: ``registry`` (internal: koordlet's own state and 
 ``/internal-metrics``) and ``external`` (what koordlet measured and reported of the node and
 its pods, ``/external-metrics``); ``/metrics`` serves both (``exposition.py``).
 
-Names follow upstream's ``koordlet_*`` metrics where upstream has one
-(``koordlet_start_time``, ``koordlet_node_metric_node_usage``,
-``koordlet_node_metric_system_usage``, ``koordlet_container_resource_requests`` /
-``_limits``); pod and container usage and module health are ours, in the same style
-(``resource`` + ``unit`` labels, ``core`` and ``byte`` units). Usage gauges hold what the
-last NodeMetric report computed (averages over the aggregate duration), requests and limits
-the pods it saw: each report replaces them as a whole, so pods that left disappear.
+Names, types, labels and label values are upstream's where upstream has the metric
+(docs/metrics.md lists them all); pod and container usage and module health are ours, in the
+same style (``resource`` + ``unit`` labels, ``core`` and ``byte`` units). The report's gauges
+hold what the last NodeMetric report computed (averages over the aggregate duration, the Prod
+reclaimable), requests and limits the pods it saw: each report replaces them as a whole, so
+pods that left disappear.
 
 Those per-pod and per-container gauges are thousands of series on a busy node (four per
 container), and each report replaces all of them: they are kept as the report's rows and
-turned into samples when /metrics is scraped (``ReportGauges``), not as one
+turned into samples when a page is scraped (``ReportGauges``), not as one
 prometheus_client child (a lock, a value object, a label dict) per series, which cost
 1.5 MiB and a burst of CPU per report at 100 pods.
 """
@@ -24,7 +23,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -47,6 +47,7 @@ sets (cpu in millicores, so ``integer``); one absent from the Node reads 0, as u
 STATUS_SUCCEEDED, STATUS_FAILED = "succeeded", "failed"
 HOOK_BUCKETS_MS = tuple(0.01 * 4**i for i in range(8))
 """Upstream's buckets, 10 µs to 164 ms: a plugin function takes tens of µs, a cgroup write ~40 µs."""
+PRIORITY_PROD = "koord-prod"
 _NODE = ["node", "resource", "unit"]
 _POD = ["node", "pod_uid", "pod_name", "pod_namespace"]
 _CONTAINER = _POD + ["container_id", "container_name"]
@@ -60,18 +61,32 @@ def _add_usage(family: GaugeMetricFamily, labels: list[str], usage: Usage) -> No
     family.add_metric([*labels, "memory", UNIT_BYTE], usage[1])
 
 
+@dataclass(frozen=True)
+class ReportRows:
+    """One NodeMetric report's numbers, as the gauges show them."""
+
+    node: Usage | None = None
+    system: Usage | None = None
+    pods: Sequence[tuple[PodMeta, Usage]] = ()
+    containers: Sequence[tuple[PodMeta, str, str, Usage]] = ()
+    all_pods: Sequence[PodMeta] = ()
+    numa: Sequence[tuple[int, Usage, Usage | None]] = ()
+    """(NUMA node id, node usage, system usage)."""
+    prod: tuple[Mapping[str, int] | None, Mapping[str, int] | None] | None = None
+    """(Prod reclaimable: cpu millicores, memory bytes; None when unpredicted; the peak) when
+    a predictor ran."""
+
+
 class ReportGauges(PromCollector):
     """The gauges each NodeMetric report replaces: the report's rows, as samples at scrape
     time. ``update`` swaps them in one assignment, so a scrape sees one report or the next."""
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self._report: tuple[Usage | None, Usage | None, Sequence[tuple[PodMeta, Usage]],
-                            Sequence[tuple[PodMeta, str, str, Usage]], Sequence[PodMeta]] = (None, None, (), (), ())
+        self._report = ReportRows()
 
-    def update(self, node: Usage | None, system: Usage | None, pods: Iterable[tuple[PodMeta, Usage]],
-               containers: Iterable[tuple[PodMeta, str, str, Usage]], all_pods: Iterable[PodMeta]) -> None:
-        self._report = (node, system, list(pods), list(containers), list(all_pods))
+    def update(self, rows: ReportRows) -> None:
+        self._report = rows
 
     def part(self, names: frozenset[str]) -> PromCollector:
         """A collector of this report's families named in ``names``: the report feeds both
@@ -82,16 +97,22 @@ class ReportGauges(PromCollector):
         return iter(self._families())
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        node_usage, system_usage, pod_usage, container_usage, requests, limits = self._families()
-        node, system, pods, containers, all_pods = self._report
-        for family, usage in ((node_usage, node), (system_usage, system)):
+        families = self._families()
+        (node_usage, system_usage, numa_node, numa_system, pod_usage, container_usage, requests, limits,
+         reclaimable, reclaimable_status) = families
+        r, node = self._report, [self.node]
+        for family, usage in ((node_usage, r.node), (system_usage, r.system)):
             if usage is not None:
-                _add_usage(family, [self.node], usage)
-        for pod, usage in pods:
+                _add_usage(family, node, usage)
+        for numa_id, numa_usage, numa_system_usage in r.numa:
+            _add_usage(numa_node, [self.node, str(numa_id)], numa_usage)
+            if numa_system_usage is not None:
+                _add_usage(numa_system, [self.node, str(numa_id)], numa_system_usage)
+        for pod, usage in r.pods:
             _add_usage(pod_usage, [self.node, pod.uid, pod.name, pod.namespace], usage)
-        for pod, cid, cname, usage in containers:
+        for pod, cid, cname, usage in r.containers:
             _add_usage(container_usage, [self.node, pod.uid, pod.name, pod.namespace, cid, cname], usage)
-        for pod in all_pods:
+        for pod in r.all_pods:
             for c in pod.containers:
                 base = [self.node, pod.uid, pod.name, pod.namespace, c.id, c.name]
                 for family, values in ((requests, c.requests), (limits, c.limits)):
@@ -100,15 +121,24 @@ class ReportGauges(PromCollector):
                             family.add_metric([*base, resource, UNIT_CORE], amount / 1000)
                         else:
                             family.add_metric([*base, resource, UNIT_BYTE], amount)
-        yield from (node_usage, system_usage, pod_usage, container_usage, requests, limits)
+        if r.prod is not None:  # upstream: 0 and status 1 when the prediction failed
+            prod = r.prod[0] or {}
+            _add_usage(reclaimable, [self.node, PRIORITY_PROD], (prod.get("cpu", 0) / 1000, prod.get("memory", 0)))
+            reclaimable_status.add_metric([self.node, PRIORITY_PROD], 0 if r.prod[0] is not None else 1)
+        yield from families
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
+        numa = ["node", "numa_node_id", "resource", "unit"]
         return (
             GaugeMetricFamily("koordlet_node_metric_node_usage",
                               "the node usage reported in the NodeMetric", labels=_NODE),
             GaugeMetricFamily("koordlet_node_metric_system_usage",
                               "the system usage reported in the NodeMetric", labels=_NODE),
+            GaugeMetricFamily("koordlet_node_metric_numa_node_usage",
+                              "the per-NUMA node usage reported in the NodeMetric", labels=numa),
+            GaugeMetricFamily("koordlet_node_metric_numa_system_usage",
+                              "the per-NUMA system usage reported in the NodeMetric", labels=numa),
             GaugeMetricFamily("koordlet_pod_resource_usage",
                               "pod usage reported in the NodeMetric (average over the aggregate duration)",
                               labels=_POD + ["resource", "unit"]),
@@ -119,10 +149,18 @@ class ReportGauges(PromCollector):
                               "the container requests of resources", labels=_CONTAINER + ["resource", "unit"]),
             GaugeMetricFamily("koordlet_container_resource_limits",
                               "the container limits of resources", labels=_CONTAINER + ["resource", "unit"]),
+            GaugeMetricFamily("koordlet_node_priority_resource_reclaimable",
+                              "the Prod reclaimable resources reported in the NodeMetric (0 when unpredicted)",
+                              labels=["node", "priority", "resource", "unit"]),
+            GaugeMetricFamily("koordlet_node_resource_priority_reclaimable_status",
+                              "0 when the reported Prod reclaimable was predicted, 1 when the prediction failed",
+                              labels=["node", "priority"]),
         )
 
 
-EXTERNAL_REPORT_FAMILIES = frozenset({"koordlet_container_resource_requests", "koordlet_container_resource_limits"})
+EXTERNAL_REPORT_FAMILIES = frozenset({
+    "koordlet_container_resource_requests", "koordlet_container_resource_limits",
+    "koordlet_node_priority_resource_reclaimable", "koordlet_node_resource_priority_reclaimable_status"})
 """The report's families upstream serves on /external-metrics (its resource summary)."""
 
 
@@ -206,10 +244,7 @@ class KoordletMetrics:
     def record_report(self, ok: bool) -> None:
         self.node_metric_reports.labels(self.node, STATUS_SUCCEEDED if ok else "failed").set(time.time())
 
-    def record_report_rows(self, node: Usage | None, system: Usage | None,
-                           pods: Iterable[tuple[PodMeta, Usage]],
-                           containers: Iterable[tuple[PodMeta, str, str, Usage]],
-                           all_pods: Iterable[PodMeta]) -> None:
-        """Replaces every usage, request and limit series with this report's: node and system
-        (cores, bytes), each pod's and container's averages, and the containers of every pod."""
-        self.report.update(node, system, pods, containers, all_pods)
+    def record_report_rows(self, rows: ReportRows) -> None:
+        """Replaces every series the report feeds (usage of the node, its NUMA nodes, pods and
+        containers, requests and limits of every pod's containers, the Prod reclaimable)."""
+        self.report.update(rows)

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from koord.koordlet.exposition import render
-from koord.koordlet.metrics import KoordletMetrics
+from koord.koordlet.metrics import KoordletMetrics, ReportRows
 from koord.koordlet.metricsadvisor.framework import AdvisorMetrics, Point, SharedState
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
@@ -25,10 +25,12 @@ APP = {**POD, "container_id": "c1", "container_name": "app"}
 SIDE = {**POD, "container_id": "c2", "container_name": "side"}
 
 
-def report(metrics: KoordletMetrics, pods: list[PodMeta]) -> None:
-    metrics.record_report_rows((1.5, 2.0**30), (0.25, 2.0**28),
-                               [(p, (0.1, 2.0**20)) for p in pods],
-                               [(p, c.id, c.name, (0.05, 2.0**19)) for p in pods for c in p.containers], pods)
+def report(metrics: KoordletMetrics, pods: list[PodMeta],
+           prod: tuple[dict[str, int] | None, dict[str, int] | None] | None = None) -> None:
+    metrics.record_report_rows(ReportRows(
+        (1.5, 2.0**30), (0.25, 2.0**28), [(p, (0.1, 2.0**20)) for p in pods],
+        [(p, c.id, c.name, (0.05, 2.0**19)) for p in pods for c in p.containers], pods,
+        [(0, (1.0, 2.0**29), (0.125, 2.0**27)), (1, (0.5, 2.0**29), None)], prod))
 
 
 def value(metrics: KoordletMetrics, name: str, labels: dict[str, str]) -> float | None:
@@ -42,6 +44,14 @@ def value(metrics: KoordletMetrics, name: str, labels: dict[str, str]) -> float 
     ("koordlet_node_metric_node_usage", {"node": "n1", "resource": "cpu", "unit": "core"}, 1.5),
     ("koordlet_node_metric_node_usage", {"node": "n1", "resource": "memory", "unit": "byte"}, 2.0**30),
     ("koordlet_node_metric_system_usage", {"node": "n1", "resource": "cpu", "unit": "core"}, 0.25),
+    ("koordlet_node_metric_numa_node_usage", {"node": "n1", "numa_node_id": "0", "resource": "cpu", "unit": "core"},
+     1.0),
+    ("koordlet_node_metric_numa_node_usage",
+     {"node": "n1", "numa_node_id": "1", "resource": "memory", "unit": "byte"}, 2.0**29),
+    ("koordlet_node_metric_numa_system_usage",
+     {"node": "n1", "numa_node_id": "0", "resource": "cpu", "unit": "core"}, 0.125),
+    ("koordlet_node_metric_numa_system_usage",
+     {"node": "n1", "numa_node_id": "1", "resource": "cpu", "unit": "core"}, None),  # none reported
     ("koordlet_pod_resource_usage", {**POD, "resource": "cpu", "unit": "core"}, 0.1),
     ("koordlet_pod_resource_usage", {**POD, "resource": "memory", "unit": "byte"}, 2.0**20),
     ("koordlet_container_resource_usage", {**APP, "resource": "cpu", "unit": "core"}, 0.05),
@@ -73,7 +83,8 @@ def test_the_next_report_replaces_every_series_so_pods_that_left_disappear():
     ("/external-metrics", {"koordlet_container_resource_requests", "koordlet_container_resource_limits"}),
     ("/internal-metrics", {"koordlet_start_time", "koordlet_node_metric_node_usage",
                            "koordlet_node_metric_system_usage", "koordlet_pod_resource_usage",
-                           "koordlet_container_resource_usage"}),
+                           "koordlet_container_resource_usage", "koordlet_node_metric_numa_node_usage",
+                           "koordlet_node_metric_numa_system_usage"}),
 ])
 def test_each_report_family_is_served_on_upstreams_page_and_on_metrics(path, served):
     metrics = KoordletMetrics("n1")
@@ -150,3 +161,21 @@ def test_node_info_outcomes_are_served_as_upstreams_status_counters():
     assert lines == ['koordlet_collect_node_cpu_info_status{node="n1",status="succeeded"} 2',
                      'koordlet_collect_node_cpu_info_status{node="n1",status="failed"} 1',
                      'koordlet_collect_node_numa_info_status{node="n1",status="succeeded"} 1']
+
+
+PROD = {"node": "n1", "priority": "koord-prod"}
+
+
+@pytest.mark.parametrize("prod,cpu,memory,status", [
+    (({"cpu": 2500, "memory": 2**30}, {"cpu": 1000, "memory": 2**29}), 2.5, 2**30, 0),
+    ((None, None), 0, 0, 1),  # unpredicted: 0 and status 1, as upstream's
+    (None, None, None, None),  # no predictor ran (the predict server is down): no series
+])
+def test_the_reports_prod_reclaimable_is_exported_as_upstreams_priority_gauges(prod, cpu, memory, status):
+    metrics = KoordletMetrics("n1")
+    report(metrics, [], prod)
+    assert value(metrics, "koordlet_node_priority_resource_reclaimable", {**PROD, "resource": "cpu", "unit": "core"}) \
+        == cpu
+    assert value(metrics, "koordlet_node_priority_resource_reclaimable",
+                 {**PROD, "resource": "memory", "unit": "byte"}) == memory
+    assert value(metrics, "koordlet_node_resource_priority_reclaimable_status", PROD) == status

@@ -14,10 +14,6 @@ UPSTREAM = json.loads((Path(__file__).parents[2] / "data" / "upstream-koordlet-m
 
 MISSING = {
     "koordlet_container_cpi": "no CPI collector: cycles and instructions need perf events, not built",
-    "koordlet_node_metric_numa_node_usage": "the NodeMetric report carries no per-NUMA usage",
-    "koordlet_node_metric_numa_system_usage": "the NodeMetric report carries no per-NUMA usage",
-    "koordlet_node_priority_resource_reclaimable": "the report's prod reclaimable is not yet exported",
-    "koordlet_node_resource_priority_reclaimable_status": "the report's prod reclaimable is not yet exported",
     "koordlet_collect_node_local_storage_info_status": "no node storage info collector",
     "koordlet_kubelet_request_duration_seconds": "kubelet requests are not timed per verb, path and code",
     "koordlet_host_application_resource_usage": "host application usage is collected but not yet exported",

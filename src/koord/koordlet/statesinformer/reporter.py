@@ -24,7 +24,7 @@ import yaml
 
 from koord import documents
 
-from ..metrics import KoordletMetrics
+from ..metrics import KoordletMetrics, ReportRows
 from .informer import StatesInformer
 from .nodemetric import MetricQuerier, ProdPredictor, collect, status_of
 from .objects import (
@@ -252,7 +252,8 @@ class NodeMetricReporter:
         status = status_of(report)
         ok = self.writer.write(node_metric, status)
         if self.metrics is not None:
-            self.metrics.record_report_rows(report.node, report.system, report.pods, report.containers, pods)
+            self.metrics.record_report_rows(ReportRows(report.node, report.system, report.pods, report.containers,
+                                                       pods, report.numa, report.prod))
             self.metrics.record_report(ok)
         if ok:
             log.debug("NodeMetric written to %s: %d pods", self.writer.describe(),
