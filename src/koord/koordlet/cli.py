@@ -56,7 +56,7 @@ from .statesinformer import (
     StatesInformer,
     in_cluster,
 )
-from .statesinformer.kubelet import KubeletPodsSource
+from .statesinformer.kubelet import KubeletObserver, KubeletPodsSource
 from .statesinformer.nrt import FileNRTWriter, KubeNRTWriter, NodeTopologyReporter
 from .statesinformer.reporter import (
     FileStatusWriter,
@@ -107,7 +107,7 @@ class Koordlet:
         defaults = parse_rules(None, None)
         for plugin in self.plugins:
             plugin.update_rules(defaults)
-        self.informer = make_states_informer(a)
+        self.informer = make_states_informer(a, self.metrics.record_kubelet_request)
         self.informer.register_callback(NODE, self.apply_rules)
         self.informer.register_callback(NODE, lambda: self.metrics.record_node_allocatable(self.informer.get_node()))
         self.informer.register_callback(NODE_SLO, self.apply_rules)
@@ -249,7 +249,8 @@ class Koordlet:
                 self.informer, self._cache(), interval=a.node_topology_sync_interval,
                 var_lib_kubelet=a.var_lib_kubelet_dir, proc_root=a.proc_root_dir, sys_root=a.sys_root_dir,
                 sys_fs_root=a.sys_fs_root_dir, writer=writer,
-                kubelet=None if a.disable_query_kubelet_config else kubelet_client(a, self.informer))
+                kubelet=None if a.disable_query_kubelet_config
+                else kubelet_client(a, self.informer, self.metrics.record_kubelet_request))
             topology.start()
             return topology
         self.modules.run("node-topology", start, lambda topology: setattr(self, "topology", topology))
@@ -350,9 +351,11 @@ class Koordlet:
             self.health = None
 
 
-def make_states_informer(a: argparse.Namespace) -> StatesInformer:
+def make_states_informer(a: argparse.Namespace,
+                         observe_kubelet: KubeletObserver | None = None) -> StatesInformer:
     """Objects from files when any file flag is given, else from the API server when
-    there is one; pods from CRI or kubelet (``--pods-source``)."""
+    there is one; pods from CRI or kubelet (``--pods-source``), each kubelet answer told to
+    ``observe_kubelet``."""
     driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
     files = {kind: path for kind, path in ((NODE, a.node_file), (NODE_SLO, a.node_slo_file),
                                            (NODE_METRIC, a.node_metric_file)) if path}
@@ -382,14 +385,15 @@ def make_states_informer(a: argparse.Namespace) -> StatesInformer:
         log.info("pods from %s (--pods-source=auto: %s)", source,
                  "the Node comes from the API server" if source == "kubelet" else "no API server")
     if source == "kubelet":
-        informer.pods_source = kubelet_client(a, informer)
+        informer.pods_source = kubelet_client(a, informer, observe_kubelet)
     else:
         informer.pods_source = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir,
                                              driver=driver)
     return informer
 
 
-def kubelet_client(a: argparse.Namespace, informer: StatesInformer) -> KubeletPodsSource:
+def kubelet_client(a: argparse.Namespace, informer: StatesInformer,
+                   observe: KubeletObserver | None = None) -> KubeletPodsSource:
     """The kubelet at the Node's address, with the API client's credentials (upstream's stub):
     its /pods and its /configz."""
     objects = informer.objects
@@ -399,7 +403,7 @@ def kubelet_client(a: argparse.Namespace, informer: StatesInformer) -> KubeletPo
         driver=driver or CgroupExecutor(a.cgroup_root_dir)._driver_for(None),  # the tree kubelet made
         address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
         read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout,
-        token=objects.bearer_token() if isinstance(objects, KubeObjectsSource) else None)
+        token=objects.bearer_token() if isinstance(objects, KubeObjectsSource) else None, observe=observe)
 
 
 def kubeconfig_path(a: argparse.Namespace) -> Path | None:

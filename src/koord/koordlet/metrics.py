@@ -48,6 +48,8 @@ STATUS_SUCCEEDED, STATUS_FAILED = "succeeded", "failed"
 HOOK_BUCKETS_MS = tuple(0.01 * 4**i for i in range(8))
 """Upstream's buckets, 10 µs to 164 ms: a plugin function takes tens of µs, a cgroup write ~40 µs."""
 PRIORITY_PROD = "koord-prod"
+KUBELET_BUCKETS_S = tuple(0.001 * 4**i for i in range(7))
+"""Upstream's buckets, 1 ms to 4 s: a /pods answer takes milliseconds, the timeout is seconds."""
 _NODE = ["node", "resource", "unit"]
 _POD = ["node", "pod_uid", "pod_name", "pod_namespace"]
 _CONTAINER = _POD + ["container_id", "container_name"]
@@ -207,6 +209,9 @@ class KoordletMetrics:
         self.node_allocatable = Gauge("koordlet_node_resource_allocatable",
                                       "the node allocatable of resources updated by koordinator",
                                       ["node", "resource", "unit"], registry=self.external)
+        self.kubelet_requests = Histogram(
+            "koordlet_kubelet_request_duration_seconds", "kubelet HTTP requests, by verb, path and HTTP code",
+            ["verb", "path", "code"], buckets=KUBELET_BUCKETS_S, registry=r)
         self.start_time.labels(node_name).set(time.time())
 
     def pages(self) -> dict[str, WSGIApp]:
@@ -237,6 +242,9 @@ class KoordletMetrics:
     def record_plugin_call(self, plugin: str, stage: HookPoint, ok: bool, seconds: float) -> None:
         self.runtime_hook_invoked.labels(self.node, plugin, stage.value,
                                          STATUS_SUCCEEDED if ok else STATUS_FAILED).observe(seconds * 1000)
+
+    def record_kubelet_request(self, verb: str, path: str, code: int, seconds: float) -> None:
+        self.kubelet_requests.labels(verb, path, str(code)).observe(seconds)
 
     def record_hook_request(self, stage: HookPoint, code: grpc.StatusCode) -> None:
         self.runtime_hook_requests.labels(self.node, stage.value, code.name).inc()

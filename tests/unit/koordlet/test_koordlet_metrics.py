@@ -179,3 +179,11 @@ def test_the_reports_prod_reclaimable_is_exported_as_upstreams_priority_gauges(p
     assert value(metrics, "koordlet_node_priority_resource_reclaimable",
                  {**PROD, "resource": "memory", "unit": "byte"}) == memory
     assert value(metrics, "koordlet_node_resource_priority_reclaimable_status", PROD) == status
+
+
+def test_kubelet_requests_are_upstreams_histogram_in_seconds():
+    metrics = KoordletMetrics("n1")
+    metrics.record_kubelet_request("get", "/pods/", 200, 0.003)
+    labels = {"verb": "get", "path": "/pods/", "code": "200"}
+    assert value(metrics, "koordlet_kubelet_request_duration_seconds_bucket", {**labels, "le": "0.004"}) == 1
+    assert value(metrics, "koordlet_kubelet_request_duration_seconds_bucket", {**labels, "le": "0.001"}) == 0

@@ -197,3 +197,36 @@ def test_secure_url_from_the_node_and_missing_node():
         KubeletPodsSource(lambda: None, kube_dir="k", driver=None).url()
     with pytest.raises(PodsUnavailable, match="Port"):
         KubeletPodsSource(lambda: node(), kube_dir="k", driver=None).url()
+
+
+@pytest.mark.parametrize("path, code", [("/pods/", 200), ("/configz", 404)])
+def test_every_kubelet_answer_is_observed_with_its_path_and_code(path, code):
+    kubelet = Kubelet(json.dumps({"items": [pod(name="a")]}).encode())
+    seen: list[tuple[str, str, int, float]] = []
+    try:
+        source = KubeletPodsSource(lambda: node(), kube_dir="kubepods/", driver=None, insecure_tls=True,
+                                   read_only_port=kubelet.port, observe=lambda *a: seen.append(a))
+        try:
+            source.fetch(path)
+        except PodsUnavailable:
+            assert code != 200
+    finally:
+        kubelet.server.shutdown()
+    [(verb, seen_path, seen_code, seconds)] = seen
+    assert (verb, seen_path, seen_code) == ("get", path, code) and 0 <= seconds < 5
+
+
+def test_an_unreachable_kubelet_is_not_observed():
+    seen: list[tuple] = []
+    source = KubeletPodsSource(lambda: node(), kube_dir="kubepods/", driver=None, insecure_tls=True,
+                               read_only_port=free_port(), observe=lambda *a: seen.append(a))
+    with pytest.raises(PodsUnavailable):
+        source.fetch("/pods/")
+    assert seen == []  # no answer, as upstream records only responses
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

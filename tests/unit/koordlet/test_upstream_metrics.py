@@ -15,7 +15,6 @@ UPSTREAM = json.loads((Path(__file__).parents[2] / "data" / "upstream-koordlet-m
 MISSING = {
     "koordlet_container_cpi": "no CPI collector: cycles and instructions need perf events, not built",
     "koordlet_collect_node_local_storage_info_status": "no node storage info collector",
-    "koordlet_kubelet_request_duration_seconds": "kubelet requests are not timed per verb, path and code",
     "koordlet_host_application_resource_usage": "host application usage is collected but not yet exported",
     "koordlet_container_psi": "PSI is collected but not yet exported",
     "koordlet_pod_psi": "PSI is collected but not yet exported",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -153,12 +154,18 @@ def pods_of_list(data: bytes, kube_dir: str, driver: str) -> list[PodMeta]:
     return sorted(pods, key=lambda p: (p.namespace, p.name, p.uid))
 
 
+KubeletObserver = Callable[[str, str, int, float], None]
+"""Told of every kubelet answer, whatever its status: (verb, path, HTTP code, seconds to the headers)."""
+
+
 class KubeletPodsSource:
     def __init__(self, get_node: Callable[[], dict | None], *, kube_dir: str, driver: str | None,
                  address_type: str = "InternalIP", insecure_tls: bool = False,
                  read_only_port: int = 10255, timeout: float = 3.0,
-                 token_file: Path = TOKEN_FILE, token: Callable[[], str | None] | None = None) -> None:
+                 token_file: Path = TOKEN_FILE, token: Callable[[], str | None] | None = None,
+                 observe: KubeletObserver | None = None) -> None:
         self.get_node = get_node
+        self.observe = observe
         self.kube_dir = kube_dir
         self.driver = driver or CGROUPFS
         self.address_type = address_type
@@ -213,14 +220,23 @@ class KubeletPodsSource:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE  # kubelet's serving cert is self-signed, as upstream
             request.add_header("Authorization", "Bearer " + self._bearer_token())
+        start = time.monotonic()
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=context) as r:
+                self._observe(path, r.status, start)
                 data = r.read(limit + 1)
+        except urllib.error.HTTPError as exc:  # an answer all the same
+            self._observe(path, exc.code, start)
+            raise PodsUnavailable(f"kubelet {url}: {exc}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise PodsUnavailable(f"kubelet {url}: {exc}") from None
         if len(data) > limit:
             raise PodsUnavailable(f"kubelet {url}: answer larger than {limit} bytes")
         return data
+
+    def _observe(self, path: str, code: int, start: float) -> None:
+        if self.observe is not None:
+            self.observe("get", path, code, time.monotonic() - start)
 
     def list_pods(self) -> tuple[PodMeta, ...]:
         data = self.fetch("/pods/")
