@@ -38,6 +38,9 @@ def go_float(value: float) -> str:
         return "+Inf" if value > 0 else "-Inf"
     if value == 0:
         return "0"  # Go's writer tests f == 0, which -0 passes
+    if 1e-4 <= abs(value) < 1e6:  # most samples: Python's repr has Go's digits, without exponent
+        text = repr(value)
+        return text[:-2] if text.endswith(".0") else text
     sign, digit_tuple, exponent = Decimal(repr(value)).normalize().as_tuple()
     assert isinstance(exponent, int)  # finite: NaN and Inf returned above
     digits = "".join(map(str, digit_tuple))
