@@ -75,18 +75,18 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks_and_is_retried(
         assert (short_dir / "cfg" / "koordlet.json").exists()  # runtime hooks registered
         assert k.metric_cache is None and k.reporter is None
         assert module_up(port) == {
-            "resource-executor": "1.0", "metric-cache": "0.0", "states-informer": "1.0",
-            "prediction": "0.0", "nodemetric-reporter": "0.0", "node-topology": "0.0",
-            "metrics-advisor": "0.0", "qos-manager": "0.0", "runtime-hooks": "1.0", "pleg": "1.0"}
+            "resource-executor": "1", "metric-cache": "0", "states-informer": "1",
+            "prediction": "0", "nodemetric-reporter": "0", "node-topology": "0",
+            "metrics-advisor": "0", "qos-manager": "0", "runtime-hooks": "1", "pleg": "1"}
         code, body = readyz(port)
         assert code == 503 and ("metric-cache, prediction, nodemetric-reporter, node-topology, "
                                 "metrics-advisor, qos-manager") in body
         time.sleep(2.5)  # a few retries fail: each cause is logged once, not per attempt
         blocker.unlink()  # the fault goes away: the next retry round brings every module up
         deadline = time.monotonic() + 15
-        while set(module_up(port).values()) != {"1.0"} and time.monotonic() < deadline:
+        while set(module_up(port).values()) != {"1"} and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert set(module_up(port).values()) == {"1.0"}, module_up(port)
+        assert set(module_up(port).values()) == {"1"}, module_up(port)
         assert k.metric_cache is not None and k.reporter is not None
         assert k.advisor is not None and k.qos_manager is not None and k.predict_server is not None
         # Not ready still, for the one remaining reason: no CRI here, so no pod list.
