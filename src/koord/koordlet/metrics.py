@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
+from koord.apis.extension import BATCH_CPU, BATCH_MEMORY, MID_CPU, MID_MEMORY
 from koord.hookapi import HookPoint
 from koord.hookapi.quantity import parse_quantity
 
@@ -40,8 +41,8 @@ from .statesinformer.meta import PodMeta
 log = logging.getLogger(__name__)
 
 UNIT_CORE, UNIT_BYTE, UNIT_INTEGER = "core", "byte", "integer"
-NODE_ALLOCATABLE = (("kubernetes.io/batch-cpu", UNIT_INTEGER), ("kubernetes.io/batch-memory", UNIT_BYTE),
-                    ("kubernetes.io/mid-cpu", UNIT_INTEGER), ("kubernetes.io/mid-memory", UNIT_BYTE))
+NODE_ALLOCATABLE = ((BATCH_CPU, UNIT_INTEGER), (BATCH_MEMORY, UNIT_BYTE),
+                    (MID_CPU, UNIT_INTEGER), (MID_MEMORY, UNIT_BYTE))
 """The Node allocatable upstream exports: the batch and mid resources the slo-controller
 sets (cpu in millicores, so ``integer``); one absent from the Node reads 0, as upstream's."""
 STATUS_SUCCEEDED, STATUS_FAILED = "succeeded", "failed"
