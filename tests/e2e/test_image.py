@@ -19,8 +19,6 @@ import shutil
 import socket
 import subprocess
 import tarfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from koord_testing.docker import Dockerd
 from koord_testing.kubeapi import NODEMETRICS
 from koord_testing.wait import wait_for
 
-from .test_upstream_dropin import NODE, Machine, machine  # noqa: F401 - machine is a fixture
+from .test_upstream_dropin import NODE, Machine, machine, ready  # noqa: F401 - machine is a fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -179,14 +177,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def test_upstream_daemonset_container_runs_the_image(image: Path, containerd: Containerd, machine: Machine,  # noqa: F811
