@@ -173,8 +173,18 @@ def test_post_hooks_run_after_success_and_their_failure_never_fails_the_call(rig
         return serve
 
     container_state = lambda req: direct.container_status(req.container_meta.id).status.state  # noqa: E731
-    pod_state = lambda req: next(p.state for p in direct.runtime.ListPodSandbox(  # noqa: E731
-        cri.ListPodSandboxRequest()).items if p.metadata.uid == req.pod_meta.uid)
+
+    def pod_state(req) -> int:
+        """The pod's state as the backend lists it. containerd 2.x updates its sandbox list from
+        the exit event, just after StopPodSandbox has returned: a READY is asked again for up
+        to 2 s. A hook called before the stop would still see READY: the proxy waits for it."""
+        def listed() -> int:
+            return next(p.state for p in direct.runtime.ListPodSandbox(cri.ListPodSandboxRequest()).items
+                        if p.metadata.uid == req.pod_meta.uid)
+        deadline = time.monotonic() + 2
+        while (state := listed()) == cri.PodSandboxState.SANDBOX_READY and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return state
     post.behaviours["PostStartContainer"] = Behaviour(answer=failing("PostStartContainer", container_state))
     post.behaviours["PostStopContainer"] = Behaviour(answer=failing("PostStopContainer", container_state))
     post.behaviours["PostStopPodSandbox"] = Behaviour(answer=failing("PostStopPodSandbox", pod_state))

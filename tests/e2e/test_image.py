@@ -179,6 +179,12 @@ def port_free(port: int) -> bool:
     return True
 
 
+def remove_image(containerd: Containerd) -> None:
+    """The session's containerd is shared: other tests count its images."""
+    with containerd.client() as client:
+        client.image.RemoveImage(client.pb.RemoveImageRequest(image=client.pb.ImageSpec(image=REF)))
+
+
 def test_upstream_daemonset_container_runs_the_image(image: Path, containerd: Containerd, machine: Machine,  # noqa: F811
                                                      host_dirs: dict[str, Path]) -> None:
     pod_spec, container, _ = upstream_container()
@@ -222,6 +228,7 @@ def test_upstream_daemonset_container_runs_the_image(image: Path, containerd: Co
             registration = json.loads((host_dirs["host-etc-hookserver"] / "koordlet.json").read_text())
         finally:
             containerd.remove_pods_of(client)
+            remove_image(containerd)
 
     # The args name no registration dir: agent_mode=dsMode from the image put it in /host-etc-hookserver/.
     assert registration["remote-endpoint"] == "/var/run/koordlet//koordlet.sock"
