@@ -14,7 +14,8 @@ from koord_testing.runtimes import resolve
 from koord_testing.sockets import make_short_socket_dir
 
 from .docker_rig import DockerEnv, DockerRig
-from .fault_rig import fault_node  # noqa: F401 - a fixture for the fault tests
+from .fault_rig import fault_node, small_disk  # noqa: F401 - fixtures for the fault tests
+from .plain_tree_rig import plain_tree_node  # noqa: F401 - a fixture for the fault tests
 from .rig import Rig
 
 

@@ -8,7 +8,10 @@ listed pods, a full disk) and watches the NodeMetric file for what a scheduler w
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +39,30 @@ def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj))
     tmp.replace(path)
+
+
+def node_files(workdir: Path, name: str) -> tuple[Path, Path, Path]:
+    """The Node, NodeSLO and NodeMetric files koordlet reads (a report every
+    ``REPORT_SECONDS`` over ``AGGREGATE_SECONDS``), written in ``workdir``."""
+    node_file, slo_file, metric_file = workdir / "node.json", workdir / "nodeslo.json", workdir / "nodemetric.json"
+    write_json(node_file, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                           "status": {"capacity": {"cpu": "2", "memory": "8Gi"},
+                                      "allocatable": {"cpu": "2", "memory": "8Gi"},
+                                      "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}})
+    write_json(slo_file, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+                          "metadata": {"name": name}, "spec": {}})
+    write_json(metric_file, {
+        "apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": name},
+        "spec": {"metricCollectPolicy": {"reportIntervalSeconds": REPORT_SECONDS,
+                                         "aggregateDurationSeconds": AGGREGATE_SECONDS}}})
+    return node_file, slo_file, metric_file
+
+
+def pod_memory(metric_file: Path) -> dict[str, float]:
+    """Each reported pod's memory (bytes) by pod name, from a NodeMetric file."""
+    status = (json.loads(metric_file.read_text()) or {}).get("status") or {}
+    return {m["name"]: float(parse_quantity(m["podUsage"]["resources"]["memory"]))
+            for m in status.get("podsMetric") or []}
 
 
 @dataclass
@@ -90,22 +117,12 @@ class FaultNode:
         assert not pod.cgroup.exists()
 
     def start_koordlet(self, *args: str, tsdb: Path | None = None) -> KoordletProcess:
-        node_file, slo_file = self.workdir / "node.json", self.workdir / "nodeslo.json"
-        write_json(node_file, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "fault-node"},
-                               "status": {"capacity": {"cpu": "2", "memory": "8Gi"},
-                                          "allocatable": {"cpu": "2", "memory": "8Gi"},
-                                          "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}})
-        write_json(slo_file, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
-                              "metadata": {"name": "fault-node"}, "spec": {}})
-        write_json(self.node_metric_file, {
-            "apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": "fault-node"},
-            "spec": {"metricCollectPolicy": {"reportIntervalSeconds": REPORT_SECONDS,
-                                             "aggregateDurationSeconds": AGGREGATE_SECONDS}}})
+        node_file, slo_file, metric_file = node_files(self.workdir, "fault-node")
         self.koordlet = KoordletProcess(self.workdir / "koordlet", [
             "--cgroup-kube-dir", self.kube, "--cgroup-driver", "cgroupfs",
             "--containerd-endpoint", self.containerd.endpoint,
             "--node-file", str(node_file), "--node-slo-file", str(slo_file),
-            "--node-metric-file", str(self.node_metric_file),
+            "--node-metric-file", str(metric_file),
             "--pods-source", "kubelet", "--kubelet-insecure-tls", "--kubelet-read-only-port", str(self.server.port),
             "--kubelet-sync-interval", "500ms", "--collect-res-used-interval", "1s",
             *args])
@@ -114,14 +131,8 @@ class FaultNode:
             command[command.index("--tsdb-path") + 1] = str(tsdb)
         return self.koordlet.start()
 
-    def status(self) -> dict[str, Any]:
-        return (json.loads(self.node_metric_file.read_text()) or {}).get("status") or {}
-
-    def pod_memory(self, status: dict[str, Any] | None = None) -> dict[str, float]:
-        """Each reported pod's memory (bytes) by pod name, from the NodeMetric file."""
-        status = self.status() if status is None else status
-        return {m["name"]: float(parse_quantity(m["podUsage"]["resources"]["memory"]))
-                for m in status.get("podsMetric") or []}
+    def pod_memory(self) -> dict[str, float]:
+        return pod_memory(self.node_metric_file)
 
     def logs(self) -> str:
         return self.koordlet.logs(tail=300) if self.koordlet else ""
@@ -147,3 +158,30 @@ def fault_node(containerd: Containerd, kubelet: KubeletClient, tmp_path: Path) -
         errors = kubelet.cleanup()
         stayed = remove_tree(kube.split("/")[0])
         assert not errors and not stayed, (errors, stayed)
+
+
+def fill(path: Path) -> None:
+    """Writes ``path`` until its filesystem has no byte left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for block in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * block)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own: filling it fills nothing else."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

@@ -4,17 +4,13 @@ and after something breaks under the running process."""
 
 from __future__ import annotations
 
-import errno
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from koord_testing.wait import wait_for
 
-from .fault_rig import REPORT_SECONDS, FaultNode, MiB, dump
+from .fault_rig import REPORT_SECONDS, FaultNode, MiB, dump, fill
 
 pytestmark = pytest.mark.e2e
 
@@ -60,33 +56,6 @@ def test_pods_whose_cgroups_vanished_do_not_hold_back_the_others_memory(fault_no
     print("survivors after:", {n: round(seen[0][n] / MiB, 1) for n in want})
     logs = node.logs()
     assert "Traceback" not in logs, logs
-
-
-def fill(path: Path) -> None:
-    """Writes ``path`` until its filesystem has no byte left."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for block in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * block)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-    finally:
-        os.close(fd)
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MiB tmpfs of its own: filling it fills nothing else."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def test_storing_resumes_once_a_full_disk_has_room_again(fault_node: FaultNode, small_disk: Path) -> None:

@@ -3,12 +3,16 @@ gives a value or a ValueError, nothing else; generated valid files parse back)."
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from koord.koordlet.metricsadvisor import parsers as p
-from koord.koordlet.metricsadvisor.openfiles import FIRST_READ, OpenFiles
+from koord.koordlet.metricsadvisor.openfiles import FIRST_READ, OpenFiles, on_cgroup_filesystem
 from koord.koordlet.metricsadvisor.parsers import FileProblem
 
 ANY_TEXT = st.text(max_size=400) | st.lists(
@@ -296,9 +300,69 @@ def test_open_files_read_all_gives_each_file_or_its_problem(tmp_path):
     assert isinstance(got[1], FileProblem) and got[1].missing
     assert isinstance(got[2], FileProblem) and "larger than 10 bytes" in got[2].reason
     gone.unlink()
-    gone.write_text("3\n")  # a new file by the same name: the open one still reads the old
-    assert files.read_all([str(ok), str(gone)], 10) == [b"1\n", b"2\n"]
+    gone.write_text("3\n")  # a new file by the same name: read, not the open old one
+    assert files.read_all([str(ok), str(gone)], 10) == [b"1\n", b"3\n"]
     ok.write_text("4\n")  # rewritten in place: read anew
     assert files.read_all([str(ok)], 10) == [b"4\n"]
     with pytest.raises(FileProblem, match="missing"):
         files.read(str(tmp_path / "missing"), 10)
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _remake_dir(path: Path, text: str) -> None:
+    shutil.rmtree(path.parent)
+    path.parent.mkdir()
+    path.write_text(text)
+
+
+def _rewrite(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+@pytest.mark.parametrize("change", [_replace, _remake_dir, _rewrite], ids=lambda f: f.__name__.strip("_"))
+def test_open_files_outside_cgroupfs_read_what_the_path_holds_now(tmp_path, change):
+    """A tree of plain files standing in for cgroupfs: a file replaced (a writer's atomic
+    rename), its dir removed and made again, or rewritten in place is read as it is now,
+    from the first read after the change, and the next read keeps the file open again."""
+    path = tmp_path / "pod1" / "memory.stat"
+    path.parent.mkdir()
+    path.write_text("old\n")
+    files = OpenFiles()
+    assert files.read_all([path, path], 64) == [b"old\n", b"old\n"]
+    change(path, "new\n")
+    assert files.read_all([path], 64) == [b"new\n"]
+    assert files.read_all([path], 64) == [b"new\n"] and len(files) == 1
+    files.close()
+
+
+def test_open_files_outside_cgroupfs_say_a_removed_file_is_missing(tmp_path):
+    path = tmp_path / "pod1" / "memory.stat"
+    path.parent.mkdir()
+    path.write_text("1\n")
+    files = OpenFiles()
+    assert files.read_all([path], 64) == [b"1\n"]
+    shutil.rmtree(path.parent)
+    (problem,) = files.read_all([path], 64)
+    assert isinstance(problem, FileProblem) and problem.missing
+    assert len(files) == 0
+
+
+def test_only_cgroup_filesystems_are_trusted_to_fail_reads_of_removed_files(tmp_path):
+    """The kernel's cgroup files are read without a check (a removed cgroup fails the
+    read); a plain file is not on a cgroup filesystem."""
+    plain = tmp_path / "f"
+    plain.write_text("1\n")
+    cgroup_file = next(p for p in (Path("/sys/fs/cgroup/cgroup.controllers"),
+                                   Path("/sys/fs/cgroup/memory/memory.stat"),
+                                   Path("/sys/fs/cgroup/cpu/cpu.shares")) if p.exists())
+    for path, want in ((plain, False), (cgroup_file, True)):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert on_cgroup_filesystem(fd) is want, path
+        finally:
+            os.close(fd)
