@@ -27,6 +27,7 @@ from koord.health import HealthServer
 from koord.hookapi import Registration
 
 from . import features, metriccache, metricsadvisor, prediction, qosmanager, upstreamflags
+from .cgrouplayout import CgroupLayout
 from .flags import parse_args
 from .metrics import KoordletMetrics
 from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
@@ -36,7 +37,6 @@ from .nodeslocheck import check_node_slo
 from .pleg import Pleg
 from .pprof import PprofServer
 from .ratelimit import limit_client
-from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import CACHE_TTL_SECONDS, ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.nri import NriOptions, NriServer
@@ -78,11 +78,11 @@ class Koordlet:
 
     def __post_init__(self) -> None:
         a = self.args
-        driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
+        self.layout = CgroupLayout.from_args(a)
         force = max(0, a.resource_force_update_seconds)
         # A cached write must outlive the force-update interval or the interval means nothing.
-        self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir,
-                                         force_update_seconds=force, cache_ttl=max(CACHE_TTL_SECONDS, 2 * force))
+        self.executor = ResourceExecutor(self.layout, force_update_seconds=force,
+                                         cache_ttl=max(CACHE_TTL_SECONDS, 2 * force))
         self.metrics = KoordletMetrics(node_name())
         env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
                         proc_root=a.proc_root_dir, current_pods=lambda: self.informer.get_all_pods(),
@@ -107,7 +107,7 @@ class Koordlet:
         defaults = parse_rules(None, None)
         for plugin in self.plugins:
             plugin.update_rules(defaults)
-        self.informer = make_states_informer(a, self.metrics.record_kubelet_request)
+        self.informer = make_states_informer(a, self.layout, self.metrics.record_kubelet_request)
         self.informer.register_callback(NODE, self.apply_rules)
         self.informer.register_callback(NODE, lambda: self.metrics.record_node_allocatable(self.informer.get_node()))
         self.informer.register_callback(NODE_SLO, self.apply_rules)
@@ -250,7 +250,7 @@ class Koordlet:
                 var_lib_kubelet=a.var_lib_kubelet_dir, proc_root=a.proc_root_dir, sys_root=a.sys_root_dir,
                 sys_fs_root=a.sys_fs_root_dir, writer=writer,
                 kubelet=None if a.disable_query_kubelet_config
-                else kubelet_client(a, self.informer, self.metrics.record_kubelet_request))
+                else kubelet_client(a, self.informer, self.layout, self.metrics.record_kubelet_request))
             topology.start()
             return topology
         self.modules.run("node-topology", start, lambda topology: setattr(self, "topology", topology))
@@ -265,7 +265,8 @@ class Koordlet:
 
     def _start_advisor(self) -> metricsadvisor.MetricsAdvisor:
         cache = self._cache()
-        advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args), self.informer, cache)
+        advisor = metricsadvisor.MetricsAdvisor(metricsadvisor.from_args(self.args), self.informer, cache,
+                                                self.executor)
         advisor.start()
         # After a successful start only: a retried start must not register the gauges twice.
         self.metrics.external.register(ResctrlPrometheus(cache, node_name()))
@@ -351,12 +352,11 @@ class Koordlet:
             self.health = None
 
 
-def make_states_informer(a: argparse.Namespace,
+def make_states_informer(a: argparse.Namespace, layout: CgroupLayout,
                          observe_kubelet: KubeletObserver | None = None) -> StatesInformer:
     """Objects from files when any file flag is given, else from the API server when
     there is one; pods from CRI or kubelet (``--pods-source``), each kubelet answer told to
     ``observe_kubelet``."""
-    driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
     files = {kind: path for kind, path in ((NODE, a.node_file), (NODE_SLO, a.node_slo_file),
                                            (NODE_METRIC, a.node_metric_file)) if path}
     objects: FileObjectsSource | KubeObjectsSource | None = None
@@ -385,23 +385,19 @@ def make_states_informer(a: argparse.Namespace,
         log.info("pods from %s (--pods-source=auto: %s)", source,
                  "the Node comes from the API server" if source == "kubelet" else "no API server")
     if source == "kubelet":
-        informer.pods_source = kubelet_client(a, informer, observe_kubelet)
+        informer.pods_source = kubelet_client(a, informer, layout, observe_kubelet)
     else:
-        informer.pods_source = CriPodsSource(a.containerd_endpoint, kube_dir=a.cgroup_kube_dir,
-                                             driver=driver)
+        informer.pods_source = CriPodsSource(a.containerd_endpoint, layout)
     return informer
 
 
-def kubelet_client(a: argparse.Namespace, informer: StatesInformer,
+def kubelet_client(a: argparse.Namespace, informer: StatesInformer, layout: CgroupLayout,
                    observe: KubeletObserver | None = None) -> KubeletPodsSource:
     """The kubelet at the Node's address, with the API client's credentials (upstream's stub):
     its /pods and its /configz."""
     objects = informer.objects
-    driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
     return KubeletPodsSource(
-        informer.get_node, kube_dir=a.cgroup_kube_dir,
-        driver=driver or CgroupExecutor(a.cgroup_root_dir)._driver_for(None),  # the tree kubelet made
-        address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
+        informer.get_node, layout, address_type=a.kubelet_preferred_address_type, insecure_tls=a.kubelet_insecure_tls,
         read_only_port=a.kubelet_read_only_port, timeout=a.kubelet_sync_timeout,
         token=objects.bearer_token() if isinstance(objects, KubeObjectsSource) else None, observe=observe)
 
