@@ -262,7 +262,7 @@ def test_a_restarted_container_replaces_its_series(tmp_path: Path) -> None:
 def test_koordlet_serves_the_metrics_and_warms_up_from_its_informer() -> None:
     koordlet = cli.Koordlet(flags.parse_args(["--feature-gates", "CoreSched=true",
                                               "--runtime-hooks-reconcile-interval", "0"]))
-    (plugin,) = [p for p in koordlet.plugins if isinstance(p, CoreSched)]
+    (plugin,) = [p for p in koordlet.hooks.plugins if isinstance(p, CoreSched)]
     assert plugin.metrics.registry is koordlet.metrics.registry
     assert plugin.metrics.node == koordlet.metrics.node
     assert plugin.env.current_pods is not None and plugin.env.current_pods() == koordlet.informer.get_all_pods()
