@@ -95,13 +95,22 @@ class CgroupLayout:
     def driver_for(self, cgroup_parent: str | None = None) -> str:
         """The driver that named a pod: the configured one, else its cgroup parent's form,
         else (no parent to look at) the tree kubelet made, looked at on every call since
-        kubelet may make it after koordlet started."""
+        kubelet may make it after koordlet started.
+
+        kubelet's own kube dir has a name per driver, so its ``kubepods.slice`` tells; a
+        slice given as the kube dir is systemd's; any other kube dir is the same dir under
+        both drivers, and only systemd's QoS slices in it tell."""
         if self.driver:
             return self.driver
         if cgroup_parent is not None:
             return driver_of_cgroup_parent(cgroup_parent)
+        if self.kube_dir.endswith(".slice"):
+            return SYSTEMD
         base = self.root / "cpu" if self.version == 1 else self.root
-        return SYSTEMD if (base / self._systemd_kube_dir()).is_dir() else CGROUPFS
+        if self.kube_dir == KUBE_DIR:
+            return SYSTEMD if (base / "kubepods.slice").is_dir() else CGROUPFS
+        slices = (self.kube_qos_dir(qos, SYSTEMD) for qos in (KubeQoS.BURSTABLE, KubeQoS.BESTEFFORT))
+        return SYSTEMD if any((base / d).is_dir() for d in slices) else CGROUPFS
 
     def _systemd_kube_dir(self) -> str:
         return "kubepods.slice" if self.kube_dir == KUBE_DIR else self.kube_dir

@@ -54,18 +54,25 @@ def test_version_detected_from_root(tmp_path: Path) -> None:
     assert (CgroupLayout(tmp_path).version, CgroupLayout(tmp_path / "v2").version) == (1, 2)
 
 
-@pytest.mark.parametrize("driver, tree, parent, want", [
-    ("systemd", None, "/kubepods/besteffort/pod1", "systemd"),  # configured: never detected
-    (None, None, "kubepods-besteffort-pod1.slice", "systemd"),
-    (None, None, "/kubepods/besteffort/pod1", "cgroupfs"),
-    (None, "cpu/kubepods.slice", None, "systemd"),  # no parent: the tree kubelet made (v1: cpu)
-    (None, "cpu/kubepods", None, "cgroupfs"),
-    (None, None, None, "cgroupfs"),
+@pytest.mark.parametrize("driver, kube_dir, tree, parent, want", [
+    ("systemd", "kubepods", None, "/kubepods/besteffort/pod1", "systemd"),  # configured: never detected
+    (None, "kubepods", None, "kubepods-besteffort-pod1.slice", "systemd"),
+    (None, "kubepods", None, "/kubepods/besteffort/pod1", "cgroupfs"),
+    # No parent: the tree kubelet made (v1: in cpu).
+    (None, "kubepods", "cpu/kubepods.slice", None, "systemd"),
+    (None, "kubepods", "cpu/kubepods", None, "cgroupfs"),
+    (None, "kubepods", None, None, "cgroupfs"),
+    (None, "kubepods.slice", None, None, "systemd"),  # only systemd names a slice
+    # A kube dir of one's own is there under both drivers: its QoS dirs tell.
+    (None, "t/kubepods", "cpu/t/kubepods/besteffort", None, "cgroupfs"),
+    (None, "t/kubepods", "cpu/t/kubepods/kubepods-burstable.slice", None, "systemd"),
+    (None, "t/kubepods", "cpu/kubepods.slice", None, "cgroupfs"),  # kubelet's own tree says nothing of it
 ])
-def test_driver_for(tmp_path: Path, driver: str | None, tree: str | None, parent: str | None, want: str) -> None:
+def test_driver_for(tmp_path: Path, driver: str | None, kube_dir: str, tree: str | None, parent: str | None,
+                    want: str) -> None:
     if tree:
         (tmp_path / tree).mkdir(parents=True)
-    assert CgroupLayout(tmp_path, driver=driver).driver_for(parent) == want
+    assert CgroupLayout(tmp_path, kube_dir, driver).driver_for(parent) == want
 
 
 def test_the_tree_is_looked_at_again_once_kubelet_made_it(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
-"""The cgroup executor: the only code that knows cgroup file names, versions and drivers.
+"""The cgroup executor: the only code that knows cgroup file names and their versions.
 
 Plugins speak in logical resources (``cpu_shares``, ``memory_limit`` ...) and relative
-cgroup dirs; this module maps them to v1 (``<root>/<subsystem>/<dir>/<file>``) or v2
+cgroup dirs (named by the agent's ``CgroupLayout``, which the executor is made over and
+hands out); this module maps them to v1 (``<root>/<subsystem>/<dir>/<file>``) or v2
 (``<root>/<dir>/<file>``) files, converts values between the two (shares to weight,
 quota to ``cpu.max``), validates ranges before touching the kernel, and skips writes that
 would not change anything so a periodic reconcile stays cheap and quiet.
@@ -135,7 +136,8 @@ def shares_to_weight(shares: int) -> int:
 
 
 class CgroupExecutor:
-    """Reads and writes cgroup files of pods and containers below ``root``."""
+    """Reads and writes cgroup files of pods and containers below the layout's root; the
+    dir methods are the layout's, raising ``CgroupError`` as the rest of the executor."""
 
     def __init__(self, layout: CgroupLayout) -> None:
         self.layout = layout
@@ -159,6 +161,7 @@ class CgroupExecutor:
             raise CgroupError(str(exc)) from None
 
     def container_dir(self, pod_cgroup_parent: str, container_id: str) -> str:
+        """The cgroup dir of a container of the pod with cgroup parent ``pod_cgroup_parent``."""
         try:
             return self.layout.container_dir_of_parent(pod_cgroup_parent, container_id)
         except ValueError as exc:
