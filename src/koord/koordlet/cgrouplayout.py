@@ -88,10 +88,6 @@ class CgroupLayout:
         """The layout of ``--cgroup-root-dir``, ``--cgroup-kube-dir`` and ``--cgroup-driver``."""
         return cls(args.cgroup_root_dir, args.cgroup_kube_dir, args.cgroup_driver)
 
-    def __repr__(self) -> str:
-        return (f"CgroupLayout(root={str(self.root)!r}, kube_dir={self.kube_dir!r}, "
-                f"driver={self.driver!r}, version={self.version})")
-
     def driver_for(self, cgroup_parent: str | None = None) -> str:
         """The driver that named a pod: the configured one, else its cgroup parent's form,
         else (no parent to look at) the tree kubelet made, looked at on every call since
