@@ -31,8 +31,10 @@ from pathlib import Path
 
 from koordlet_overhead import Node
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.statesinformer.kubelet import pods_of_list
 from koord.koordlet.statesinformer.meta import PodMeta
 from koord_testing.cgroupfs import memory_stat_text, write_usage
@@ -145,7 +147,7 @@ def main() -> None:
     try:
         v1 = Node(work / "cgroup-v1", a.pods, a.containers)
         kube_dir = f"koord-bench-tick-{os.getpid()}/kubepods" if a.cgroup == "real" else "kubepods"
-        pods = pods_of_list(v1.pod_list(), kube_dir, "cgroupfs")
+        pods = pods_of_list(v1.pod_list(), CgroupLayout(work / "cgroup-v1", kube_dir, "cgroupfs"), "cgroupfs")
         node: Node | V2Node | None = v1
         root = work / "cgroup-v1"
         if a.cgroup == "v2":
@@ -155,8 +157,8 @@ def main() -> None:
             real = RealNode(kube_dir.split("/")[0], pods)
             root, node = REAL_ROOT, None
         cache = MetricCache(work / "tsdb")
-        advisor = MetricsAdvisor(AdvisorConfig(cgroup_root=root, cgroup_kube_dir=kube_dir, cgroup_driver="cgroupfs"),
-                                 FakeStatesInformer(pods), cache)
+        advisor = MetricsAdvisor(AdvisorConfig(), FakeStatesInformer(pods), cache,
+                                 CgroupExecutor(CgroupLayout(root, kube_dir, "cgroupfs")))
         group = [c for c in advisor.collectors if c.interval == advisor.config.collect_res_used_interval]
         for _ in range(2):  # the first ticks prime the rates and create the series
             if node is not None:

@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 
 from koord.koordlet import metriccache as mc
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 from koord_testing.cgroupfs import memory_stat_text, write_usage
 from koord_testing.pods import FakeStatesInformer
@@ -66,8 +68,8 @@ def fake_pods(root: Path, pods: int, containers: int) -> list[PodMeta]:
 
 def bench_collect(work: Path, pods: list[PodMeta], seconds: float) -> None:
     cache = mc.MetricCache(work / "collect-tsdb")
-    advisor = MetricsAdvisor(AdvisorConfig(cgroup_root=work / "cgroup", cgroup_driver="cgroupfs"),
-                             FakeStatesInformer(pods), cache)
+    advisor = MetricsAdvisor(AdvisorConfig(), FakeStatesInformer(pods), cache,
+                             CgroupExecutor(CgroupLayout(work / "cgroup", driver="cgroupfs")))
     advisor.start()
     time.sleep(3)  # first ticks: imports, priming, series creation
     cpu0, t0 = time.process_time(), time.monotonic()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache, Sample
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.cpusuppress import CPUSuppress
@@ -45,7 +46,7 @@ def build(root: Path, pods: int, policy: str) -> tuple[CPUSuppress, MetricCache]
     slo = merged_node_slo({"metadata": {"name": "bench"}, "spec": {"resourceUsedThresholdWithBE": {
         "enable": True, "cpuSuppressPolicy": policy, "cpuSuppressThresholdPercent": 65}}})
     informer = FakeStatesInformer(pods=metas, node_slo=slo, node=node)
-    executor = ResourceExecutor(root, driver="cgroupfs")
+    executor = ResourceExecutor(CgroupLayout(root, driver="cgroupfs"))
     manager = QOSManager(QOSConfig(collect_interval=3600), informer, cache, executor,  # type: ignore[arg-type]
                          registry=CollectorRegistry())
     cache.append([Sample("node_cpu_usage", {}, now, 20.0), Sample("pod_cpu_usage", {"pod_uid": "ls"}, now, 8.0)]

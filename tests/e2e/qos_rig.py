@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
 from koord.koordlet.metricsadvisor.config import AdvisorConfig
@@ -85,21 +86,20 @@ class QOSRig:
         is given (CRI knows the sandbox, not the requests); with ``advisor`` the metrics
         advisor measures the pods' usage into the metric cache."""
         box: dict[str, StatesInformer] = {}
+        layout = CgroupLayout(CGROUP_ROOT, driver="cgroupfs", kube_dir=self.kube)
         pods: KubeletPodsSource | CriPodsSource = KubeletPodsSource(
-            lambda: box["informer"].get_node(), kube_dir=self.kube, driver="cgroupfs",
-            insecure_tls=True, read_only_port=self.server.port)
+            lambda: box["informer"].get_node(), layout, insecure_tls=True, read_only_port=self.server.port)
         if cri_endpoint is not None:
-            pods = CriPodsSource(cri_endpoint, kube_dir=self.kube, driver="cgroupfs")
+            pods = CriPodsSource(cri_endpoint, layout)
         informer = StatesInformer(objects=FileObjectsSource({NODE: self.node_file, NODE_SLO: self.slo_file}),
                                   pods=pods, pods_interval=1.0)
         box["informer"] = informer
         self.informer, self.cache = informer, MetricCache(None)
-        self.executor = ResourceExecutor(CGROUP_ROOT, driver="cgroupfs", kube_dir=self.kube)
+        self.executor = ResourceExecutor(layout)
         self.qos = QOSManager(config, informer, self.cache, self.executor)
         informer.start()
         if advisor:
-            self.advisor = MetricsAdvisor(AdvisorConfig(cgroup_kube_dir=self.kube, cgroup_driver="cgroupfs"),
-                                          informer, self.cache)
+            self.advisor = MetricsAdvisor(AdvisorConfig(), informer, self.cache, self.executor)
             self.advisor.start()
         self.qos.start()
         return self.qos

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import Aggregation, MetricCache
 from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
 from koord.koordlet.metricsadvisor.config import AdvisorConfig
@@ -77,19 +78,19 @@ def start(containerd: Containerd, api: FakeKubeAPI, tmp_path: Path, only_by_api:
                                       "allocatable": {"cpu": "2", "memory": "1Gi"}}})
     write_json(slo_file, {"metadata": {"name": "test-node"}, "spec": {"resourceUsedThresholdWithBE": {
         "enable": True, "memoryEvictThresholdPercent": 90}}})
+    layout = CgroupLayout(CGROUP_ROOT, driver="cgroupfs", kube_dir=kube)
+    executor = ResourceExecutor(layout)
     informer = StatesInformer(objects=FileObjectsSource({NODE: node_file, NODE_SLO: slo_file}),
-                              pods=CriPodsSource(containerd.endpoint, kube_dir=kube, driver="cgroupfs"),
-                              pods_interval=1.0)
+                              pods=CriPodsSource(containerd.endpoint, layout), pods_interval=1.0)
     cache = MetricCache(None)
-    advisor = MetricsAdvisor(AdvisorConfig(cgroup_kube_dir=kube, cgroup_driver="cgroupfs", proc_root=proc),
-                             informer, cache)
+    advisor = MetricsAdvisor(AdvisorConfig(proc_root=proc), informer, cache, executor)
     config = client.Configuration()
     config.host = api.url
     qos = QOSManager(QOSConfig(memory_evict_interval=1.0, memory_evict_cool_time=0.0,
                                only_evict_by_api=only_by_api, node_name="test-node",
                                gates={"BECPUSuppress": False, "BEMemoryEvict": True},
                                cri_endpoint=containerd.endpoint),
-                     informer, cache, ResourceExecutor(CGROUP_ROOT, driver="cgroupfs", kube_dir=kube),
+                     informer, cache, executor,
                      api_client=client.ApiClient(config))
     return Rig(kube, api, informer, cache, advisor, qos)
 

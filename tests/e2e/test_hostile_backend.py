@@ -18,6 +18,7 @@ from cri_api.v1 import api_pb2 as cri
 from google.protobuf.message import DecodeError
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks
 from koord.koordlet.runtimehooks.reconciler import Reconciler
@@ -86,8 +87,8 @@ def test_reconciler_skips_an_unreadable_sandbox_and_reconciles_the_rest(
     seen: list[str] = []
     hooks = Hooks(FailurePolicy.IGNORE)
     hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, "recorder", "", lambda ctx: seen.append(ctx.request.meta.name))
-    reconciler = Reconciler(hooks, CgroupExecutor(tmp_path / "cgroup", version=1), [], containerd.endpoint,
-                            interval=3600)
+    reconciler = Reconciler(hooks, CgroupExecutor(CgroupLayout(tmp_path / "cgroup", version=1)), [],
+                            containerd.endpoint, interval=3600)
     try:
         with caplog.at_level(logging.WARNING):
             first, second = reconciler.reconcile_once(), reconciler.reconcile_once()

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from koord.koordlet import metriccache as mc
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import kinds
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.statesinformer import StatesInformer
 from koord.koordlet.statesinformer.pods import CriPodsSource
 from koord_testing.cgroups import Cgroup
@@ -38,11 +40,12 @@ def advisor(containerd: Containerd, tmp_path: Path,
     fields with ``@pytest.mark.advisor_config(...)``."""
     marker = request.node.get_closest_marker("advisor_config")
     cache = mc.MetricCache(tmp_path / "tsdb")
-    pods = CriPodsSource(containerd.endpoint, kube_dir="kubepods/", driver="cgroupfs")
+    cgroups = CgroupExecutor(CgroupLayout(driver="cgroupfs"))
+    pods = CriPodsSource(containerd.endpoint, cgroups.layout)
     informer = StatesInformer(pods=pods, pods_interval=0.5)
     informer.start()
     config = AdvisorConfig(collect_res_used_interval=1.0, **(marker.kwargs if marker else {}))
-    advisor = MetricsAdvisor(config, informer, cache)
+    advisor = MetricsAdvisor(config, informer, cache, cgroups)
     advisor.start()
     try:
         yield advisor, cache

@@ -22,6 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from koord.hookapi import parse_cpuset
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import Aggregation, MetricCache
 from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
 from koord.koordlet.metricsadvisor.config import AdvisorConfig
@@ -92,13 +93,12 @@ def node_factory(containerd: Containerd, tmp_path: Path) -> Iterator[Callable[..
                                "status": {"capacity": {"cpu": str(cpus), "memory": memory},
                                           "allocatable": {"cpu": str(cpus), "memory": memory}}})
         write_json(slo_file, {"metadata": {"name": "test-node"}, "spec": {}})
+        layout = CgroupLayout(CGROUP_ROOT, driver="cgroupfs", kube_dir=kube)
+        executor = ResourceExecutor(layout)
         informer = StatesInformer(objects=FileObjectsSource({NODE: node_file, NODE_SLO: slo_file}),
-                                  pods=CriPodsSource(containerd.endpoint, kube_dir=kube, driver="cgroupfs"),
-                                  pods_interval=1.0)
+                                  pods=CriPodsSource(containerd.endpoint, layout), pods_interval=1.0)
         cache = MetricCache(None)
-        advisor = MetricsAdvisor(AdvisorConfig(cgroup_kube_dir=kube, cgroup_driver="cgroupfs",
-                                               proc_root=proc_root), informer, cache)
-        executor = ResourceExecutor(CGROUP_ROOT, driver="cgroupfs", kube_dir=kube)
+        advisor = MetricsAdvisor(AdvisorConfig(proc_root=proc_root), informer, cache, executor)
         registry = CollectorRegistry()
         qos = QOSManager(config, informer, cache, executor, registry=registry)
         node = Node(kube, informer, cache, advisor, executor, qos, registry, slo_file)

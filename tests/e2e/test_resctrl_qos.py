@@ -16,6 +16,7 @@ import pytest
 
 from koord.apis.extension import ANNOTATION_RESCTRL
 from koord.hookapi import FailurePolicy
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import Aggregation
 from koord.koordlet.metriccache import kinds as k
 from koord.koordlet.metricsadvisor.collectors.resctrl import ResctrlCollector
@@ -99,9 +100,9 @@ def test_class_groups_get_masks_and_their_pods_tasks(qos_rig: QOSRig, containerd
     # mon_data on mkdir; the fake tree gets it here).
     for group, llc in (("LSR", 1 << 20), ("LS", 2 << 20), ("BE", 3 << 20)):
         add_group_files(root / group, (0, 1), llc=llc, mbm=llc // 2)
-    assert rig.cache is not None and rig.informer is not None
+    assert rig.cache is not None and rig.informer is not None and rig.executor is not None
     collector = ResctrlCollector(Env(AdvisorConfig(proc_root=proc, sys_fs_root=sys_fs, resctrl_collector=True),
-                                     rig.informer, rig.cache))
+                                     rig.informer, rig.cache, rig.executor))
     now = time.time()
     rig.cache.append(collector.collect(now))
     assert rig.cache.aggregate(k.RESCTRL_LLC, now - 1, now + 1, Aggregation.LAST,
@@ -138,7 +139,7 @@ def test_pod_groups_in_standalone_mode(qos_rig: QOSRig, containerd: Containerd, 
     hooked_sandbox, hooked_cid = rig.run_pod(
         "hooked", "besteffort", "BE", [], annotations={ANNOTATION_RESCTRL: '{"mb":{"schemata":{"percent":40}}}'})
     plain_sandbox, plain_cid = rig.run_pod("plain", "besteffort", "BE", [])
-    executor = ResourceExecutor(CGROUP_ROOT, driver="cgroupfs", kube_dir=rig.kube)
+    executor = ResourceExecutor(CgroupLayout(CGROUP_ROOT, driver="cgroupfs", kube_dir=rig.kube))
     plugin = Resctrl(PluginEnv(executor, sys_fs, proc))
     plugin.update_rules(parse_rules(None, None))
     hooks = Hooks(FailurePolicy.IGNORE)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
@@ -48,7 +49,7 @@ def test_system_strategy_sets_and_restores_vm_knobs(v2_lane: None, tmp_path: Pat
     informer = StatesInformer(objects=FileObjectsSource({NODE: node_file, NODE_SLO: slo_file}))
     cache = MetricCache(None)
     qos = QOSManager(QOSConfig(reconcile_interval=1.0, gates={"SystemConfig": True}), informer, cache,
-                     ResourceExecutor())
+                     ResourceExecutor(CgroupLayout()))
     informer.start()
     qos.start()
     try:

@@ -16,7 +16,6 @@ from .features import ALL_GATE_DEFAULTS, parse_feature_gates
 from .flagtypes import choice, flag_bool, go_duration, port_number
 from .runtimehooks import nri
 from .runtimehooks.server import Network
-from .statesinformer.meta import DEFAULT_KUBE_DIR
 
 DEFAULT_ADDR = "/var/run/koordlet/koordlet.sock"
 DEFAULT_CONFIG_PATH = "/etc/runtime/hookserver.d"
@@ -120,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kubeconfig", type=Path, default=None, metavar="FILE",
       help="kubeconfig for the API server (default: $KUBECONFIG, else the in-cluster config when "
       "KUBERNETES_SERVICE_HOST is set)")
-    a("--cgroup-kube-dir", default=DEFAULT_KUBE_DIR, metavar="DIR",
+    a("--cgroup-kube-dir", default="kubepods/", metavar="DIR",
       help="pod cgroups' root under each cgroup subsystem (default: %(default)s; "
       "kubepods.slice with the systemd driver)")
     a("--kubelet-sync-interval", type=go_duration, default=10.0, metavar="DURATION",

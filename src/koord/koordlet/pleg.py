@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .resourceexecutor.executor import CGROUPFS, SYSTEMD, CgroupExecutor
+from .cgrouplayout import DRIVERS
+from .resourceexecutor.executor import CgroupExecutor
 from .runtimehooks.protocol import KubeQoS
 
 log = logging.getLogger(__name__)
@@ -162,11 +163,9 @@ class Pleg:
         the driver left to detection, both drivers' (a node may hold both trees, and kubelet's
         pods are in one of them)."""
         ex = self.executor
-        layouts = [ex] if ex.driver else [CgroupExecutor(ex.root, driver=driver, version=ex.version,
-                                                         kube_dir=ex.kube_dir)
-                                          for driver in (CGROUPFS, SYSTEMD)]
-        return [layout.path(layout.kube_qos_dir(qos), "cpu_shares").parent
-                for layout in layouts for qos in KubeQoS]
+        drivers = [ex.layout.driver] if ex.layout.driver else DRIVERS
+        return [ex.path(ex.layout.kube_qos_dir(qos, driver), "cpu_shares", keep=False).parent
+                for driver in drivers for qos in KubeQoS]
 
     def _hierarchy(self) -> Path:
         return self.executor.path("", "cpu_shares").parent

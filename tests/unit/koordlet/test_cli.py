@@ -152,22 +152,26 @@ def test_pleg_tells_the_qos_manager_once_it_runs(short_socket_dir, tmp_path, mon
         def start(self):
             pass
 
+        def stop(self):
+            pass
+
     monkeypatch.setattr(cli, "Pleg", RecordingPleg)
     make_fake_v1_cgroup(tmp_path / "cg", "kubepods")
     koordlet = cli.Koordlet(flags.parse_args([
         "--runtime-hooks-addr", str(short_socket_dir / "k.sock"), "--cgroup-root-dir", str(tmp_path / "cg"),
         *PRIVATE_PATHS(tmp_path)]))
-    koordlet._start_pleg()
+    (module,) = [m for m in koordlet.modules.modules if m.name == "pleg"]
+    module.start()
     (pleg,) = plegs
     for fn in pleg.on_change:
         fn()  # no QoS manager yet: nothing to tell
     calls = []
-    koordlet.qos_manager = type("Manager", (), {"cgroups_changed": lambda self: calls.append(1)})()
+    koordlet.qos_manager.running = type("Manager", (), {"cgroups_changed": lambda self: calls.append(1)})()
     for fn in pleg.on_change:
         fn()
     assert calls == [1]
-    koordlet.qos_manager = None
-    koordlet.modules.stop()
+    koordlet.qos_manager.running = None
+    koordlet.stop()
 
 
 LSR_CONTAINER = api_pb2.ContainerResourceHookRequest(
@@ -252,12 +256,36 @@ def test_koordlet_exits_1_when_it_cannot_listen(short_socket_dir, tmp_path):
     assert not (short_socket_dir / "cfg" / "koordlet.json").exists()
 
 
+@pytest.mark.parametrize("blocked, error", [
+    ("socket", "not a socket"),  # the server cannot listen
+    ("config", "File exists"),  # it listens, then the registration cannot be written
+])
+def test_runtime_hooks_that_cannot_start_end_the_start_and_leave_nothing(
+        short_socket_dir: Path, tmp_path: Path, blocked: str, error: str) -> None:
+    sock, config = short_socket_dir / "k.sock", short_socket_dir / "cfg"
+    (sock if blocked == "socket" else config).write_text("a regular file")
+    make_fake_v1_cgroup(tmp_path / "cg", "kubepods")
+    koordlet = cli.Koordlet(flags.parse_args([
+        "--runtime-hooks-addr", str(sock), "--runtime-hooks-config-path", str(config),
+        "--cgroup-root-dir", str(tmp_path / "cg"), "--runtime-hooks-reconcile-interval", "0",
+        *PRIVATE_PATHS(tmp_path)]))
+    try:
+        with pytest.raises(OSError, match=error):
+            koordlet.start()
+        (pleg,) = [m for m in koordlet.modules.modules if m.name == "pleg"]
+        assert getattr(pleg, "running", None) is None, "nothing after the runtime hooks was started"
+        # The blocker left as it was; the server that did listen stopped, its socket gone.
+        assert (sock.exists(), config.exists()) == (blocked == "socket", blocked == "config")
+    finally:
+        koordlet.stop()
+
+
 def test_resctrl_with_default_flags_uses_sys_fs_resctrl():
     """Upstream's semantics: --sys-fs-root-dir is /sys/fs, resctrl is <sys-fs-root>/resctrl."""
     args = flags.parse_args(["--feature-gates", "Resctrl=true", "--runtime-hooks-reconcile-interval", "0"])
     assert args.sys_fs_root_dir == Path("/sys/fs")
     koordlet = cli.Koordlet(args)
-    resctrl = [p for p in koordlet.plugins if p.name == "Resctrl"]
+    resctrl = [p for p in koordlet.hooks.plugins if p.name == "Resctrl"]
     assert len(resctrl) == 1
     assert resctrl[0].root == Path("/sys/fs/resctrl")
 
@@ -277,4 +305,4 @@ def test_resource_force_update_seconds_reaches_the_executor(tmp_path: Path, shor
     try:
         assert (koordlet.executor.force_update_seconds, koordlet.executor.cache_ttl) == (force, ttl)
     finally:
-        koordlet.modules.stop()
+        koordlet.stop()

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from koord.apis.extension import LABEL_CORE_SCHED_GROUP_ID as GROUP_ID
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import cli, flags
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager
@@ -105,7 +106,7 @@ CCC = "kubepods/burstable/podcccccc"
 def test_warm_up(tmp_path: Path, name, procs, cookies, failing, pods, warmed, groups) -> None:
     write_procs(tmp_path, procs)
     ops = fake_kernel(cookies, failing)
-    plugin = CoreSched(PluginEnv(CgroupExecutor(tmp_path, version=1), tmp_path, tmp_path,
+    plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1)), tmp_path, tmp_path,
                                  current_pods=lambda: pods), ops)
     plugin.update_rules(ENABLED)
     assert ENABLED.core_sched is not None
@@ -128,8 +129,8 @@ def sample(registry: CollectorRegistry, name: str) -> dict[tuple, float]:
 
 def started(tmp_path: Path, ops: FakeCookies, pods: list[PodMeta],
             registry: CollectorRegistry) -> tuple[CoreSched, Hooks]:
-    plugin = CoreSched(PluginEnv(CgroupExecutor(tmp_path, version=1), tmp_path, tmp_path, current_pods=lambda: pods,
-                                 registry=registry, node="node-1"), ops)
+    plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1)), tmp_path, tmp_path,
+                                 current_pods=lambda: pods, registry=registry, node="node-1"), ops)
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
     plugin.update_rules(ENABLED)
@@ -261,7 +262,7 @@ def test_a_restarted_container_replaces_its_series(tmp_path: Path) -> None:
 def test_koordlet_serves_the_metrics_and_warms_up_from_its_informer() -> None:
     koordlet = cli.Koordlet(flags.parse_args(["--feature-gates", "CoreSched=true",
                                               "--runtime-hooks-reconcile-interval", "0"]))
-    (plugin,) = [p for p in koordlet.plugins if isinstance(p, CoreSched)]
+    (plugin,) = [p for p in koordlet.hooks.plugins if isinstance(p, CoreSched)]
     assert plugin.metrics.registry is koordlet.metrics.registry
     assert plugin.metrics.node == koordlet.metrics.node
     assert plugin.env.current_pods is not None and plugin.env.current_pods() == koordlet.informer.get_all_pods()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from koord.hookapi import FailurePolicy, parse_cpuset
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
@@ -69,7 +70,7 @@ def test_reconciler_gives_ls_host_apps_the_share_pools(fake_cri, tmp_path, qos: 
     rel = "host-latency-sensitive/nginx" if qos != "BE" else "host-best-effort/nginx"
     make_fake_v1_cgroup(tmp_path, rel)
     (tmp_path / "cpuset" / rel / "cpuset.cpus").write_text("0-7\n")
-    executor = CgroupExecutor(tmp_path, version=1)
+    executor = CgroupExecutor(CgroupLayout(tmp_path, version=1))
     plugin = CPUSetAllocator(PluginEnv(executor, tmp_path, tmp_path))
     plugin.update_rules(parse_rules(slo({"name": "nginx", "qos": qos}), {"metadata": {"annotations": POOLS}}))
     hooks = Hooks(FailurePolicy.IGNORE)
@@ -83,7 +84,7 @@ def test_reconciler_gives_ls_host_apps_the_share_pools(fake_cri, tmp_path, qos: 
 
 def test_missing_host_app_cgroup_is_skipped(fake_cri, tmp_path) -> None:
     make_fake_v1_cgroup(tmp_path, "kubepods")
-    executor = CgroupExecutor(tmp_path, version=1)
+    executor = CgroupExecutor(CgroupLayout(tmp_path, version=1))
     plugin = CPUSetAllocator(PluginEnv(executor, tmp_path, tmp_path))
     plugin.update_rules(parse_rules(slo({"name": "nginx", "qos": "LS"}), {"metadata": {"annotations": POOLS}}))
     hooks = Hooks(FailurePolicy.IGNORE)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from koord import cgrouplimits, documents
 from koord.apis.runtime.v1alpha1 import api_pb2
 from koord.hookapi import FailurePolicy, HookPoint, parse_cpuset
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.features import DEFAULT_FEATURE_GATES
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
@@ -110,7 +111,7 @@ def node_with_everything(root: Path) -> CgroupExecutor:
     (resctrl / "info" / "L3").mkdir(parents=True, exist_ok=True)
     (resctrl / "info" / "L3" / "cbm_mask").write_text("fff\n")
     (resctrl / "schemata").write_text("L3:0=fff\nMB:0=100\n")
-    return CgroupExecutor(root / "cgroup", version=1)
+    return CgroupExecutor(CgroupLayout(root / "cgroup", version=1))
 
 
 def all_plugin_hooks(root: Path, policy: FailurePolicy, node: dict | None = None) -> tuple[Hooks, CgroupExecutor]:

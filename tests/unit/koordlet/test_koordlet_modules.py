@@ -45,6 +45,12 @@ def koordlet(tmp_path, short_dir, *extra):
     return Koordlet(args)
 
 
+def running(k: Koordlet, name: str) -> object:
+    """What module ``name`` runs; None while it is down or when it is not configured."""
+    found = [m for m in k.modules.modules if m.name == name]
+    return getattr(found[0], "running", None) if found else None
+
+
 def scrape(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return r.read().decode()
@@ -73,7 +79,7 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks_and_is_retried(
     k.start()
     try:
         assert (short_dir / "cfg" / "koordlet.json").exists()  # runtime hooks registered
-        assert k.metric_cache is None and k.reporter is None
+        assert running(k, "metric-cache") is None and running(k, "nodemetric-reporter") is None
         assert module_up(port) == {
             "resource-executor": "1", "metric-cache": "0", "states-informer": "1",
             "prediction": "0", "nodemetric-reporter": "0", "node-topology": "0",
@@ -87,8 +93,8 @@ def test_unusable_metric_cache_does_not_stall_informer_or_hooks_and_is_retried(
         while set(module_up(port).values()) != {"1"} and time.monotonic() < deadline:
             time.sleep(0.1)
         assert set(module_up(port).values()) == {"1"}, module_up(port)
-        assert k.metric_cache is not None and k.reporter is not None
-        assert k.advisor is not None and k.qos_manager is not None and k.predict_server is not None
+        assert all(running(k, name) is not None for name in (
+            "metric-cache", "nodemetric-reporter", "metrics-advisor", "qos-manager", "prediction"))
         # Not ready still, for the one remaining reason: no CRI here, so no pod list.
         assert readyz(port) == (503, "states informer has not synced yet\n")
     finally:
@@ -113,7 +119,7 @@ def test_busy_addr_is_logged_and_koordlet_runs(tmp_path, short_dir, caplog):
         k.start()
         try:
             assert (short_dir / "cfg" / "koordlet.json").exists()
-            assert k.metric_cache is not None
+            assert running(k, "metric-cache") is not None
         finally:
             k.stop()
     assert any("cannot serve Prometheus metrics" in r.getMessage() for r in caplog.records)
@@ -153,7 +159,7 @@ def test_node_metric_report_can_be_disabled(tmp_path, short_dir):
                  "--node-metric-file", str(nm), "--enable-node-metric-report=false")
     k.start()
     try:
-        assert k.reporter is None and k.metric_cache is not None
+        assert running(k, "nodemetric-reporter") is None and running(k, "metric-cache") is not None
     finally:
         k.stop()
 

@@ -11,8 +11,10 @@ import time
 import pytest
 
 from koord.koordlet import metriccache as mc
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor, add_flags, from_args
 from koord.koordlet.metricsadvisor.framework import Collector
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord_testing.pods import FakeStatesInformer
 from koord_testing.wait import wait_for
 
@@ -39,8 +41,8 @@ class Flaky(Collector):
 
 def test_collector_thread_survives_exceptions_and_logs_once(tmp_path, caplog):
     cache = mc.MetricCache(None)
-    advisor = MetricsAdvisor(AdvisorConfig(proc_root=tmp_path, sys_root=tmp_path, cgroup_root=tmp_path),
-                             FakeStatesInformer(), cache)
+    advisor = MetricsAdvisor(AdvisorConfig(proc_root=tmp_path, sys_root=tmp_path),
+                             FakeStatesInformer(), cache, CgroupExecutor(CgroupLayout(tmp_path)))
     flaky = Flaky(advisor.env)
     advisor.collectors = [flaky]
     advisor.start()
@@ -56,7 +58,7 @@ def test_collector_thread_survives_exceptions_and_logs_once(tmp_path, caplog):
 
 def test_real_machine_collects_node_usage(tmp_path):
     cache = mc.MetricCache(None)
-    advisor = MetricsAdvisor(AdvisorConfig(), FakeStatesInformer(), cache)
+    advisor = MetricsAdvisor(AdvisorConfig(), FakeStatesInformer(), cache, CgroupExecutor(CgroupLayout()))
     assert {c.name for c in advisor.collectors} == {"NodeInfo", "NodeResource", "PodResource", "HostApplication",
                                                     "SystemResource", "BEResource", "PodThrottled"}
     advisor.start()
@@ -71,7 +73,8 @@ def test_real_machine_collects_node_usage(tmp_path):
 
 
 def test_interval_below_one_second_disables(caplog):
-    advisor = MetricsAdvisor(AdvisorConfig(collect_res_used_interval=0.5), FakeStatesInformer(), mc.MetricCache(None))
+    advisor = MetricsAdvisor(AdvisorConfig(collect_res_used_interval=0.5), FakeStatesInformer(), mc.MetricCache(None),
+                             CgroupExecutor(CgroupLayout()))
     advisor.start()
     assert not advisor._threads
     assert "disabled" in caplog.text
@@ -103,8 +106,8 @@ def test_flags():
 
 def test_a_failing_store_does_not_end_the_collectors_thread(tmp_path, caplog, monkeypatch):
     cache = mc.MetricCache(None)
-    advisor = MetricsAdvisor(AdvisorConfig(proc_root=tmp_path, sys_root=tmp_path, cgroup_root=tmp_path),
-                             FakeStatesInformer(), cache)
+    advisor = MetricsAdvisor(AdvisorConfig(proc_root=tmp_path, sys_root=tmp_path),
+                             FakeStatesInformer(), cache, CgroupExecutor(CgroupLayout(tmp_path)))
     flaky = Flaky(advisor.env)
     advisor.collectors = [flaky]
     stores = []

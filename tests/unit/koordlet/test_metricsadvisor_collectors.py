@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from koord.koordlet import metriccache as mc
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metricsadvisor import AdvisorConfig
 from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
@@ -25,6 +26,7 @@ from koord.koordlet.metricsadvisor.collectors import (
 )
 from koord.koordlet.metricsadvisor.framework import CgroupTarget, Env, Point, Problems, Rates
 from koord.koordlet.metricsadvisor.parsers import FileProblem
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.statesinformer.meta import PodMeta
 from koord_testing.cgroupfs import memory_stat_text, write_usage
 from koord_testing.pods import FakeStatesInformer, container_meta, pod_meta
@@ -42,16 +44,17 @@ def by_kind(samples):
 
 @pytest.fixture
 def make_env(tmp_path):
-    def make(version: int = 1, pods=None, node_slo=None, **config) -> Env:
+    def make(version: int = 1, pods=None, node_slo=None, kube_dir: str = "kubepods",
+             driver: str = "cgroupfs", **config) -> Env:
         root = tmp_path / f"cgroup-v{version}"
         root.mkdir(exist_ok=True)
         if version == 2:
             (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
         for d in ("proc", "sys"):
             (tmp_path / d).mkdir(exist_ok=True)
-        cfg = AdvisorConfig(cgroup_root=root, proc_root=tmp_path / "proc", sys_root=tmp_path / "sys",
-                            cgroup_driver="cgroupfs", **config)
-        return Env(cfg, FakeStatesInformer(pods or [], node_slo=node_slo), MetricCache(None))
+        cfg = AdvisorConfig(proc_root=tmp_path / "proc", sys_root=tmp_path / "sys", **config)
+        return Env(cfg, FakeStatesInformer(pods or [], node_slo=node_slo), MetricCache(None),
+                   CgroupExecutor(CgroupLayout(root, kube_dir, driver)))
     return make
 
 
@@ -142,7 +145,7 @@ def test_system_resource_needs_fresh_inputs(make_env, missing):
 # ---- BE ----------------------------------------------------------------------------------
 
 def write_be(env: Env, version: int, cpuset: str, quota: int, cpu_ns: int = 0, container_cpuset: str | None = None):
-    root = env.config.cgroup_root
+    root = env.cgroups.root
     be = "kubepods/besteffort"
     write_usage(root, be, version, cpu_ns=cpu_ns, memory_stat=memory_stat_text(version, 0))
     if version == 1:
@@ -220,7 +223,7 @@ def test_pod_resource_as_upstream(make_env, version):
     # Test_collector_collectPodResUsed: 1e9 ns in 1 s = 1 core; inactive_anon 104857600 = 100 MiB.
     pod = pod_with_container()
     env = make_env(version, pods=[pod])
-    root = env.config.cgroup_root
+    root = env.cgroups.root
     for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
         write_usage(root, rel, version, cpu_ns=0, memory_stat=memory_stat_text(version, 104857600, file=5 * MiB))
     c = PodResourceCollector(env)
@@ -246,7 +249,7 @@ def test_pod_counter_going_backwards_logged_once_no_sample(make_env, caplog):
 
     def write(ns):
         for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
-            write_usage(env.config.cgroup_root, rel, 1, cpu_ns=ns, memory_stat=memory_stat_text(1, MiB))
+            write_usage(env.cgroups.root, rel, 1, cpu_ns=ns, memory_stat=memory_stat_text(1, MiB))
 
     for t, ns in enumerate((5 * 10**9, 10**9, 5 * 10**8, 10**9)):
         write(ns)
@@ -264,7 +267,7 @@ def test_pod_resource_page_cache_when_enabled(make_env):
     pod = pod_with_container()
     env = make_env(pods=[pod], enable_pagecache_collector=True)
     for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
-        write_usage(env.config.cgroup_root, rel, 1, cpu_ns=0, memory_stat=memory_stat_text(1, MiB, file=2 * MiB))
+        write_usage(env.cgroups.root, rel, 1, cpu_ns=0, memory_stat=memory_stat_text(1, MiB, file=2 * MiB))
     got = by_kind(PodResourceCollector(env).collect(1.0))
     assert got[mc.POD_MEMORY_USAGE_WITH_PAGE_CACHE][0].value == 3 * MiB
     assert got[mc.CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE][0].value == 3 * MiB
@@ -279,7 +282,7 @@ def test_pod_resource_waits_for_sync(make_env):
 def test_hostile_pod_files_logged_once_per_cause(make_env, caplog):
     good, garbage, vanished = pod_with_container("good"), pod_with_container("bad"), pod_with_container("gone")
     env = make_env(pods=[good, garbage, vanished])
-    root = env.config.cgroup_root
+    root = env.cgroups.root
     for pod in (good, garbage):
         for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
             write_usage(root, rel, 1, cpu_ns=0, memory_stat=memory_stat_text(1, MiB))
@@ -303,7 +306,7 @@ def test_hostile_pod_files_logged_once_per_cause(make_env, caplog):
 def test_container_garbage_logged_with_container_name(make_env, caplog):
     pod = pod_with_container()
     env = make_env(pods=[pod])
-    root = env.config.cgroup_root
+    root = env.cgroups.root
     for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
         write_usage(root, rel, 1, cpu_ns=0, memory_stat=memory_stat_text(1, MiB))
     (root / "memory" / pod.containers[0].cgroup_dir / "memory.stat").write_text("total_rss x\n")
@@ -340,7 +343,7 @@ def test_pod_targets_follow_the_informer_and_are_reused_while_it_stands(make_env
 def test_pod_throttled_ratio(make_env, version):
     pod = pod_with_container()
     env = make_env(version, pods=[pod])
-    root = env.config.cgroup_root
+    root = env.cgroups.root
 
     def write(periods, throttled):
         for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
@@ -364,7 +367,7 @@ def test_a_tick_reads_each_cgroup_file_once(make_env, version, files_per_target)
     throttling both come from cpu.stat, read once; outside a tick nothing is kept."""
     pod = pod_with_container()
     env = make_env(version, pods=[pod])
-    advisor = MetricsAdvisor(env.config, env.pods, env.cache)
+    advisor = MetricsAdvisor(env.config, env.pods, env.cache, env.cgroups)
     advisor.env = env
     env.clock = lambda: 100.0 + len(done)
     done: list[int] = []
@@ -374,7 +377,7 @@ def test_a_tick_reads_each_cgroup_file_once(make_env, version, files_per_target)
     env.files.read_all = lambda paths, limit: read.extend(paths) or real(paths, limit)  # type: ignore[method-assign]
     for t, (ns, periods, throttled) in enumerate([(0, 10, 2), (10**9, 20, 7)]):
         for rel in (pod.cgroup_dir, pod.containers[0].cgroup_dir):
-            write_usage(env.config.cgroup_root, rel, version, cpu_ns=ns, memory_stat=memory_stat_text(version, MiB),
+            write_usage(env.cgroups.root, rel, version, cpu_ns=ns, memory_stat=memory_stat_text(version, MiB),
                         nr_periods=periods, nr_throttled=throttled)
         read.clear()
         if t == 0:
@@ -396,7 +399,7 @@ def test_psi_gate_off_by_default_and_samples_when_on(make_env):
     assert not PSICollector(make_env()).enabled()
     pod = pod_meta("ns", "p", "u1", "kubepods/podu1")
     env = make_env(2, pods=[pod], psi_collector=True)
-    d = env.config.cgroup_root / pod.cgroup_dir
+    d = env.cgroups.root / pod.cgroup_dir
     d.mkdir(parents=True)
     (d / "cpu.pressure").write_text("some avg10=1.50 avg60=0 avg300=0 total=1\n"
                                     "full avg10=0.5 avg60=0 avg300=0 total=1\n")
@@ -488,11 +491,11 @@ def test_host_application_bad_entries(make_env, app):
 def test_host_application_samples_and_totals(make_env):
     slo = {"spec": {"hostApplications": [{"name": "nginx", "qos": "LS"}, {"name": "../bad"}, "junk"]}}
     env = make_env(node_slo=slo)
-    write_usage(env.config.cgroup_root, "host-latency-sensitive/nginx", 1, cpu_ns=0,
+    write_usage(env.cgroups.root, "host-latency-sensitive/nginx", 1, cpu_ns=0,
                 memory_stat=memory_stat_text(1, 128 * MiB, file=MiB))
     c = HostApplicationCollector(env)
     c.collect(1.0)
-    write_usage(env.config.cgroup_root, "host-latency-sensitive/nginx", 1, cpu_ns=10**8,
+    write_usage(env.cgroups.root, "host-latency-sensitive/nginx", 1, cpu_ns=10**8,
                 memory_stat=memory_stat_text(1, 128 * MiB, file=MiB))
     got = by_kind(c.collect(2.0))
     assert got[mc.HOST_APPLICATION_CPU_USAGE][0].value == pytest.approx(0.1)
@@ -583,6 +586,5 @@ def test_readable_drops_and_logs_targets_with_a_problem(make_env, caplog):
     ("systemd", "kubepods.slice", "guaranteed", "kubepods.slice"),
 ])
 def test_kube_qos_dirs_follow_the_pod_layout(make_env, driver, kube_dir, qos, want):
-    env = make_env(cgroup_kube_dir=kube_dir)
-    env.config.cgroup_driver = driver
+    env = make_env(kube_dir=kube_dir, driver=driver)
     assert env.kube_qos_dir(qos) == want

@@ -24,11 +24,13 @@ from koord.apis.extension import (
     ANNOTATION_RESOURCE_STATUS,
     ANNOTATION_SYSTEM_QOS_RESOURCE,
 )
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metriccache import kinds as mk
 from koord.koordlet.metricsadvisor import AdvisorConfig
 from koord.koordlet.metricsadvisor.collectors import NodeInfoCollector
 from koord.koordlet.metricsadvisor.framework import Env
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.koordlet.statesinformer import nrt
 from koord.koordlet.statesinformer import topology as t
@@ -236,9 +238,9 @@ def fake_sys_env(tmp_path):
     """2 sockets x 2 cores x 2 threads, a NUMA node per socket, 1 GiB each."""
     for d in ("proc", "sys", "cg"):
         (tmp_path / d).mkdir()
-    cfg = AdvisorConfig(cgroup_root=tmp_path / "cg", proc_root=tmp_path / "proc", sys_root=tmp_path / "sys",
-                        cgroup_driver="cgroupfs")
-    env = Env(cfg, FakeStatesInformer([]), MetricCache(None))
+    cfg = AdvisorConfig(proc_root=tmp_path / "proc", sys_root=tmp_path / "sys")
+    env = Env(cfg, FakeStatesInformer([]), MetricCache(None),
+              CgroupExecutor(CgroupLayout(tmp_path / "cg", driver="cgroupfs")))
     (env.proc / "cpuinfo").write_text("".join(f"processor : {c}\nvendor_id : GenuineIntel\nmodel name : Fake CPU\n\n"
                                               for c in range(8)))
     base = env.sys / "devices/system/cpu"

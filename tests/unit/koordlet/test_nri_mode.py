@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import flags
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks
@@ -177,7 +178,7 @@ def recording(policy: FailurePolicy = FailurePolicy.IGNORE, fail: bool = False) 
 
 
 def server(tmp_path: Path, hooks: Hooks, **kw: object) -> NriServer:
-    return NriServer(hooks, CgroupExecutor(tmp_path, version=1), options(), **kw)  # type: ignore[arg-type]
+    return NriServer(hooks, CgroupExecutor(CgroupLayout(tmp_path, version=1)), options(), **kw)  # type: ignore[arg-type]
 
 
 def test_flags_are_upstreams_and_the_socket_is_joined_under_var_run_root_dir() -> None:

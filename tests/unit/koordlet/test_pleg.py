@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.pleg import BURST, IN_IGNORED, RATE_PER_SECOND, Inotify, Pleg, decode_events, is_pod_dir
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord_testing.wait import wait_for
@@ -75,7 +76,7 @@ def started():
 def test_pod_and_container_dirs_are_reported(tmp_path, started, version, driver, qos_dirs, pod, container):
     base = tree(tmp_path, version, qos_dirs)
     calls = Calls()
-    pleg = started(Pleg(CgroupExecutor(tmp_path, driver=driver), [calls], follow_up=0.2))
+    pleg = started(Pleg(CgroupExecutor(CgroupLayout(tmp_path, driver=driver)), [calls], follow_up=0.2))
     assert sorted(pleg.qos_dirs()) == sorted(base / d for d in qos_dirs)
     (base / pod).mkdir()
     wait_for(lambda: calls.n >= 1, "the pod directory to be reported", 5)
@@ -95,7 +96,7 @@ def test_detected_driver_watches_both_trees(tmp_path, started):
     left to detection, a pod in either is seen."""
     base = tree(tmp_path, 1, LAYOUTS[0][2] + LAYOUTS[1][2])
     calls = Calls()
-    pleg = started(Pleg(CgroupExecutor(tmp_path), [calls]))
+    pleg = started(Pleg(CgroupExecutor(CgroupLayout(tmp_path)), [calls]))
     (base / LAYOUTS[0][3]).mkdir()
     (base / LAYOUTS[1][3]).mkdir()
     wait_for(lambda: pleg.events == 2, "a pod in each tree", 5)
@@ -104,7 +105,7 @@ def test_detected_driver_watches_both_trees(tmp_path, started):
 def test_other_dirs_and_files_are_not_pods(tmp_path, started):
     base = tree(tmp_path, 1, LAYOUTS[0][2])
     calls = Calls()
-    pleg = started(Pleg(CgroupExecutor(tmp_path, driver="cgroupfs"), [calls]))
+    pleg = started(Pleg(CgroupExecutor(CgroupLayout(tmp_path, driver="cgroupfs")), [calls]))
     (base / "kubepods/besteffort/cpu.shares").write_text("2\n")
     (base / "kubepods/other").mkdir()
     (base / "kubepods/burstable/pod9").write_text("")  # a file, not a directory
@@ -116,7 +117,7 @@ def test_pods_present_at_start_are_watched_and_a_late_qos_dir_is_found(tmp_path,
     base = tmp_path / "cpu"
     (base / "kubepods/burstable/podA").mkdir(parents=True)
     calls = Calls()
-    pleg = started(Pleg(CgroupExecutor(tmp_path, driver="cgroupfs", version=1), [calls]))
+    pleg = started(Pleg(CgroupExecutor(CgroupLayout(tmp_path, driver="cgroupfs", version=1)), [calls]))
     (base / "kubepods/burstable/podA/c1").mkdir()
     wait_for(lambda: calls.n >= 1, "a container in a pod that existed at start", 5)
     (base / "kubepods/besteffort").mkdir()  # kubelet made it after koordlet started
@@ -130,7 +131,7 @@ def test_churn_is_rate_limited_and_leaves_no_watches(tmp_path, started):
     stay within the rate limit (no backlog), and every watch of a removed pod is gone."""
     base = tree(tmp_path, 1, LAYOUTS[0][2])
     calls = Calls()
-    pleg = started(Pleg(CgroupExecutor(tmp_path, driver="cgroupfs"), [calls]))
+    pleg = started(Pleg(CgroupExecutor(CgroupLayout(tmp_path, driver="cgroupfs")), [calls]))
     baseline = len(pleg._watched)
     t0 = time.monotonic()
     for i in range(100):
@@ -179,7 +180,7 @@ def test_tree_made_at_once_after_start_is_seen_without_waiting_for_a_rescan(tmp_
     if version == 2:
         (base / "cgroup.controllers").write_text("cpu memory\n")
     calls = Calls()
-    started(Pleg(CgroupExecutor(tmp_path, driver="cgroupfs", version=version), [calls],
+    started(Pleg(CgroupExecutor(CgroupLayout(tmp_path, driver="cgroupfs", version=version)), [calls],
                  rescan_interval=3600))
     (base / "kubepods/besteffort/pod1/c1").mkdir(parents=True)
     wait_for(lambda: calls.n >= 1, "the new tree's pod to be reported", 5)
@@ -203,7 +204,7 @@ class CgroupfsInotify(Inotify):
 
 
 def cgroupfs_pleg(tmp_path, calls, **kwargs) -> Pleg:
-    pleg = Pleg(CgroupExecutor(tmp_path, driver="cgroupfs"), [calls], **kwargs)
+    pleg = Pleg(CgroupExecutor(CgroupLayout(tmp_path, driver="cgroupfs")), [calls], **kwargs)
     pleg._inotify = CgroupfsInotify()
     pleg._rescan()
     return pleg

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint, parse_quantity
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
@@ -43,7 +44,7 @@ def spec(**containers: dict) -> dict[str, str]:
 
 def hooks() -> Hooks:
     h = Hooks(FailurePolicy.FAIL)
-    BatchResource(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)).register(h)
+    BatchResource(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS)).register(h)
     return h
 
 
@@ -148,7 +149,7 @@ def test_parse_quantity_rejects(text: object) -> None:
 
 def run_with_rules(rules: Rules, stage: HookPoint) -> Resources:
     h = Hooks(FailurePolicy.FAIL)
-    plugin = BatchResource(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
+    plugin = BatchResource(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS))
     plugin.update_rules(rules)
     plugin.register(h)
     ctx: PodContext | ContainerContext
@@ -186,7 +187,7 @@ def test_quota_follows_node_rules(stage: HookPoint, rules: Rules, quota: int) ->
 ])
 def test_besteffort_quota_unlimited_before_pods_get_limits(rules: Rules | None, qos: KubeQoS,
                                                            expected: Resources | None) -> None:
-    plugin = BatchResource(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
+    plugin = BatchResource(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS))
     if rules is not None:
         plugin.update_rules(rules)
     assert plugin.kube_qos_resources(qos) == expected

@@ -13,6 +13,7 @@ import pytest
 
 from koord.apis.extension import LABEL_CORE_SCHED_GROUP_ID, LABEL_CORE_SCHED_POLICY
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager, PrctlCookies, pod_group, supported
@@ -79,14 +80,16 @@ def test_kube_qos_cpu_idle(tmp_path: Path, node_slo: dict, want: dict) -> None:
         make_fake_v1_cgroup(tmp_path, d)
         for rel in (d, "kubepods"):
             (tmp_path / "cpu" / rel / "cpu.idle").write_text("0\n")
-    plugin = CoreSched(PluginEnv(CgroupExecutor(tmp_path, version=1, driver="cgroupfs"), tmp_path, tmp_path))
+    plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1, driver="cgroupfs")),
+                                 tmp_path, tmp_path))
     plugin.update_rules(parse_rules(node_slo, None))
     assert {q: plugin.kube_qos_resources(q) for q in KubeQoS} == {q: Resources(cpu_idle=v) for q, v in want.items()}
 
 
 def test_kernel_without_cpu_idle_or_node_slo_writes_nothing(tmp_path: Path, caplog) -> None:
     make_fake_v1_cgroup(tmp_path, "kubepods/besteffort")
-    plugin = CoreSched(PluginEnv(CgroupExecutor(tmp_path, version=1, driver="cgroupfs"), tmp_path, tmp_path))
+    plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1, driver="cgroupfs")),
+                                 tmp_path, tmp_path))
     plugin.update_rules(parse_rules(None, None))
     assert plugin.kube_qos_resources(KubeQoS.BESTEFFORT) is None
     plugin.update_rules(parse_rules(slo("coreSched", beClass={"schedIdle": 1}), None))
@@ -139,7 +142,7 @@ class FakeCookies:
                                                    (True, "supports core scheduling")])
 def test_core_scheduling_support_is_said_once(tmp_path: Path, caplog, kernel_supports: bool, says: str) -> None:
     ops = FakeCookies(set(), supported=kernel_supports)
-    plugin = CoreSched(PluginEnv(CgroupExecutor(tmp_path, version=1), tmp_path, tmp_path), ops)
+    plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1)), tmp_path, tmp_path), ops)
     with caplog.at_level(logging.INFO):
         plugin.update_rules(parse_rules(slo("coreSched", lsClass={"schedIdle": 1}), None))  # nothing enabled
         for enable_ls in (True, False, True):
@@ -207,7 +210,7 @@ def run_container(tmp_path: Path, plugin: CoreSched, labels: dict, pids: list[in
 
 def test_plugin_gives_containers_their_group_cookie(tmp_path: Path) -> None:
     ops = FakeCookies({10, 11, 20, 30})
-    plugin = CoreSched(PluginEnv(CgroupExecutor(tmp_path, version=1), tmp_path, tmp_path), ops)
+    plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1)), tmp_path, tmp_path), ops)
     plugin.update_rules(parse_rules(slo("coreSched", lsClass={"enable": True}, beClass={"enable": True}), None))
     run_container(tmp_path, plugin, {"koordinator.sh/qosClass": "BE"}, [10, 11], "c1")
     run_container(tmp_path, plugin, {"koordinator.sh/qosClass": "BE"}, [20], "c2")
@@ -221,7 +224,7 @@ def test_plugin_gives_containers_their_group_cookie(tmp_path: Path) -> None:
 
 def test_no_cookie_work_where_the_kernel_lacks_core_scheduling(tmp_path: Path) -> None:
     ops = FakeCookies({10}, supported=False)
-    plugin = CoreSched(PluginEnv(CgroupExecutor(tmp_path, version=1), tmp_path, tmp_path), ops)
+    plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1)), tmp_path, tmp_path), ops)
     plugin.update_rules(parse_rules(slo("coreSched", beClass={"enable": True}), None))
     run_container(tmp_path, plugin, {"koordinator.sh/qosClass": "BE"}, [10], "c1")
     assert ops.calls == 1 and ops.cookies == {}
@@ -231,7 +234,7 @@ def test_no_cookie_work_where_the_kernel_lacks_core_scheduling(tmp_path: Path) -
 def test_executor_range_checks_cpu_idle(tmp_path: Path, value) -> None:
     make_fake_v1_cgroup(tmp_path, "kubepods/besteffort")
     (tmp_path / "cpu/kubepods/besteffort/cpu.idle").write_text("0\n")
-    ex = CgroupExecutor(tmp_path, version=1)
+    ex = CgroupExecutor(CgroupLayout(tmp_path, version=1))
     if value == "1":
         assert ex.write("kubepods/besteffort", "cpu_idle", value)
         return

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
@@ -23,7 +24,7 @@ from koord.koordlet.runtimehooks.rule import parse_rules
 
 STATUS = "scheduling.koordinator.sh/resource-status"
 NO_FS = Path("/nonexistent")
-ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
+ENV = PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS)
 
 
 def node(ratio: str | None) -> dict:

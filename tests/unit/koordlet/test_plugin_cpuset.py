@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
@@ -44,7 +45,7 @@ def run(node_obj: dict | None, qos: str, annotations: dict | None = None,
         stage: HookPoint = HookPoint.PRE_CREATE_CONTAINER, parent: str = "/kubepods/pod1",
         gates: dict[str, bool] | None = None, disable_unset: bool = False,
         container: str = "c1") -> ContainerContext:
-    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS,
+    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS,
                                        feature_gates=gates or {}, disable_unset_cpu_quota=disable_unset))
     if node_obj is not None:
         plugin.update_rules(parse_rules(None, node_obj))
@@ -189,7 +190,7 @@ def test_bad_resource_status(status: str, reason: str) -> None:
     ("", {}, Resources()),
 ])
 def test_pod_cpu_quota_unset_for_cpuset_pods(qos: str, annotations: dict, expected: Resources) -> None:
-    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
+    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS))
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
     ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
@@ -200,7 +201,7 @@ def test_pod_cpu_quota_unset_for_cpuset_pods(qos: str, annotations: dict, expect
 
 
 def test_pod_cpu_quota_bad_resource_status_is_an_error() -> None:
-    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS))
+    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS))
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
     ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
@@ -214,7 +215,7 @@ def test_pod_cpu_quota_bad_resource_status_is_an_error() -> None:
     (True, Resources()),
 ])
 def test_disable_unset_cpu_quota_keeps_pod_quota(disable_unset: bool, expected: Resources) -> None:
-    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS,
+    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS,
                                        disable_unset_cpu_quota=disable_unset))
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
@@ -247,7 +248,7 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | Non
 @pytest.mark.parametrize("per_cpu", [False, True])
 def test_share_pool_metrics(per_cpu: bool) -> None:
     registry = CollectorRegistry()
-    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS, registry=registry,
+    plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS, registry=registry,
                                        node="n1", feature_gates={"PerCPUMetric": per_cpu}))
     plugin.update_rules(parse_rules(None, node(pools=[{"socket": 0, "node": 0, "cpuset": "0-2"},
                                                       {"socket": 0, "node": 1, "cpuset": "5"}],

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.gpu import GPUEnvInject
@@ -20,7 +21,7 @@ NO_FS = Path("/nonexistent")
 def run(annotations: dict, envs: dict | None = None,
         stage: HookPoint = HookPoint.PRE_CREATE_CONTAINER) -> ContainerContext:
     hooks = Hooks(FailurePolicy.FAIL)
-    GPUEnvInject(PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)).register(hooks)
+    GPUEnvInject(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS)).register(hooks)
     ctx = ContainerContext(ContainerRequest(
         pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1",
         pod_annotations=annotations, envs=envs or {}))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
@@ -28,7 +29,7 @@ def make_plugin(tmp_path: Path, bvt_file: bool = True, kernel_switch: bool = Fal
     if kernel_switch:
         (proc / "sys" / "kernel").mkdir(parents=True)
         (proc / "sys" / "kernel" / "sched_group_identity_enabled").write_text("1\n")
-    plugin = GroupIdentity(PluginEnv(CgroupExecutor(root), tmp_path / "sys" / "fs", proc))
+    plugin = GroupIdentity(PluginEnv(CgroupExecutor(CgroupLayout(root)), tmp_path / "sys" / "fs", proc))
     plugin.update_rules(parse_rules(node_slo, None))
     return plugin
 

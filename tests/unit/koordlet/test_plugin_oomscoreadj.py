@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ as ADJ
 from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ_SPEC as ADJ_SPEC
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, InvalidInput, PluginEnv
 from koord.koordlet.runtimehooks.plugins.oomscoreadj import (
@@ -99,7 +100,7 @@ def run(tmp_path: Path, annotations: dict, pids: list[int], stage: HookPoint, co
     procs.write_text("".join(f"{p}\n" for p in pids))
     proc = tmp_path / "proc"
     h = Hooks(FailurePolicy.FAIL)
-    OOMScoreAdj(PluginEnv(CgroupExecutor(tmp_path / "cgroup", version=1), tmp_path, proc)).register(h)
+    OOMScoreAdj(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup", version=1)), tmp_path, proc)).register(h)
     h.run(stage, ContainerContext(ContainerRequest(
         pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name=name, container_id=container_id,
         pod_annotations=annotations, pod_cgroup_parent="/" + PARENT)))
@@ -130,7 +131,8 @@ def test_refusal_is_reported_once(tmp_path: Path, caplog: pytest.LogCaptureFixtu
     procs.parent.mkdir(parents=True)
     procs.parent.joinpath("cgroup.procs").open("w").write("10\n")
     h = Hooks(FailurePolicy.FAIL)
-    OOMScoreAdj(PluginEnv(CgroupExecutor(tmp_path / "cgroup", version=1), tmp_path, tmp_path / "proc")).register(h)
+    OOMScoreAdj(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup", version=1)), tmp_path,
+                          tmp_path / "proc")).register(h)
     with caplog.at_level(logging.ERROR):
         for _ in range(3):
             h.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(
@@ -157,7 +159,7 @@ def test_the_value_a_containers_processes_hold_is_exported_as_upstreams_gauge(
         f.write("10\n")
     registry = CollectorRegistry()
     h = Hooks(FailurePolicy.FAIL)
-    env = PluginEnv(CgroupExecutor(tmp_path / "cgroup", version=1), tmp_path, tmp_path / "proc",
+    env = PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup", version=1)), tmp_path, tmp_path / "proc",
                     registry=registry, node="n1")
     OOMScoreAdj(env).register(h)
     h.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(

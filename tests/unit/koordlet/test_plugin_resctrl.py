@@ -12,6 +12,7 @@ import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import flags
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resctrlfs import ResctrlError
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv, RunningPod
@@ -51,7 +52,7 @@ def make_node(tmp_path: Path) -> Path:
 
 
 def hooks_for(root: Path) -> Hooks:
-    env = PluginEnv(CgroupExecutor(root / "cgroup"), root / "sys" / "fs", root / "proc")
+    env = PluginEnv(CgroupExecutor(CgroupLayout(root / "cgroup")), root / "sys" / "fs", root / "proc")
     hooks = Hooks(FailurePolicy.FAIL)
     Resctrl(env).register(hooks)
     return hooks
@@ -142,7 +143,8 @@ def test_support_and_mount(tmp_path: Path, caplog: pytest.LogCaptureFixture, nam
         make_cpuinfo(tmp_path / "proc", flags=cpu_flags)
     if resctrl_dir:
         (tmp_path / "sys" / "fs" / "resctrl").mkdir(parents=True)
-    plugin = Resctrl(PluginEnv(CgroupExecutor(tmp_path / "cgroup"), tmp_path / "sys" / "fs", tmp_path / "proc"))
+    plugin = Resctrl(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup")), tmp_path / "sys" / "fs",
+                               tmp_path / "proc"))
     plugin.mount = fake_mount(mount_works)
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
@@ -155,7 +157,7 @@ def test_support_and_mount(tmp_path: Path, caplog: pytest.LogCaptureFixture, nam
 
 def test_this_machine_says_in_one_line_why_not(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The real /proc/cpuinfo; a sys-fs root without resctrl, so nothing is ever mounted here."""
-    plugin = Resctrl(PluginEnv(CgroupExecutor(tmp_path / "cgroup"), tmp_path / "sys-fs", Path("/proc")))
+    plugin = Resctrl(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup")), tmp_path / "sys-fs", Path("/proc")))
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
     with caplog.at_level(logging.INFO):
@@ -177,7 +179,7 @@ def test_reconcile_moves_container_and_sandbox_tasks_once(node: Path) -> None:
     sandbox = node / "cgroup" / "cpu" / PARENT.strip("/") / "sb1"
     sandbox.mkdir()
     (sandbox / "tasks").write_text("100\n")
-    plugin = Resctrl(PluginEnv(CgroupExecutor(node / "cgroup"), node / "sys" / "fs", node / "proc"))
+    plugin = Resctrl(PluginEnv(CgroupExecutor(CgroupLayout(node / "cgroup")), node / "sys" / "fs", node / "proc"))
     pods = [running("uid1", {ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'}, ("cid1", "cid-gone"))]
     assert plugin.reconcile_pods(pods, complete=True) == []
     assert (group(node) / "schemata").read_text() == "MB:0=40;1=40\n"
@@ -195,14 +197,14 @@ def test_reconcile_removes_groups_of_pods_gone(node: Path, name: str, complete: 
     for leftover in ("koordlet-gone", "koordlet-uid2", "BE"):
         (root / leftover).mkdir()
         (root / leftover / "schemata").write_text("")
-    plugin = Resctrl(PluginEnv(CgroupExecutor(node / "cgroup"), node / "sys" / "fs", node / "proc"))
+    plugin = Resctrl(PluginEnv(CgroupExecutor(CgroupLayout(node / "cgroup")), node / "sys" / "fs", node / "proc"))
     pods = [running("uid1", {ANNOTATION: '{"mb":{"schemata":{"percent":40}}}'}), running("uid2", {})]
     assert plugin.reconcile_pods(pods, complete) == []
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == left
 
 
 def test_reconcile_names_the_pod_of_a_bad_annotation(node: Path) -> None:
-    plugin = Resctrl(PluginEnv(CgroupExecutor(node / "cgroup"), node / "sys" / "fs", node / "proc"))
+    plugin = Resctrl(PluginEnv(CgroupExecutor(CgroupLayout(node / "cgroup")), node / "sys" / "fs", node / "proc"))
     problems = plugin.reconcile_pods([running("uid1", {ANNOTATION: "{"})], complete=True)
     assert len(problems) == 1 and "pod ns/p" in problems[0] and "bad JSON" in problems[0]
     assert not group(node).exists()
@@ -275,7 +277,7 @@ def test_through_nri_a_new_container_is_created_in_its_pods_group(tmp_path: Path
     """koordlet's NRI server over a real ttrpc socket: the runtime's CreateContainer for a pod
     with the annotation is answered with the pod's group as the container's RDT class."""
     root = make_node(tmp_path)
-    server = NriServer(hooks_for(root), CgroupExecutor(root / "cgroup", version=1),
+    server = NriServer(hooks_for(root), CgroupExecutor(CgroupLayout(root / "cgroup", version=1)),
                        NriOptions.from_args(flags.build_parser().parse_args([])))
     sandbox = api.PodSandbox(id="s1", name="p", namespace="ns", uid="uid1",
                              annotations={ANNOTATION: '{"mb":{"schemata":{"percent":30}}}'})

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.features import (
     ADVISOR_FEATURE_GATES,
     ALL_GATE_DEFAULTS,
@@ -22,7 +23,7 @@ from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import PLUGIN_ORDER, build_plugins
 
 NO_FS = Path("/nonexistent")
-ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
+ENV = PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS)
 
 
 def test_order_and_names_match_gates() -> None:

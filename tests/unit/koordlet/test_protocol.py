@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KoordQoS, KubeQoS, Resources
 from koord.koordlet.runtimehooks.protocol import (
@@ -172,7 +173,7 @@ def test_a_later_plugin_refines_hugepages_and_keeps_the_rest():
 ])
 def test_pod_cgroup_update_is_the_pods_resources_in_its_cgroup(tmp_path, through_proxy, answer_parent, want_dir):
     ctx = PodContext(PodRequest(cgroup_parent="/kubepods/besteffort/podu1"))
-    executor = CgroupExecutor(tmp_path, version=1)
+    executor = CgroupExecutor(CgroupLayout(tmp_path, version=1))
     assert ctx.cgroup_update(executor, through_proxy=through_proxy) is None, "nothing to write"
     ctx.response.cgroup_parent = answer_parent or None
     ctx.response.resources = Resources(cpu_shares=512, cpu_bvt_warp_ns=-1)
@@ -188,11 +189,11 @@ def test_pod_cgroup_update_is_the_pods_resources_in_its_cgroup(tmp_path, through
 def test_container_cgroup_update(tmp_path, through_proxy, want):
     ctx = ContainerContext(ContainerRequest(pod_cgroup_parent="/kubepods/besteffort/podu1", container_id="c1"))
     ctx.response.resources = Resources(cpu_shares=512, cpu_bvt_warp_ns=-1)
-    update = ctx.cgroup_update(CgroupExecutor(tmp_path, version=1), through_proxy=through_proxy)
+    update = ctx.cgroup_update(CgroupExecutor(CgroupLayout(tmp_path, version=1)), through_proxy=through_proxy)
     assert update is not None and update.resources == want
     assert update.cgroup_dir.endswith("podu1/c1")
     ctx.request.container_id = ""
-    assert ctx.cgroup_update(CgroupExecutor(tmp_path, version=1), through_proxy=through_proxy) is None
+    assert ctx.cgroup_update(CgroupExecutor(CgroupLayout(tmp_path, version=1)), through_proxy=through_proxy) is None
 
 
 def _mutable_parts(obj):

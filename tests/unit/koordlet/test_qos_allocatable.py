@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import POD_CPU_USAGE, POD_MEMORY_USAGE, POD_UID, MetricCache, Sample
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.cpuevict import CPUEvict
@@ -125,7 +126,7 @@ class RecordingEvictor:
 def manager(tmp_path, informer, gate: str, cache: MetricCache) -> tuple[QOSManager, RecordingEvictor]:
     evictor = RecordingEvictor()
     qos = QOSManager(QOSConfig(gates={gate: True}, cpu_evict_cool_time=0, memory_evict_cool_time=0),
-                     informer, cache, ResourceExecutor(tmp_path, version=1), evictor=evictor)  # type: ignore[arg-type]
+                     informer, cache, ResourceExecutor(CgroupLayout(tmp_path, version=1)), evictor=evictor)  # type: ignore[arg-type]
     return qos, evictor
 
 

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from koord.apis.extension import ANNOTATION_POD_MEMORY_QOS
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.memoryqos import CgroupReconcile, calculate
@@ -203,7 +204,7 @@ def make_tree(root: Path, dirs: list[str], version: int, files: dict[str, str]) 
 
 
 def manager(tmp_path: Path, informer: FakeStatesInformer, version: int) -> tuple[QOSManager, CgroupReconcile]:
-    executor = ResourceExecutor(tmp_path, driver="cgroupfs", version=version)
+    executor = ResourceExecutor(CgroupLayout(tmp_path, driver="cgroupfs", version=version))
     qos = QOSManager(QOSConfig(gates={"CgroupReconcile": True}), informer, MetricCache(None), executor)
     strategy = next(s for s in qos.strategies if isinstance(s, CgroupReconcile))
     assert strategy.enabled()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from koord.apis.extension import ANNOTATION_RESCTRL
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.metriccache import kinds as k
 from koord.koordlet.metricsadvisor.collectors.resctrl import ResctrlCollector, ResctrlPrometheus
@@ -22,6 +23,7 @@ from koord.koordlet.metricsadvisor.framework import Env
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.resctrl import ResctrlReconcile
 from koord.koordlet.resctrlfs import ResctrlError, l3_mask, mb_value, parse_schemata
+from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord_testing.pods import FakeStatesInformer
 from koord_testing.resctrltree import RDT_FLAGS, add_group_files, make_cpuinfo, make_resctrl_tree
@@ -75,7 +77,7 @@ def rig(tmp_path: Path, informer: FakeStatesInformer, rdt: bool = True,
     if rdt:
         make_cpuinfo(proc)
     cgroup.mkdir()
-    executor = ResourceExecutor(cgroup, driver="cgroupfs", version=1)
+    executor = ResourceExecutor(CgroupLayout(cgroup, driver="cgroupfs", version=1))
     qos = QOSManager(QOSConfig(gates={"RdtResctrl": True}, sys_fs_root=sys_fs, proc_root=proc),
                      informer, MetricCache(None), executor)
     strategy = next(s for s in qos.strategies if isinstance(s, ResctrlReconcile))
@@ -157,7 +159,7 @@ def test_collector_reads_mon_data_into_cache_and_prometheus(tmp_path: Path) -> N
     add_group_files(root / "LS", (0, 1), llc=5 << 20, mbm=7000)
     cache = MetricCache(None)
     config = AdvisorConfig(proc_root=proc, sys_fs_root=sys_fs, resctrl_collector=True)
-    collector = ResctrlCollector(Env(config, FakeStatesInformer(), cache))
+    collector = ResctrlCollector(Env(config, FakeStatesInformer(), cache, CgroupExecutor(CgroupLayout(tmp_path))))
     assert collector.enabled()
     samples = collector.collect(1000.0)
     got = {(s.kind, tuple(sorted(s.labels.items()))): s.value for s in samples}
@@ -180,7 +182,8 @@ def test_collector_off_without_monitoring_flags(tmp_path: Path) -> None:
     make_resctrl_tree(tmp_path / "sys/fs")
     make_cpuinfo(tmp_path / "proc", flags=("cat_l3", "mba"))
     config = AdvisorConfig(proc_root=tmp_path / "proc", sys_fs_root=tmp_path / "sys/fs", resctrl_collector=True)
-    assert list(ResctrlCollector(Env(config, FakeStatesInformer(), MetricCache(None))).collect(1.0)) == []
+    env = Env(config, FakeStatesInformer(), MetricCache(None), CgroupExecutor(CgroupLayout(tmp_path)))
+    assert list(ResctrlCollector(env).collect(1.0)) == []
 
 
 @given(st.dictionaries(st.sampled_from(["enable", "catRangeStartPercent", "catRangeEndPercent", "mbaPercent", "x"]),

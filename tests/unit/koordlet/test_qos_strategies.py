@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache, Sample
 from koord.koordlet.qosmanager import QOSConfig, QOSManager, framework
 from koord.koordlet.qosmanager.cpusuppress import TREE_REWALK_ROUNDS, CPUSuppress
@@ -61,7 +62,7 @@ class Rig:
             for c in p.containers:
                 make_fake_v1_cgroup(root, c.cgroup_dir)
         make_fake_v1_cgroup(root, BE_DIR)
-        self.executor = ResourceExecutor(root, driver="cgroupfs")
+        self.executor = ResourceExecutor(CgroupLayout(root, driver="cgroupfs"))
         self.cache = MetricCache(None)
         self.cache.set_kv("node_cpu_info", {"total_cpus": cpus, "processors": [
             {"cpu": i, "core": i // 2, "socket": 0, "node": 0, "online": True} for i in range(cpus)]})
@@ -318,7 +319,7 @@ def test_systemd_layout(tmp_path: Path) -> None:
     be = pod("be1", "BE", "besteffort", kube_dir="kubepods.slice")
     rig = Rig(tmp_path, [LS_POD, be])
     make_fake_v1_cgroup(tmp_path, "kubepods.slice/kubepods-besteffort.slice")
-    rig.executor = ResourceExecutor(tmp_path, driver="systemd")
+    rig.executor = ResourceExecutor(CgroupLayout(tmp_path, driver="systemd"))
     rig.manager = QOSManager(rig.config, rig.informer, rig.cache, rig.executor,
                              registry=CollectorRegistry(), evictor=rig.evictor, clock=lambda: rig.now)
     rig.sample("node_cpu_usage", 12)
@@ -337,7 +338,7 @@ def test_cgroup_v2_quota(tmp_path: Path) -> None:
     for name, text in {"cpu.max": "max 100000", "cpuset.cpus": "", "cpuset.cpus.effective": "0-15"}.items():
         (d / name).write_text(text + "\n")
     rig = suppress_rig(tmp_path / "v1")
-    rig.executor = ResourceExecutor(root, driver="cgroupfs")
+    rig.executor = ResourceExecutor(CgroupLayout(root, driver="cgroupfs"))
     rig.manager = QOSManager(rig.config, rig.informer, rig.cache, rig.executor,
                              registry=CollectorRegistry(), evictor=rig.evictor, clock=lambda: rig.now)
     rig.slo(enable=True, cpuSuppressPolicy="cfsQuota", cpuSuppressThresholdPercent=70)

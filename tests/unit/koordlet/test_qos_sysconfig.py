@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
 from koord.koordlet.qosmanager.sysconfig import KNOBS, SystemConfig, wanted_values
@@ -36,7 +37,7 @@ def strategy(tmp_path: Path, system: dict | None, memory: int = NODE_MEMORY) -> 
     spec = {} if system is None else {"systemStrategy": system}
     informer = FakeStatesInformer([], {"spec": spec}, {"status": {"capacity": {"memory": str(memory)}}})
     qos = QOSManager(QOSConfig(gates={"SystemConfig": True}, proc_root=tmp_path / "proc", sys_root=tmp_path / "sys"),
-                     informer, MetricCache(None), ResourceExecutor(tmp_path, version=1))
+                     informer, MetricCache(None), ResourceExecutor(CgroupLayout(tmp_path, version=1)))
     s = next(x for x in qos.strategies if isinstance(x, SystemConfig))
     assert s.enabled()
     return s, informer

@@ -11,6 +11,7 @@ import pytest
 from cri_api.v1 import api_pb2 as cri
 
 from koord.hookapi import FailurePolicy, HookPoint, parse_cpuset
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
@@ -59,7 +60,7 @@ def make(fake_cri, root, policy=FailurePolicy.IGNORE, plugin=None, current_pods=
     plugin = plugin or BeQoSPlugin()
     hooks = Hooks(policy)
     plugin.register(hooks)
-    return Reconciler(hooks, CgroupExecutor(root, version=1), [plugin], fake_cri.endpoint,
+    return Reconciler(hooks, CgroupExecutor(CgroupLayout(root, version=1)), [plugin], fake_cri.endpoint,
                       interval=3600, current_pods=current_pods), plugin
 
 
@@ -212,7 +213,7 @@ def test_pod_that_went_away_gets_post_stop(fake_cri, tmp_path):
 
 def test_unreachable_cri_is_an_error_not_an_exception(tmp_path):
     hooks = Hooks()
-    reconciler = Reconciler(hooks, CgroupExecutor(tmp_path, version=1), [],
+    reconciler = Reconciler(hooks, CgroupExecutor(CgroupLayout(tmp_path, version=1)), [],
                             f"unix://{tmp_path}/nothing.sock", interval=3600)
     try:
         report = reconciler.reconcile_once()
@@ -405,7 +406,7 @@ def test_a_container_the_pods_source_lists_after_its_status_is_not_asked_again(f
 def test_a_round_refreshes_when_an_interval_passed_since_the_last_refresh_round(
         fake_cri, tmp_path, interval, times, due):
     clock = iter(times)
-    reconciler = Reconciler(Hooks(FailurePolicy.IGNORE), CgroupExecutor(tmp_path, version=1), [],
+    reconciler = Reconciler(Hooks(FailurePolicy.IGNORE), CgroupExecutor(CgroupLayout(tmp_path, version=1)), [],
                             fake_cri.endpoint, interval=interval, clock=lambda: next(clock))
     assert [reconciler.refresh_due() for _ in times] == due
 
@@ -494,7 +495,7 @@ def test_sandbox_container_gets_the_pods_cpuset(fake_cri, tmp_path, annotations,
         (tmp_path / "cpuset" / rel / "cpuset.cpus").write_text("0-3\n")
     fake_cri.add_pod("p1", "web", {QOS: "LS"}, "/" + LS_POD, annotations=annotations)
     fake_cri.add_container("c1", "p1", "main")
-    executor = CgroupExecutor(tmp_path, version=1)
+    executor = CgroupExecutor(CgroupLayout(tmp_path, version=1))
     plugin = CPUSetAllocator(PluginEnv(executor, tmp_path, tmp_path))
     plugin.update_rules(parse_rules(None, {"metadata": {"annotations": NUMA_POOLS}}))
     reconciler, _ = make(fake_cri, tmp_path, plugin=plugin)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ as ADJ
 from koord.hookapi import FailurePolicy, HookPoint, PodHookRequest
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from koord.koordlet.runtimehooks.plugins.oomscoreadj import OOMScoreAdj
@@ -94,7 +95,7 @@ def reconciler_with(fake_cri, root: Path, plugins: list[RuntimePlugin], current)
     hooks = Hooks(FailurePolicy.IGNORE)
     for plugin in plugins:
         plugin.register(hooks)
-    return Reconciler(hooks, CgroupExecutor(root, version=1), plugins, fake_cri.endpoint, interval=3600,
+    return Reconciler(hooks, CgroupExecutor(CgroupLayout(root, version=1)), plugins, fake_cri.endpoint, interval=3600,
                       current_pods=current)
 
 
@@ -155,7 +156,7 @@ def test_oom_score_adj_follows_an_edited_annotation(fake_cri, tmp_path) -> None:
         (proc / str(pid) / "oom_score_adj").write_text("0\n")
     add_pod(fake_cri, {ADJ: "100"})
     listed: list[PodMeta] = []
-    plugin = OOMScoreAdj(PluginEnv(CgroupExecutor(tmp_path / "cgroup", version=1), tmp_path, proc))
+    plugin = OOMScoreAdj(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup", version=1)), tmp_path, proc))
     reconciler = reconciler_with(fake_cri, tmp_path / "cgroup", [plugin], lambda: listed)
 
     def values() -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
 from koord.koordlet.runtimehooks.reconciler import REFRESH_ROUNDS, Reconciler
@@ -58,7 +59,7 @@ def rig(fake_cri, root: Path, plugins: list[RuntimePlugin], listed: list[PodMeta
     hooks = Hooks(policy)
     for plugin in plugins:
         plugin.register(hooks)
-    return Reconciler(hooks, CgroupExecutor(root, version=1), plugins, fake_cri.endpoint, interval=3600,
+    return Reconciler(hooks, CgroupExecutor(CgroupLayout(root, version=1)), plugins, fake_cri.endpoint, interval=3600,
                       current_pods=lambda: listed)
 
 

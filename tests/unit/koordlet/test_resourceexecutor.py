@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import format_cpuset, parse_cpuset
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor, shares_to_weight
-from koord.koordlet.resources import KubeQoS, Resources
+from koord.koordlet.resources import Resources
 
 POD = "kubepods/besteffort/pod1"
 V1_UNLIMITED = "9223372036854771712"
@@ -28,7 +29,7 @@ def v1_tree(root: Path, cgroup_dir: str = POD) -> CgroupExecutor:
         d.mkdir(parents=True, exist_ok=True)
         for name, text in content.items():
             (d / name).write_text(text + "\n")
-    return CgroupExecutor(root)
+    return CgroupExecutor(CgroupLayout(root))
 
 
 def v2_tree(root: Path, cgroup_dir: str = POD) -> CgroupExecutor:
@@ -40,7 +41,7 @@ def v2_tree(root: Path, cgroup_dir: str = POD) -> CgroupExecutor:
                        "cpuset.cpus": "", "cpuset.mems": "", "cgroup.threads": "21\n22\n",
                        "memory.high": "max"}.items():
         (d / name).write_text(text + "\n")
-    return CgroupExecutor(root)
+    return CgroupExecutor(CgroupLayout(root))
 
 
 def content(path: Path) -> str:
@@ -54,23 +55,6 @@ def test_version_detected_from_root(tmp_path: Path) -> None:
     assert v2_tree(tmp_path / "b").version == 2
 
 
-@pytest.mark.parametrize("driver, qos, expected", [
-    ("cgroupfs", KubeQoS.GUARANTEED, "kubepods"),
-    ("cgroupfs", KubeQoS.BURSTABLE, "kubepods/burstable"),
-    ("cgroupfs", KubeQoS.BESTEFFORT, "kubepods/besteffort"),
-    ("systemd", KubeQoS.GUARANTEED, "kubepods.slice"),
-    ("systemd", KubeQoS.BURSTABLE, "kubepods.slice/kubepods-burstable.slice"),
-    ("systemd", KubeQoS.BESTEFFORT, "kubepods.slice/kubepods-besteffort.slice"),
-])
-def test_kube_qos_dir(tmp_path: Path, driver: str, qos: KubeQoS, expected: str) -> None:
-    assert CgroupExecutor(tmp_path, driver=driver).kube_qos_dir(qos) == expected
-
-
-def test_kube_qos_dir_detects_systemd_tree(tmp_path: Path) -> None:
-    (tmp_path / "cpu" / "kubepods.slice").mkdir(parents=True)
-    assert CgroupExecutor(tmp_path).kube_qos_dir(KubeQoS.BESTEFFORT) == "kubepods.slice/kubepods-besteffort.slice"
-
-
 @pytest.mark.parametrize("parent, expected", [
     ("/kubepods/besteffort/pod1", "kubepods/besteffort/pod1"),
     ("/kubepods/pod9", "kubepods/pod9"),
@@ -81,7 +65,7 @@ def test_kube_qos_dir_detects_systemd_tree(tmp_path: Path) -> None:
      "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod3.slice"),
 ])
 def test_pod_dir(tmp_path: Path, parent: str, expected: str) -> None:
-    assert CgroupExecutor(tmp_path).pod_dir(parent) == expected
+    assert CgroupExecutor(CgroupLayout(tmp_path)).pod_dir(parent) == expected
 
 
 @pytest.mark.parametrize("parent, expected", [
@@ -90,17 +74,17 @@ def test_pod_dir(tmp_path: Path, parent: str, expected: str) -> None:
      "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope"),
 ])
 def test_container_dir(tmp_path: Path, parent: str, expected: str) -> None:
-    assert CgroupExecutor(tmp_path).container_dir(parent, "abc") == expected
+    assert CgroupExecutor(CgroupLayout(tmp_path)).container_dir(parent, "abc") == expected
 
 
 @pytest.mark.parametrize("parent", ["", "/kubepods/../../etc"])
 def test_pod_dir_rejects_bad_parent(tmp_path: Path, parent: str) -> None:
     with pytest.raises(CgroupError):
-        CgroupExecutor(tmp_path).pod_dir(parent)
+        CgroupExecutor(CgroupLayout(tmp_path)).pod_dir(parent)
 
 
 def test_path_v1_and_v2(tmp_path: Path) -> None:
-    v1, v2 = CgroupExecutor(tmp_path, version=1), CgroupExecutor(tmp_path, version=2)
+    v1, v2 = CgroupExecutor(CgroupLayout(tmp_path, version=1)), CgroupExecutor(CgroupLayout(tmp_path, version=2))
     assert v1.path(POD, "cpu_shares") == tmp_path / "cpu" / POD / "cpu.shares"
     assert v1.path(POD, "memory_limit") == tmp_path / "memory" / POD / "memory.limit_in_bytes"
     assert v1.path(POD, "cpuset_cpus") == tmp_path / "cpuset" / POD / "cpuset.cpus"
@@ -113,7 +97,7 @@ def test_path_v1_and_v2(tmp_path: Path) -> None:
 
 
 def test_path_not_kept_is_the_same_path_and_leaves_the_cache_as_it_was(tmp_path: Path) -> None:
-    ex = CgroupExecutor(tmp_path, version=1)
+    ex = CgroupExecutor(CgroupLayout(tmp_path, version=1))
     kept = ex.path(POD, "cpu_shares")
     assert ex.path(POD, "memory_stat", keep=False) == tmp_path / "memory" / POD / "memory.stat"
     assert ex.path(POD, "cpu_shares", keep=False) is kept  # a cached one is still handed out
@@ -122,7 +106,7 @@ def test_path_not_kept_is_the_same_path_and_leaves_the_cache_as_it_was(tmp_path:
 
 @pytest.mark.parametrize("version, name", [(1, "cpu.cfs_burst_us"), (2, "cpu.max.burst")])
 def test_burst_is_range_checked_before_the_kernel(tmp_path: Path, version: int, name: str) -> None:
-    ex = CgroupExecutor(tmp_path, version=version)
+    ex = CgroupExecutor(CgroupLayout(tmp_path, version=version))
     path = ex.path(POD, "cpu_burst")
     path.parent.mkdir(parents=True)
     path.write_text("0\n")
@@ -306,7 +290,7 @@ def test_real_cgroup_v1_round_trip() -> None:
     cgroup = REAL_ROOT / "cpu" / name
     cgroup.mkdir()
     try:
-        ex = CgroupExecutor(REAL_ROOT)
+        ex = CgroupExecutor(CgroupLayout(REAL_ROOT))
         assert ex.version == 1
         assert ex.write(name, "cpu_shares", 512) is True
         assert ex.read(name, "cpu_shares") == "512"
@@ -326,7 +310,7 @@ def test_real_cgroup_v1_memory_unlimited_reads_back_as_huge_number() -> None:
     cgroup = REAL_ROOT / "memory" / name
     cgroup.mkdir()
     try:
-        ex = CgroupExecutor(REAL_ROOT)
+        ex = CgroupExecutor(CgroupLayout(REAL_ROOT))
         assert ex.write(name, "memory_limit", -1) is False
         assert ex.write(name, "memory_limit", 2147483648) is True
         assert ex.read(name, "memory_limit") == "2147483648"
@@ -353,7 +337,7 @@ def test_gone_tells_a_cgroup_that_left_from_one_looked_for_in_the_wrong_place(
         tmp_path: Path, version: int, made: str, asked: str, gone: bool) -> None:
     base = tmp_path / "cpu" if version == 1 else tmp_path
     (base / made).mkdir(parents=True, exist_ok=True)
-    ex = CgroupExecutor(tmp_path, driver="cgroupfs", version=version)
+    ex = CgroupExecutor(CgroupLayout(tmp_path, driver="cgroupfs", version=version))
     with pytest.raises(CgroupError) as err:
         ex.read(asked, "cpu_shares")
     assert err.value.missing == ex.path(asked, "cpu_shares")

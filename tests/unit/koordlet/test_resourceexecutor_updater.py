@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from koord.hookapi import parse_cpuset
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor import executor as executor_module
 from koord.koordlet.resourceexecutor.executor import CgroupError
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor, Update, merge_wider
-from koord.koordlet.resources import KubeQoS
 from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 BE = "kubepods/besteffort"
@@ -33,7 +33,7 @@ class Clock:
 def tree(tmp_path: Path) -> tuple[ResourceExecutor, Clock]:
     make_fake_v1_cgroup(tmp_path, CTR)
     clock = Clock()
-    return ResourceExecutor(tmp_path, driver="cgroupfs", clock=clock), clock
+    return ResourceExecutor(CgroupLayout(tmp_path, driver="cgroupfs"), clock=clock), clock
 
 
 def quota_file(root: Path, d: str) -> Path:
@@ -42,21 +42,6 @@ def quota_file(root: Path, d: str) -> Path:
 
 def cpus_file(root: Path, d: str) -> Path:
     return root / "cpuset" / d / "cpuset.cpus"
-
-
-@pytest.mark.parametrize("driver, kube_dir, qos, expected", [
-    ("cgroupfs", "test-1/kubepods", KubeQoS.BESTEFFORT, "test-1/kubepods/besteffort"),
-    ("cgroupfs", "test-1/kubepods", KubeQoS.GUARANTEED, "test-1/kubepods"),
-    ("systemd", "kubepods", KubeQoS.BESTEFFORT, "kubepods.slice/kubepods-besteffort.slice"),
-    ("systemd", "test.slice/kt.slice", KubeQoS.BURSTABLE, "test.slice/kt.slice/kubepods-burstable.slice"),
-])
-def test_kube_dir(tmp_path: Path, driver: str, kube_dir: str, qos: KubeQoS, expected: str) -> None:
-    assert ResourceExecutor(tmp_path, driver=driver, kube_dir=kube_dir).kube_qos_dir(qos) == expected
-
-
-def test_kube_dir_may_not_leave_the_root(tmp_path: Path) -> None:
-    with pytest.raises(CgroupError, match="leaves the cgroup root"):
-        ResourceExecutor(tmp_path, kube_dir="../etc")
 
 
 def test_cached_equal_value_skipped_for_60s_then_forced(tmp_path: Path) -> None:
@@ -97,7 +82,7 @@ def test_a_write_drops_its_files_entries_only(tmp_path: Path) -> None:
     for d in (BE, POD):
         (tmp_path / d).mkdir(parents=True, exist_ok=True)
         (tmp_path / d / "cpu.max").write_text("max 100000\n")
-    ex = ResourceExecutor(tmp_path, driver="cgroupfs", version=2)
+    ex = ResourceExecutor(CgroupLayout(tmp_path, driver="cgroupfs", version=2))
     quota, period = Update(BE, "cpu_quota", 50000), Update(BE, "cpu_period", 100000)
     other = Update(POD, "cpu_quota", 50000)
     for u in (quota, period, other):
@@ -264,7 +249,7 @@ def test_real_kernel_einval_is_backed_off() -> None:
     child = f"{parent}/child"
     (REAL_ROOT / "cpu" / child).mkdir(parents=True)
     try:
-        ex = ResourceExecutor(REAL_ROOT)
+        ex = ResourceExecutor(CgroupLayout(REAL_ROOT))
         assert ex.update(Update(parent, "cpu_quota", 10000)) is True
         with pytest.raises(CgroupError) as first:
             ex.update(Update(child, "cpu_quota", 20000))
@@ -291,7 +276,7 @@ def test_real_kernel_leveled_cpuset_move() -> None:
         for d in (parent, child):
             (base / d / "cpuset.mems").write_text((base / "cpuset.mems").read_text())
             (base / d / "cpuset.cpus").write_text("0")
-        ex = ResourceExecutor(REAL_ROOT)
+        ex = ResourceExecutor(CgroupLayout(REAL_ROOT))
         with pytest.raises(CgroupError) as refused:
             ex.update(Update(parent, "cpuset_cpus", "1"), cacheable=False)
         assert refused.value.errno == errno.EBUSY

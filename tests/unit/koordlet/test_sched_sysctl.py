@@ -12,6 +12,7 @@ import pytest
 
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import schedsysctl
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
@@ -66,7 +67,7 @@ def test_group_identity_switches(tmp_path: Path, name: str, switches: dict, node
     cgroups = tmp_path / "cgroup"
     (cgroups / "cpu" / "kubepods").mkdir(parents=True)
     (cgroups / "cpu" / "kubepods" / "cpu.bvt_warp_ns").write_text("0\n")
-    plugin = GroupIdentity(PluginEnv(CgroupExecutor(cgroups), tmp_path / "sys-fs", proc))
+    plugin = GroupIdentity(PluginEnv(CgroupExecutor(CgroupLayout(cgroups)), tmp_path / "sys-fs", proc))
     plugin.update_rules(parse_rules(node_slo, None))
     assert read(proc, switches) == want_switches
     assert be_bvt(plugin) == want_bvt
@@ -77,7 +78,7 @@ def test_group_identity_switches(tmp_path: Path, name: str, switches: dict, node
 
 def test_group_identity_switch_holding_garbage_is_said_once(tmp_path: Path, caplog) -> None:
     proc = proc_tree(tmp_path, {GI: "yes"})
-    plugin = GroupIdentity(PluginEnv(CgroupExecutor(tmp_path / "cgroup"), tmp_path / "sys-fs", proc))
+    plugin = GroupIdentity(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup")), tmp_path / "sys-fs", proc))
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
             plugin.update_rules(parse_rules(GI_ON, None))
@@ -87,7 +88,7 @@ def test_group_identity_switch_holding_garbage_is_said_once(tmp_path: Path, capl
 
 def test_kernel_without_group_identity_says_so_once(tmp_path: Path, caplog) -> None:
     proc = proc_tree(tmp_path, {})
-    plugin = GroupIdentity(PluginEnv(CgroupExecutor(tmp_path / "cgroup"), tmp_path / "sys-fs", proc))
+    plugin = GroupIdentity(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup")), tmp_path / "sys-fs", proc))
     with caplog.at_level(logging.INFO):
         for _ in range(3):
             plugin.update_rules(parse_rules(GI_ON, None))
@@ -105,8 +106,8 @@ def test_kernel_without_group_identity_says_so_once(tmp_path: Path, caplog) -> N
 def test_core_sched_switches(tmp_path: Path, name: str, switches: dict, node_slo: dict,
                              want_switches: dict) -> None:
     proc = proc_tree(tmp_path, switches)
-    plugin = CoreSched(PluginEnv(CgroupExecutor(tmp_path / "cgroup", version=1), tmp_path / "sys-fs", proc),
-                       FakeCookies(set()))
+    plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup", version=1)),
+                                 tmp_path / "sys-fs", proc), FakeCookies(set()))
     plugin.update_rules(parse_rules(node_slo, None))
     assert read(proc, switches) == want_switches
     assert sorted(p.name for p in (proc / "sys" / "kernel").iterdir()) == sorted(
@@ -148,7 +149,7 @@ def test_host_application_bvt(tmp_path: Path, name: str, app: dict, cgroup_dir: 
     for d in ("kubepods", cgroup_dir):
         (cgroups / "cpu" / d).mkdir(parents=True, exist_ok=True)
         (cgroups / "cpu" / d / "cpu.bvt_warp_ns").write_text("0\n")
-    executor = CgroupExecutor(cgroups, version=1)
+    executor = CgroupExecutor(CgroupLayout(cgroups, version=1))
     plugin = GroupIdentity(PluginEnv(executor, tmp_path / "sys-fs", proc_tree(tmp_path, {})))
     plugin.update_rules(parse_rules(host_apps_slo([app]), None))
     apply_host_apps(plugin, executor)
@@ -159,7 +160,7 @@ def test_host_application_without_cgroup_is_skipped(tmp_path: Path) -> None:
     cgroups = tmp_path / "cgroup"
     (cgroups / "cpu" / "kubepods").mkdir(parents=True)
     (cgroups / "cpu" / "kubepods" / "cpu.bvt_warp_ns").write_text("0\n")
-    executor = CgroupExecutor(cgroups, version=1)
+    executor = CgroupExecutor(CgroupLayout(cgroups, version=1))
     plugin = GroupIdentity(PluginEnv(executor, tmp_path / "sys-fs", proc_tree(tmp_path, {})))
     plugin.update_rules(parse_rules(host_apps_slo([{"name": "absent", "qos": "BE"}]), None))
     assert apply_host_apps(plugin, executor) == 0

@@ -11,6 +11,7 @@ import pytest
 
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.hookapi import FailurePolicy, HookPoint
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.features import DEFAULT_FEATURE_GATES
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
@@ -188,7 +189,7 @@ def pod_level_hooks() -> Hooks:
 def test_proxy_mode_writes_pod_level_values_when_the_pod_cgroup_exists(short_socket_dir, tmp_path, serve):
     make_fake_v1_cgroup(tmp_path, "kubepods/besteffort/podu1/cid1")
     _, stub = serve(pod_level_hooks(), addr=str(short_socket_dir / "k.sock"),
-                    executor=CgroupExecutor(tmp_path, version=1))
+                    executor=CgroupExecutor(CgroupLayout(tmp_path, version=1)))
     response = call(stub, HookPoint.PRE_RUN_POD_SANDBOX)
     assert response.resources.cpu_shares == 512
     pod = tmp_path / "cpu/kubepods/besteffort/podu1"
@@ -204,7 +205,7 @@ def test_proxy_mode_writes_pod_level_values_when_the_pod_cgroup_exists(short_soc
 def test_proxy_mode_leaves_missing_pod_cgroup_to_the_reconciler(short_socket_dir, tmp_path, serve):
     (tmp_path / "cpu").mkdir()
     _, stub = serve(pod_level_hooks(), addr=str(short_socket_dir / "k.sock"),
-                    executor=CgroupExecutor(tmp_path, version=1))
+                    executor=CgroupExecutor(CgroupLayout(tmp_path, version=1)))
     assert call(stub, HookPoint.PRE_RUN_POD_SANDBOX).resources.cpu_shares == 512
     assert os.listdir(tmp_path / "cpu") == []
 
@@ -214,7 +215,7 @@ def test_proxy_mode_leaves_missing_pod_cgroup_to_the_reconciler(short_socket_dir
 def koordlet_hooks(tmp_path: Path, policy=FailurePolicy.IGNORE) -> tuple[Hooks, CgroupExecutor]:
     """koordlet's own plugins, default gates, on a fake v1 tree holding the pod's cgroup."""
     make_fake_v1_cgroup(tmp_path, "kubepods/besteffort/podu1/cid1")
-    executor = CgroupExecutor(tmp_path, version=1)
+    executor = CgroupExecutor(CgroupLayout(tmp_path, version=1))
     hooks = Hooks(policy)
     for plugin in build_plugins(PluginEnv(executor, tmp_path / "sys", tmp_path / "proc"),
                                 dict(DEFAULT_FEATURE_GATES)):

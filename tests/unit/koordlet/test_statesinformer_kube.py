@@ -6,7 +6,14 @@ import pytest
 from kubernetes import config
 
 from koord.koordlet.metriccache import MetricCache
-from koord.koordlet.statesinformer import NODE, NODE_SLO, KubeObjectsSource, StatesInformer
+from koord.koordlet.statesinformer import (
+    NODE,
+    NODE_METRIC,
+    NODE_SLO,
+    FileObjectsSource,
+    KubeObjectsSource,
+    StatesInformer,
+)
 from koord.koordlet.statesinformer.reporter import KubeStatusWriter, NodeMetricReporter, TokenBucket
 from koord_testing.kubeapi import NODEMETRICS, NODES, NODESLOS, FakeKubeAPI
 
@@ -200,3 +207,18 @@ def test_kinds_the_api_server_does_not_serve_are_absent_and_logged_once(tmp_path
             wait_for(lambda: informer.get_node_slo() is not None, "the NodeSLO once its CRD exists")
         finally:
             informer.stop()
+
+
+@pytest.mark.parametrize("objects", ["api", "files", None])
+def test_the_informer_hands_out_its_api_client_only_when_it_has_one(api, tmp_path, objects):
+    """The modules that write to the API server (the reporter, the QoS manager's evictions)
+    or reach the kubelet with its credentials take the client from the informer."""
+    node_metric = tmp_path / "nm.json"
+    source = {"api": lambda: KubeObjectsSource(api.client, "node1"),
+              "files": lambda: FileObjectsSource({NODE_METRIC: node_metric}),
+              None: lambda: None}[objects]()
+    informer = StatesInformer(objects=source)
+    assert informer.api_source() is (source if objects == "api" else None)
+    assert informer.api_client() is (api.client if objects == "api" else None)
+    informer.expect_own_write(NODE_METRIC, b"{}")  # told to the file source; a no-op for the others
+    informer.expect_own_write(NODE_SLO, b"{}")  # a kind no file is read for

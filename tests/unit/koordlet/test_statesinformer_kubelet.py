@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.statesinformer import PodsUnavailable
 from koord.koordlet.statesinformer.kubelet import KubeletPodsSource, pod_meta_of, pods_of_list
+
+LAYOUT = CgroupLayout("/nonexistent", "kubepods/")
 
 
 def pod(name="p", uid="u-1", qos="Burstable", labels=None, containers=None, statuses=None,
@@ -28,7 +31,7 @@ def pod(name="p", uid="u-1", qos="Burstable", labels=None, containers=None, stat
 
 def test_pod_conversion():
     meta = pod_meta_of(pod(labels={"koordinator.sh/qosClass": "LS"}, priority=9500),
-                       "kubepods/", "cgroupfs")
+                       LAYOUT, "cgroupfs")
     assert (meta.namespace, meta.name, meta.uid, meta.kube_qos, meta.koord_qos, meta.priority) == \
         ("ns", "p", "u-1", "burstable", "LS", 9500)
     assert meta.cgroup_dir == "kubepods/burstable/podu-1" and meta.running
@@ -39,7 +42,7 @@ def test_pod_conversion():
     assert meta.created is None  # no creationTimestamp: the predictor treats it as young
     with_time = pod()
     with_time["metadata"]["creationTimestamp"] = "2024-05-06T07:08:09Z"
-    assert pod_meta_of(with_time, "kubepods/", "cgroupfs").created == 1714979289.0
+    assert pod_meta_of(with_time, LAYOUT, "cgroupfs").created == 1714979289.0
 
 
 @pytest.mark.parametrize("qos,containers,want", [
@@ -54,7 +57,7 @@ def test_kube_qos_from_status_or_resources(qos, containers, want):
         del p["status"]["qosClass"]
     else:
         p["status"]["qosClass"] = qos
-    assert pod_meta_of(p, "kubepods/", "cgroupfs").kube_qos == want
+    assert pod_meta_of(p, LAYOUT, "cgroupfs").kube_qos == want
 
 
 @pytest.mark.parametrize("mutate,field", [
@@ -74,7 +77,7 @@ def test_malformed_pod_is_rejected_naming_the_field(mutate, field):
     p = pod()
     mutate(p)
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        pod_meta_of(p, "kubepods/", "cgroupfs")
+        pod_meta_of(p, LAYOUT, "cgroupfs")
 
 
 def test_a_quantity_read_before_does_not_stand_for_a_bool_or_another_resource():
@@ -82,11 +85,11 @@ def test_a_quantity_read_before_does_not_stand_for_a_bool_or_another_resource():
     integer 1 was read, and "1" is 1000 milli-cores for cpu, 1 for anything else."""
     p = pod(containers=[{"name": "main", "resources": {"requests": {"cpu": 1, "memory": 1, "x": "1"},
                                                        "limits": {"cpu": "1"}}}])
-    [c] = pod_meta_of(p, "kubepods/", "cgroupfs").containers
+    [c] = pod_meta_of(p, LAYOUT, "cgroupfs").containers
     assert (c.requests, c.limits) == ({"cpu": 1000, "memory": 1, "x": 1}, {"cpu": 1000})
     p["spec"]["containers"][0]["resources"]["requests"]["memory"] = True
     with pytest.raises(ValueError, match="quantity True"):
-        pod_meta_of(p, "kubepods/", "cgroupfs")
+        pod_meta_of(p, LAYOUT, "cgroupfs")
 
 
 def test_a_resource_name_longer_than_kubernetes_allows_is_converted_not_cached():
@@ -95,21 +98,21 @@ def test_a_resource_name_longer_than_kubernetes_allows_is_converted_not_cached()
     long = "x" * (kubelet.MAX_CACHED_NAME + 1)
     p = pod(containers=[{"name": "main", "resources": {"requests": {long: "7"}}}])
     cached = kubelet._resource_value.cache_info().currsize
-    [c] = pod_meta_of(p, "kubepods/", "cgroupfs").containers
+    [c] = pod_meta_of(p, LAYOUT, "cgroupfs").containers
     assert c.requests == {long: 7}
     assert kubelet._resource_value.cache_info().currsize == cached
 
 
 def test_one_bad_pod_does_not_hide_the_others(caplog):
     data = json.dumps({"items": [pod(name="good"), {"metadata": {"name": "bad", "namespace": "ns"}}]})
-    assert [p.name for p in pods_of_list(data.encode(), "kubepods/", "cgroupfs")] == ["good"]
+    assert [p.name for p in pods_of_list(data.encode(), LAYOUT, "cgroupfs")] == ["good"]
     assert any("ns/bad" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("data", [b"<html>", b"[]", b'{"items": 3}', b"[" * 100000])
 def test_not_a_pod_list_is_unavailable(data):
     with pytest.raises(PodsUnavailable):
-        pods_of_list(data, "kubepods/", "cgroupfs")
+        pods_of_list(data, LAYOUT, "cgroupfs")
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
@@ -120,7 +123,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
 @given(st.fixed_dictionaries({"metadata": json_values, "spec": json_values, "status": json_values}))
 def test_any_json_pod_is_converted_or_rejected_never_crashes(doc):
     try:
-        pod_meta_of(doc, "kubepods/", "cgroupfs")
+        pod_meta_of(doc, LAYOUT, "cgroupfs")
     except ValueError:
         pass
 
@@ -154,8 +157,7 @@ def node(port=None, address="127.0.0.1"):
 def test_read_only_port_source_lists_pods():
     kubelet = Kubelet(json.dumps({"items": [pod(name="b", uid="u2"), pod(name="a")]}).encode())
     try:
-        source = KubeletPodsSource(lambda: node(), kube_dir="kubepods/", driver=None,
-                                   insecure_tls=True, read_only_port=kubelet.port)
+        source = KubeletPodsSource(lambda: node(), LAYOUT, insecure_tls=True, read_only_port=kubelet.port)
         assert [p.name for p in source.list_pods()] == ["a", "b"]
         kubelet.body = b'{"items": []}'
         with pytest.raises(PodsUnavailable, match="empty"):
@@ -168,8 +170,7 @@ def test_the_same_answer_is_not_parsed_again():
     """Every sync fetches /pods; the same bytes give the same pods without parsing them again."""
     kubelet = Kubelet(json.dumps({"items": [pod(name="a")]}).encode())
     try:
-        source = KubeletPodsSource(lambda: node(), kube_dir="kubepods/", driver=None,
-                                   insecure_tls=True, read_only_port=kubelet.port)
+        source = KubeletPodsSource(lambda: node(), LAYOUT, insecure_tls=True, read_only_port=kubelet.port)
         first = source.list_pods()
         assert source.list_pods() is first
         kubelet.body = json.dumps({"items": [pod(name="a", labels={"x": "y"})]}).encode()
@@ -187,16 +188,14 @@ def test_the_same_answer_is_not_parsed_again():
 
 
 def test_secure_url_from_the_node_and_missing_node():
-    source = KubeletPodsSource(lambda: node(port=10250, address="fd00::1"), kube_dir="kubepods/",
-                               driver=None)
+    source = KubeletPodsSource(lambda: node(port=10250, address="fd00::1"), LAYOUT)
     assert source.url() == "https://[fd00::1]:10250/pods/"
     with pytest.raises(PodsUnavailable, match="ExternalIP"):
-        KubeletPodsSource(lambda: node(), kube_dir="k", driver=None,
-                          address_type="ExternalIP").url()
+        KubeletPodsSource(lambda: node(), LAYOUT, address_type="ExternalIP").url()
     with pytest.raises(PodsUnavailable, match="Node object"):
-        KubeletPodsSource(lambda: None, kube_dir="k", driver=None).url()
+        KubeletPodsSource(lambda: None, LAYOUT).url()
     with pytest.raises(PodsUnavailable, match="Port"):
-        KubeletPodsSource(lambda: node(), kube_dir="k", driver=None).url()
+        KubeletPodsSource(lambda: node(), LAYOUT).url()
 
 
 @pytest.mark.parametrize("path, code", [("/pods/", 200), ("/configz", 404)])
@@ -204,7 +203,7 @@ def test_every_kubelet_answer_is_observed_with_its_path_and_code(path, code):
     kubelet = Kubelet(json.dumps({"items": [pod(name="a")]}).encode())
     seen: list[tuple[str, str, int, float]] = []
     try:
-        source = KubeletPodsSource(lambda: node(), kube_dir="kubepods/", driver=None, insecure_tls=True,
+        source = KubeletPodsSource(lambda: node(), LAYOUT, insecure_tls=True,
                                    read_only_port=kubelet.port, observe=lambda *a: seen.append(a))
         try:
             source.fetch(path)
@@ -218,7 +217,7 @@ def test_every_kubelet_answer_is_observed_with_its_path_and_code(path, code):
 
 def test_an_unreachable_kubelet_is_not_observed():
     seen: list[tuple] = []
-    source = KubeletPodsSource(lambda: node(), kube_dir="kubepods/", driver=None, insecure_tls=True,
+    source = KubeletPodsSource(lambda: node(), LAYOUT, insecure_tls=True,
                                read_only_port=free_port(), observe=lambda *a: seen.append(a))
     with pytest.raises(PodsUnavailable):
         source.fetch("/pods/")

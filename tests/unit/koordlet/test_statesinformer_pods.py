@@ -1,6 +1,7 @@
-"""States informer pods from CRI, the pod model's cgroup layout, and the facade."""
+"""States informer pods from CRI, the pod model, and the facade."""
 
 import dataclasses
+from pathlib import Path
 
 import grpc
 import pytest
@@ -8,42 +9,12 @@ from cri_api.v1 import api_pb2 as cri
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.statesinformer import PODS, CriPodsSource, PodsUnavailable, StatesInformer
-from koord.koordlet.statesinformer.meta import (
-    container_cgroup_dir,
-    milli_cpu_of_quota,
-    milli_cpu_of_shares,
-    pod_cgroup_dir,
-)
+from koord.koordlet.statesinformer.meta import milli_cpu_of_quota, milli_cpu_of_shares
 from koord_testing.pods import container_meta, pod_meta
 
-
-@pytest.mark.parametrize("kube_dir,qos,driver,want", [
-    ("kubepods/", "besteffort", "cgroupfs", "kubepods/besteffort/podu-1"),
-    ("kubepods/", "burstable", "cgroupfs", "kubepods/burstable/podu-1"),
-    ("kubepods/", "guaranteed", "cgroupfs", "kubepods/podu-1"),
-    ("/t1/kubepods", "besteffort", "cgroupfs", "t1/kubepods/besteffort/podu-1"),
-    ("kubepods/", "besteffort", "systemd",
-     "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podu_1.slice"),
-    ("kubepods/", "guaranteed", "systemd", "kubepods.slice/kubepods-podu_1.slice"),
-    ("kubepods.slice", "burstable", "systemd",
-     "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu_1.slice"),
-])
-def test_pod_cgroup_dir(kube_dir, qos, driver, want):
-    assert pod_cgroup_dir(kube_dir, qos, "u-1", driver) == want
-
-
-@pytest.mark.parametrize("uid", ["", "..", "a/b"])
-def test_pod_cgroup_dir_rejects_uids_that_leave_the_dir(uid):
-    with pytest.raises(ValueError, match="uid"):
-        pod_cgroup_dir("kubepods/", "besteffort", uid, "cgroupfs")
-
-
-def test_container_cgroup_dir_per_driver():
-    assert container_cgroup_dir("kubepods/podu", "abc", "cgroupfs") == "kubepods/podu/abc"
-    assert container_cgroup_dir("p.slice", "abc", "systemd") == "p.slice/cri-containerd-abc.scope"
-    with pytest.raises(ValueError):
-        container_cgroup_dir("p", "../x", "cgroupfs")
+NO_FS = Path("/nonexistent")
 
 
 @pytest.mark.parametrize("shares,milli", [(None, 0), (2, 0), (102, 100), (256, 250), (1024, 1000),
@@ -72,7 +43,7 @@ def test_cri_pods_carry_meta_qos_cgroups_and_resources(fake_cri):
         "cpu_shares": 1024, "cpu_quota": 150000, "cpu_period": 100000,
         "memory_limit_in_bytes": 209715200})
     fake_cri.add_pod("s0", "api", {}, "/kubepods/poduid-s0", state=cri.SANDBOX_NOTREADY)
-    source = CriPodsSource(fake_cri.endpoint, kube_dir="t/kubepods/")
+    source = CriPodsSource(fake_cri.endpoint, CgroupLayout(NO_FS, kube_dir="t/kubepods/"))
     try:
         pods = source.list_pods()
     finally:
@@ -94,7 +65,7 @@ def test_cri_pods_carry_meta_qos_cgroups_and_resources(fake_cri):
 def test_cri_pods_status_asked_once_per_id_and_vanished_pods_dropped(fake_cri):
     fake_cri.add_pod("s1", "p1", {}, "/kubepods/burstable/poduid-s1")
     fake_cri.add_container("c1", "s1", "main")
-    source = CriPodsSource(fake_cri.endpoint, kube_dir="kubepods/")
+    source = CriPodsSource(fake_cri.endpoint, CgroupLayout(NO_FS, kube_dir="kubepods/"))
     try:
         assert [p.name for p in source.list_pods()] == ["p1"]
         fake_cri.containers["c1"].state = cri.CONTAINER_EXITED
@@ -112,7 +83,7 @@ def test_pod_vanishing_between_list_and_status_is_skipped_until_it_answers(fake_
     fake_cri.add_pod("s1", "p1", {}, "/kubepods/burstable/poduid-s1")
     fake_cri.add_container("c1", "s1", "main")
     fake_cri.fail["PodSandboxStatus"] = (grpc.StatusCode.NOT_FOUND, "sandbox s1 not found")
-    source = CriPodsSource(fake_cri.endpoint, kube_dir="kubepods/")
+    source = CriPodsSource(fake_cri.endpoint, CgroupLayout(NO_FS, kube_dir="kubepods/"))
     try:
         assert source.list_pods() == []  # listed, then gone: neither the pod nor its container
         del fake_cri.fail["PodSandboxStatus"]
@@ -124,7 +95,7 @@ def test_pod_vanishing_between_list_and_status_is_skipped_until_it_answers(fake_
 
 def test_pod_without_cgroup_parent_is_skipped_with_a_warning(fake_cri, caplog):
     fake_cri.add_pod("s1", "odd", {}, None)
-    source = CriPodsSource(fake_cri.endpoint, kube_dir="kubepods/")
+    source = CriPodsSource(fake_cri.endpoint, CgroupLayout(NO_FS, kube_dir="kubepods/"))
     try:
         assert source.list_pods() == []
     finally:
@@ -134,7 +105,7 @@ def test_pod_without_cgroup_parent_is_skipped_with_a_warning(fake_cri, caplog):
 
 
 def test_unreachable_cri_raises_pods_unavailable(tmp_path):
-    source = CriPodsSource(f"unix://{tmp_path}/none.sock", kube_dir="kubepods/")
+    source = CriPodsSource(f"unix://{tmp_path}/none.sock", CgroupLayout(NO_FS, kube_dir="kubepods/"))
     try:
         with pytest.raises(PodsUnavailable, match="none.sock"):
             source.list_pods()

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from ..metriccache import MetricCache, MetricCacheError, Samples
+from ..resourceexecutor.executor import CgroupExecutor
 from .collectors import all_collectors
 from .config import AdvisorConfig
 from .framework import Collector, Env, PodSource, Problems
@@ -26,9 +27,9 @@ log = logging.getLogger("koordlet.metricsadvisor")
 
 class MetricsAdvisor:
     def __init__(self, config: AdvisorConfig, states_informer: PodSource, metric_cache: MetricCache,
-                 clock: Callable[[], float] = time.time) -> None:
+                 cgroups: CgroupExecutor, clock: Callable[[], float] = time.time) -> None:
         self.config = config
-        self.env = Env(config, states_informer, metric_cache, clock)
+        self.env = Env(config, states_informer, metric_cache, cgroups, clock)
         self.collectors = [c for c in all_collectors(self.env) if c.enabled()]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -41,7 +42,7 @@ class MetricsAdvisor:
                         self.config.collect_res_used_interval)
             return
         log.info("metrics advisor: cgroup v%d at %s, collectors %s", self.env.cgroups.version,
-                 self.config.cgroup_root, ", ".join(c.name for c in self.collectors))
+                 self.env.cgroups.root, ", ".join(c.name for c in self.collectors))
         groups: dict[float, list[Collector]] = {}
         for collector in self.collectors:
             groups.setdefault(collector.interval, []).append(collector)

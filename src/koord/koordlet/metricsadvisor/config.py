@@ -8,16 +8,14 @@ from pathlib import Path
 
 from ..features import ADVISOR_FEATURE_GATES, PSI_COLLECTOR, RESCTRL_COLLECTOR
 from ..flagtypes import flag_bool, positive_duration
-from ..statesinformer.meta import DEFAULT_KUBE_DIR
 
 
 @dataclass
 class AdvisorConfig:
-    cgroup_root: Path = Path("/sys/fs/cgroup")
+    """The advisor's settings; where the cgroups are is the agent's ``CgroupLayout``."""
+
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
-    cgroup_kube_dir: str = DEFAULT_KUBE_DIR
-    cgroup_driver: str | None = None  # None: detected per hierarchy
     collect_res_used_interval: float = 1.0
     collect_sys_metric_outdated_interval: float = 10.0
     collect_node_cpu_info_interval: float = 60.0
@@ -31,7 +29,7 @@ class AdvisorConfig:
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """The advisor's flags. ``--sys-root-dir`` is added only when the parser lacks it; the
-    cgroup and proc roots, the cgroup driver and kube dir are read from the koordlet's own."""
+    proc root is read from the koordlet's own, the cgroups' place from its ``CgroupLayout``."""
     group = parser.add_argument_group("metrics advisor")
     group.add_argument("--collect-res-used-interval", type=positive_duration, default=1.0, metavar="DURATION",
                        help="node/pod/system/BE usage collect interval; below 1s disables the advisor (default: 1s)")
@@ -56,13 +54,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> AdvisorConfig:
     gates = getattr(args, "feature_gates", None) or {}
-    driver = getattr(args, "cgroup_driver", None)
     return AdvisorConfig(
-        cgroup_root=Path(getattr(args, "cgroup_root_dir", "/sys/fs/cgroup")),
         proc_root=Path(getattr(args, "proc_root_dir", "/proc")),
         sys_root=Path(getattr(args, "sys_root_dir", "/sys")),
-        cgroup_kube_dir=getattr(args, "cgroup_kube_dir", DEFAULT_KUBE_DIR) or DEFAULT_KUBE_DIR,
-        cgroup_driver=None if driver in (None, "auto") else driver,
         collect_res_used_interval=args.collect_res_used_interval,
         collect_sys_metric_outdated_interval=args.collect_sys_metric_outdated_interval,
         collect_node_cpu_info_interval=args.collect_node_cpu_info_interval,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import posixpath
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -20,8 +19,7 @@ from prometheus_client.registry import Collector as PromCollector
 from ..metriccache import MetricCache, Samples
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor
 from ..resourceexecutor.pathcache import CgroupFileCache
-from ..resources import KubeQoS
-from ..statesinformer.meta import CGROUPFS, SYSTEMD, ContainerMeta, PodMeta, pod_cgroup_dir
+from ..statesinformer.meta import ContainerMeta, PodMeta
 from .config import AdvisorConfig
 from .openfiles import OpenFiles
 from .parsers import SMALL_FILE_BYTES, FileProblem
@@ -242,15 +240,16 @@ class PerTarget(Generic[T]):
 
 
 class Env:
-    """Everything a collector needs, built once by the advisor."""
+    """Everything a collector needs, built once by the advisor. ``cgroups`` is the agent's
+    executor: the advisor only reads, through its layout and file names."""
 
     def __init__(self, config: AdvisorConfig, pods: PodSource, cache: MetricCache,
-                 clock: Callable[[], float] = time.time) -> None:
+                 cgroups: CgroupExecutor, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.pods = pods
         self.cache = cache
         self.clock = clock
-        self.cgroups = CgroupExecutor(config.cgroup_root, driver=config.cgroup_driver)
+        self.cgroups = cgroups
         self.shared = SharedState()
         self.files = OpenFiles()
         self._file_names: CgroupFileCache[tuple[str, str], str] = CgroupFileCache(lambda _, name: name)
@@ -272,7 +271,7 @@ class Env:
         try:
             return self.cgroups.path(cgroup_dir, resource, keep)
         except CgroupError as exc:
-            raise FileProblem(Path(self.config.cgroup_root) / cgroup_dir, str(exc)) from None
+            raise FileProblem(self.cgroups.root / cgroup_dir, str(exc)) from None
 
     def all_pods(self) -> list[PodMeta]:
         """The informer's pods (shared, read-only objects)."""
@@ -384,11 +383,8 @@ class Env:
         return out
 
     def kube_qos_dir(self, qos: str) -> str:
-        """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir``: the parent of any
-        pod dir of that class, as the states informer lays pods out (either driver)."""
-        driver = self.config.cgroup_driver or (
-            SYSTEMD if self.cgroups.kube_qos_dir(KubeQoS.GUARANTEED).endswith(".slice") else CGROUPFS)
-        return posixpath.dirname(pod_cgroup_dir(self.config.cgroup_kube_dir, qos, "x", driver))
+        """The cgroup dir of a kube QoS class under ``--cgroup-kube-dir`` (either driver)."""
+        return self.cgroups.layout.kube_qos_dir(qos)
 
 
 class Collector:

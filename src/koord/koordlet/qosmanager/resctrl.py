@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from koord.apis.extension import ANNOTATION_RESCTRL
 
+from ..cgrouplayout import container_cgroup_dir, driver_of_cgroup_parent
 from ..features import RDT_RESCTRL
 from ..resctrlfs import (
     CPUInfo,
@@ -48,7 +49,6 @@ from ..resctrlfs import (
 from ..resourceexecutor.executor import CgroupError
 from ..slo import SLOError
 from ..statesinformer import PodMeta
-from ..statesinformer.meta import CGROUPFS, SYSTEMD, container_cgroup_dir
 from .framework import Context, Strategy
 from .resourceqos import BE, LS, LSR, ClassQOS, pod_class, resctrl_qos
 
@@ -200,8 +200,7 @@ class ResctrlReconcile(Strategy):
         if not pod.cgroup_dir:
             return []
         if pod.sandbox_id:
-            driver = SYSTEMD if pod.cgroup_dir.endswith(".slice") else CGROUPFS
-            return [container_cgroup_dir(pod.cgroup_dir, pod.sandbox_id, driver)]
+            return [container_cgroup_dir(pod.cgroup_dir, pod.sandbox_id, driver_of_cgroup_parent(pod.cgroup_dir))]
         if not pod.containers or not all(c.cgroup_dir for c in pod.containers):
             return []
         known = {c.cgroup_dir.rstrip("/").rsplit("/", 1)[-1] for c in pod.containers}

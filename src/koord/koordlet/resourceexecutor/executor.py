@@ -1,7 +1,8 @@
-"""The cgroup executor: the only code that knows cgroup file names, versions and drivers.
+"""The cgroup executor: the only code that knows cgroup file names and their versions.
 
 Plugins speak in logical resources (``cpu_shares``, ``memory_limit`` ...) and relative
-cgroup dirs; this module maps them to v1 (``<root>/<subsystem>/<dir>/<file>``) or v2
+cgroup dirs (named by the agent's ``CgroupLayout``, which the executor is made over and
+hands out); this module maps them to v1 (``<root>/<subsystem>/<dir>/<file>``) or v2
 (``<root>/<dir>/<file>``) files, converts values between the two (shares to weight,
 quota to ``cpu.max``), validates ranges before touching the kernel, and skips writes that
 would not change anything so a periodic reconcile stays cheap and quiet.
@@ -13,20 +14,16 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, fields
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from koord import cgrouplimits
 from koord.hookapi import format_cpuset, parse_cpuset
 
+from ..cgrouplayout import CgroupLayout, checked_dir
 from ..resources import KubeQoS, Resources
 from .pathcache import CgroupFileCache
 
 log = logging.getLogger(__name__)
-
-CGROUPFS = "cgroupfs"
-SYSTEMD = "systemd"
-KUBE_DIR = "kubepods"
-"""kubelet's top cgroup of pods (``--cgroup-kube-dir``); ``kubepods.slice`` under systemd."""
 
 # cgroup v1 memory.limit_in_bytes reads back LONG_MAX rounded down to a page when unlimited.
 _V1_MEMORY_UNLIMITED = 9223372036854771712
@@ -138,71 +135,37 @@ def shares_to_weight(shares: int) -> int:
     return 1 + ((shares - 2) * 9999) // 262142
 
 
-def _systemd_slice_dir(slice_name: str) -> str:
-    """Expands a systemd slice name into its nesting: "a-b-c.slice" -> "a.slice/a-b.slice/a-b-c.slice"."""
-    stem = slice_name.removesuffix(".slice")
-    parts = stem.split("-")
-    return "/".join("-".join(parts[:i]) + ".slice" for i in range(1, len(parts) + 1))
-
-
 class CgroupExecutor:
-    """Reads and writes cgroup files of pods and containers below ``root``."""
+    """Reads and writes cgroup files of pods and containers below the layout's root; the
+    dir methods are the layout's, raising ``CgroupError`` as the rest of the executor."""
 
-    def __init__(self, root: Path = Path("/sys/fs/cgroup"), driver: str | None = None,
-                 version: int | None = None, kube_dir: str = KUBE_DIR) -> None:
-        if driver not in (None, CGROUPFS, SYSTEMD):
-            raise ValueError(f"cgroup driver {driver!r}: want {CGROUPFS!r} or {SYSTEMD!r}")
-        if version not in (None, 1, 2):
-            raise ValueError(f"cgroup version {version!r}: want 1 or 2")
-        self.root = Path(root)
-        self.driver = driver
-        self.version: int = version or (2 if (self.root / "cgroup.controllers").exists() else 1)
-        self.kube_dir = self._checked_dir(kube_dir)
+    def __init__(self, layout: CgroupLayout) -> None:
+        self.layout = layout
+        # Read on every path lookup: plain attributes, not a walk through the layout.
+        self.root, self.version = layout.root, layout.version
         # The QoS strategies resolve the same thousand paths every second; building each
         # anew (dir check, three joins) cost more than reading the file.
         self._paths: CgroupFileCache[tuple[str, str], Path] = CgroupFileCache(lambda _, path: path)
 
     # ---- layout -------------------------------------------------------------------------
 
-    def _driver_for(self, cgroup_parent: str | None) -> str:
-        if self.driver:
-            return self.driver
-        if cgroup_parent is not None:
-            return SYSTEMD if cgroup_parent.rstrip("/").endswith(".slice") else CGROUPFS
-        # No parent to look at: believe the tree kubelet made.
-        base = self.root / "cpu" if self.version == 1 else self.root
-        return SYSTEMD if (base / self._systemd_kube_dir()).is_dir() else CGROUPFS
-
     def kube_qos_dir(self, qos: KubeQoS) -> str:
-        """kubelet's dir of a kube QoS class below the kube dir (``--cgroup-kube-dir``).
-
-        cgroupfs: ``<kube>/besteffort``; systemd: ``<kube>/kubepods-besteffort.slice`` with
-        ``kubepods`` standing for ``kubepods.slice``; guaranteed pods sit in the kube dir.
-        """
-        if self._driver_for(None) == SYSTEMD:
-            base = self._systemd_kube_dir()
-            return base if qos is KubeQoS.GUARANTEED else f"{base}/kubepods-{qos.value}.slice"
-        return self.kube_dir if qos is KubeQoS.GUARANTEED else f"{self.kube_dir}/{qos.value}"
-
-    def _systemd_kube_dir(self) -> str:
-        return "kubepods.slice" if self.kube_dir == KUBE_DIR else self.kube_dir
+        """kubelet's dir of a kube QoS class (``CgroupLayout.kube_qos_dir``)."""
+        return self.layout.kube_qos_dir(qos)
 
     def pod_dir(self, cgroup_parent: str) -> str:
         """kubelet's cgroup parent, in either driver's form, as a dir relative to the hierarchy."""
-        parent = cgroup_parent.strip().strip("/")
-        if not parent:
-            raise CgroupError("empty pod cgroup parent")
-        if "/" not in parent and parent.endswith(".slice"):
-            parent = _systemd_slice_dir(parent)
-        return self._checked_dir(parent)
+        try:
+            return self.layout.pod_dir_of_parent(cgroup_parent)
+        except ValueError as exc:
+            raise CgroupError(str(exc)) from None
 
     def container_dir(self, pod_cgroup_parent: str, container_id: str) -> str:
-        if not container_id or "/" in container_id:
-            raise CgroupError(f"bad container id {container_id!r} under {pod_cgroup_parent!r}")
-        pod = self.pod_dir(pod_cgroup_parent)
-        if self._driver_for(pod_cgroup_parent) == SYSTEMD:
-            return f"{pod}/cri-containerd-{container_id}.scope"
-        return f"{pod}/{container_id}"
+        """The cgroup dir of a container of the pod with cgroup parent ``pod_cgroup_parent``."""
+        try:
+            return self.layout.container_dir_of_parent(pod_cgroup_parent, container_id)
+        except ValueError as exc:
+            raise CgroupError(str(exc)) from None
 
     def path(self, cgroup_dir: str, resource: str, keep: bool = True) -> Path:
         """The file of ``resource`` in ``cgroup_dir``, cached unless ``keep`` is False (for a
@@ -226,11 +189,11 @@ class CgroupExecutor:
 
     @staticmethod
     def _checked_dir(cgroup_dir: str) -> str:
-        """Keeps every path inside the hierarchy: a pod's parent must not name ``..``."""
-        rel = PurePosixPath(cgroup_dir.strip("/"))
-        if ".." in rel.parts:
-            raise CgroupError(f"cgroup dir {cgroup_dir!r} leaves the cgroup root")
-        return str(rel)
+        """``checked_dir`` raising the executor's error."""
+        try:
+            return checked_dir(cgroup_dir)
+        except ValueError as exc:
+            raise CgroupError(str(exc)) from None
 
     def gone(self, exc: CgroupError) -> bool:
         """Whether ``exc`` is about a cgroup that went: a pod or container that left between

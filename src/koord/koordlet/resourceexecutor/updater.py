@@ -35,6 +35,7 @@ from pathlib import Path
 
 from koord.hookapi import format_cpuset, parse_cpuset
 
+from ..cgrouplayout import CgroupLayout
 from .executor import MEMORY_MAX, CgroupError, CgroupExecutor
 from .pathcache import CgroupFileCache
 
@@ -109,12 +110,11 @@ class ResourceExecutor(CgroupExecutor):
     """The one cgroup writer of koordlet. Thread-safe: the QoS strategies run in their own
     threads and the hooks in the gRPC server's."""
 
-    def __init__(self, root: Path = Path("/sys/fs/cgroup"), driver: str | None = None,
-                 version: int | None = None, kube_dir: str = "kubepods", *,
+    def __init__(self, layout: CgroupLayout, *,
                  force_update_seconds: float = FORCE_UPDATE_SECONDS,
                  cache_ttl: float = CACHE_TTL_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(root, driver=driver, version=version, kube_dir=kube_dir)
+        super().__init__(layout)
         self.force_update_seconds = force_update_seconds
         self.cache_ttl = cache_ttl
         self._clock = clock

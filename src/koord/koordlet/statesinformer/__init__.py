@@ -1,9 +1,10 @@
 """koordlet's States Informer: this node's Node, NodeSLO, NodeMetric and pods.
 
-``informer`` is the facade other modules use; ``objects`` and ``pods`` are its sources
-(files or the API server; CRI), ``meta`` the pod/container model and cgroup dir layout,
-``specs`` upstream's defaults for NodeSLO and NodeMetric specs, ``topology`` and ``nrt``
-the NodeResourceTopology koordlet computes and reports.
+``informer`` is the facade other modules use (it also hands out the API client when the
+objects come from the API server); ``objects`` and ``pods`` are its sources (files or the
+API server; CRI), ``meta`` the pod/container model (their cgroup dirs named by
+``koordlet.cgrouplayout``), ``specs`` upstream's defaults for NodeSLO and NodeMetric specs,
+``topology`` and ``nrt`` the NodeResourceTopology koordlet computes and reports.
 """
 
 from .informer import CALLBACK_KINDS, NODE_TOPOLOGY, PODS, StatesInformer

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .meta import PodMeta
-from .objects import KIND_NAMES, NODE, NODE_METRIC, NODE_SLO, Sink
+from .objects import KIND_NAMES, NODE, NODE_METRIC, NODE_SLO, FileObjectsSource, KubeObjectsSource, Sink
 from .pods import PodsUnavailable
 from .specs import merged_node_slo, node_metric_collect_policy
 
@@ -126,6 +126,23 @@ class StatesInformer:
         with self._lock:
             objects_ok = self.objects is None or self.objects.kinds() <= self._seen
             return objects_ok and (self.pods_source is None or self._pods_synced)
+
+    def api_source(self) -> KubeObjectsSource | None:
+        """The API server the objects come from (its client, node name, reachability and
+        credentials), for the modules that write there or reach the kubelet; None when the
+        objects come from files or nowhere."""
+        return self.objects if isinstance(self.objects, KubeObjectsSource) else None
+
+    def api_client(self) -> Any | None:
+        """The API server's client (``api_source``'s), None without a server."""
+        source = self.api_source()
+        return None if source is None else source.api
+
+    def expect_own_write(self, kind: str, raw: bytes) -> None:
+        """koordlet is about to write ``raw`` to the file ``kind`` is read from: that write
+        is not a change to read back. Nothing to do when ``kind`` comes from elsewhere."""
+        if isinstance(self.objects, FileObjectsSource) and kind in self.objects.kinds():
+            self.objects.expect(kind, raw)
 
     def register_callback(self, kind: str, fn: Callable[[], None]) -> None:
         if kind not in self._callbacks:

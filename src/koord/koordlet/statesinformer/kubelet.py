@@ -22,15 +22,9 @@ from typing import Any
 
 from koord.hookapi import json_document, parse_quantity
 
+from ..cgrouplayout import CgroupLayout, container_cgroup_dir
 from ..rfc3339 import parse_time
-from .meta import (
-    CGROUPFS,
-    ContainerMeta,
-    PodMeta,
-    container_cgroup_dir,
-    koord_qos_of,
-    pod_cgroup_dir,
-)
+from .meta import ContainerMeta, PodMeta, koord_qos_of
 from .pods import PodsUnavailable
 
 log = logging.getLogger(__name__)
@@ -96,7 +90,7 @@ def _kube_qos(pod: dict, containers: list[dict]) -> str:
     return "burstable"
 
 
-def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
+def pod_meta_of(pod: Any, layout: CgroupLayout, driver: str) -> PodMeta:
     """One Pod (API JSON) as ``PodMeta``; ValueError naming the field when it is malformed."""
     pod = _object(pod, "pod")
     meta = _object(pod.get("metadata"), "metadata")
@@ -116,7 +110,7 @@ def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
     created = None if stamp is None else parse_time(stamp, "metadata.creationTimestamp")
     status = _object(pod.get("status"), "status")
     kube_qos = _kube_qos(pod, containers)
-    cgroup_dir = pod_cgroup_dir(kube_dir, kube_qos, uid, driver)
+    cgroup_dir = layout.pod_dir(kube_qos, uid, driver)
     statuses = {s.get("name"): s for s in status.get("containerStatuses") or [] if isinstance(s, dict)}
     metas = []
     for i, c in enumerate(containers):
@@ -139,14 +133,14 @@ def pod_meta_of(pod: Any, kube_dir: str, driver: str) -> PodMeta:
                    containers=tuple(metas), created=created)
 
 
-def pods_of_list(data: bytes, kube_dir: str, driver: str) -> list[PodMeta]:
+def pods_of_list(data: bytes, layout: CgroupLayout, driver: str) -> list[PodMeta]:
     items = json_document(data, "kubelet /pods", PodsUnavailable).get("items")
     if not isinstance(items, list):
         raise PodsUnavailable("kubelet /pods: not a PodList (no items list)")
     pods = []
     for i, item in enumerate(items):
         try:
-            pods.append(pod_meta_of(item, kube_dir, driver))
+            pods.append(pod_meta_of(item, layout, driver))
         except (ValueError, TypeError, AttributeError) as exc:
             who = ((item.get("metadata") or {}) if isinstance(item, dict) else {})
             log.warning("states informer: kubelet pod %s/%s (item %d) skipped: %s",
@@ -159,15 +153,16 @@ KubeletObserver = Callable[[str, str, int, float], None]
 
 
 class KubeletPodsSource:
-    def __init__(self, get_node: Callable[[], dict | None], *, kube_dir: str, driver: str | None,
+    def __init__(self, get_node: Callable[[], dict | None], layout: CgroupLayout, *,
                  address_type: str = "InternalIP", insecure_tls: bool = False,
                  read_only_port: int = 10255, timeout: float = 3.0,
                  token_file: Path = TOKEN_FILE, token: Callable[[], str | None] | None = None,
                  observe: KubeletObserver | None = None) -> None:
         self.get_node = get_node
         self.observe = observe
-        self.kube_dir = kube_dir
-        self.driver = driver or CGROUPFS
+        self.layout = layout
+        # kubelet's /pods names no cgroup parent: the driver of the tree kubelet made at start.
+        self.driver = layout.driver_for()
         self.address_type = address_type
         self.insecure_tls = insecure_tls
         self.read_only_port = read_only_port
@@ -242,7 +237,7 @@ class KubeletPodsSource:
         data = self.fetch("/pods/")
         if self._last is not None and self._last[0] == data:
             return self._last[1]
-        pods = tuple(pods_of_list(data, self.kube_dir, self.driver))
+        pods = tuple(pods_of_list(data, self.layout, self.driver))
         if not pods:  # upstream: an empty list keeps the old one (kubelet restarting)
             raise PodsUnavailable(f"kubelet {self.url()}: empty pod list")
         self._last = (data, pods)

@@ -1,4 +1,4 @@
-"""What koordlet knows about one pod and its containers, and where their cgroups are.
+"""What koordlet knows about one pod and its containers.
 
 Every module reads pods through these two dataclasses, whatever the source (CRI or
 kubelet's ``/pods``), so collectors, the reporter and the QoS manager never look at CRI
@@ -12,9 +12,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..resources import KoordQoS, KubeQoS
-
-CGROUPFS, SYSTEMD = "cgroupfs", "systemd"
-DEFAULT_KUBE_DIR = "kubepods/"
 
 
 def _frozen(obj: object, *names: str) -> None:
@@ -79,45 +76,6 @@ def koord_qos_of(labels: Mapping[str, str]) -> str:
 
 def kube_qos_of_cgroup_parent(cgroup_parent: str) -> str:
     return KubeQoS.of_cgroup_parent(cgroup_parent).value
-
-
-def driver_of_cgroup_parent(cgroup_parent: str) -> str:
-    """kubelet's systemd driver names the pod's parent ``*.slice``; cgroupfs uses a path."""
-    return SYSTEMD if cgroup_parent.rstrip("/").endswith(".slice") else CGROUPFS
-
-
-def pod_cgroup_dir(kube_dir: str, kube_qos: str, uid: str, driver: str) -> str:
-    """kubelet's pod cgroup dir under ``kube_dir``, as upstream's cgroup path formatter.
-
-    cgroupfs: ``<kube_dir>/besteffort/pod<uid>`` (guaranteed pods sit in ``<kube_dir>``);
-    systemd: ``<kube_dir>/kubepods-besteffort.slice/kubepods-besteffort-pod<uid_>.slice``
-    where ``kube_dir`` is ``kubepods.slice`` for kubelet's own tree.
-    """
-    qos = KubeQoS(kube_qos)
-    if "/" in uid or not uid or uid in (".", ".."):
-        raise ValueError(f"pod uid {uid!r} cannot name a cgroup dir")
-    base = kube_dir.strip("/")
-    if driver == SYSTEMD:
-        if base == DEFAULT_KUBE_DIR.strip("/"):
-            base = "kubepods.slice"
-        escaped = uid.replace("-", "_")
-        if qos is KubeQoS.GUARANTEED:
-            return f"{base}/kubepods-pod{escaped}.slice"
-        return f"{base}/kubepods-{qos.value}.slice/kubepods-{qos.value}-pod{escaped}.slice"
-    if driver != CGROUPFS:
-        raise ValueError(f"cgroup driver {driver!r}: want {CGROUPFS} or {SYSTEMD}")
-    if qos is KubeQoS.GUARANTEED:
-        return f"{base}/pod{uid}"
-    return f"{base}/{qos.value}/pod{uid}"
-
-
-def container_cgroup_dir(pod_dir: str, container_id: str, driver: str) -> str:
-    """containerd's container cgroup under its pod dir (runc's naming per driver)."""
-    if not container_id or "/" in container_id or container_id in (".", ".."):
-        raise ValueError(f"container id {container_id!r} cannot name a cgroup dir")
-    if driver == SYSTEMD:
-        return f"{pod_dir}/cri-containerd-{container_id}.scope"
-    return f"{pod_dir}/{container_id}"
 
 
 def milli_cpu_of_shares(shares: int | None) -> int:

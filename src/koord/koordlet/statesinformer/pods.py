@@ -18,16 +18,14 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 
 from koord.hookapi import PodHookRequest, fromcri
 
+from ..cgrouplayout import CgroupLayout, container_cgroup_dir
 from .meta import (
     ContainerMeta,
     PodMeta,
-    container_cgroup_dir,
-    driver_of_cgroup_parent,
     koord_qos_of,
     kube_qos_of_cgroup_parent,
     milli_cpu_of_quota,
     milli_cpu_of_shares,
-    pod_cgroup_dir,
 )
 
 log = logging.getLogger(__name__)
@@ -42,10 +40,9 @@ class PodsUnavailable(Exception):
 class CriPodsSource:
     """Lists pods from a CRI endpoint as ``PodMeta`` (terminated pods included, not running)."""
 
-    def __init__(self, endpoint: str, *, kube_dir: str, driver: str | None = None) -> None:
+    def __init__(self, endpoint: str, layout: CgroupLayout) -> None:
         self.endpoint = endpoint.removeprefix("unix://")
-        self.kube_dir = kube_dir
-        self.driver = driver
+        self.layout = layout
         self._channel = grpc.insecure_channel("unix:" + self.endpoint)
         self._cri = cri_grpc.RuntimeServiceStub(self._channel)
         self._pods: dict[str, tuple[PodHookRequest, PodMeta]] = {}
@@ -102,13 +99,13 @@ class CriPodsSource:
                 raise ValueError("no cgroup parent in the verbose status (is the runtime "
                                  "containerd with the CRI plugin?)")
             kube_qos = kube_qos_of_cgroup_parent(request.cgroup_parent)
-            driver = self.driver or driver_of_cgroup_parent(request.cgroup_parent)
+            driver = self.layout.driver_for(request.cgroup_parent)
             uid = request.pod_meta.uid
             meta = PodMeta(
                 namespace=request.pod_meta.namespace, name=request.pod_meta.name, uid=uid,
                 labels=dict(request.labels), annotations=dict(request.annotations),
                 kube_qos=kube_qos, koord_qos=koord_qos_of(dict(request.labels)), priority=None,
-                cgroup_dir=pod_cgroup_dir(self.kube_dir, kube_qos, uid, driver),
+                cgroup_dir=self.layout.pod_dir(kube_qos, uid, driver),
                 sandbox_id=sandbox.id, running=sandbox.state == cri.SANDBOX_READY,
                 created=sandbox.created_at / 1e9 if sandbox.created_at > 0 else None)
         except grpc.RpcError as exc:  # vanished between list and status: next sync decides
@@ -126,7 +123,7 @@ class CriPodsSource:
             status = self._cri.ContainerStatus(cri.ContainerStatusRequest(
                 container_id=container.id, verbose=True), timeout=CRI_TIMEOUT)
             _, record = fromcri.container_record_from_status(status, container.id)
-            driver = self.driver or driver_of_cgroup_parent(request.cgroup_parent)
+            driver = self.layout.driver_for(request.cgroup_parent)
             res = record.container_resources
             requests = {"cpu": milli_cpu_of_shares(res.cpu_shares)}
             limits: dict[str, int] = {}

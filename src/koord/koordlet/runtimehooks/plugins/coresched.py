@@ -32,8 +32,9 @@ import logging
 from koord.hookapi import HookPoint
 
 from ... import schedsysctl
+from ...cgrouplayout import container_cgroup_dir, driver_of_cgroup_parent
 from ...resourceexecutor.executor import CgroupError
-from ...statesinformer.meta import PodMeta, container_cgroup_dir, driver_of_cgroup_parent
+from ...statesinformer.meta import PodMeta
 from ..hooks import HookError, Hooks, PluginEnv, RuntimePlugin
 from ..protocol import ContainerContext, KoordQoS, KubeQoS, PodContext, Resources
 from ..rule import CoreSchedRule, Rules
