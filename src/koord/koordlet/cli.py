@@ -40,9 +40,9 @@ from .resourceexecutor.executor import CgroupExecutor
 from .resourceexecutor.updater import CACHE_TTL_SECONDS, ResourceExecutor
 from .runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from .runtimehooks.nri import NriOptions, NriServer
-from .runtimehooks.plugins import build_plugins
+from .runtimehooks.plugins import build_plugins, implemented_gates, parse_rules
 from .runtimehooks.reconciler import Reconciler
-from .runtimehooks.rule import RuleError, parse_rules
+from .runtimehooks.rule import RuleError
 from .runtimehooks.server import RuntimeHookServer
 from .statesinformer import (
     NODE,
@@ -437,7 +437,7 @@ def warn_about_upstream_only(args: argparse.Namespace) -> None:
     ignored = upstreamflags.ignored_flags(args)
     if ignored:
         log.warning("upstream flags without a feature here, ignored: %s", ", ".join("--" + n for n in ignored))
-    gates = features.not_implemented(args.feature_gates)
+    gates = features.not_implemented(args.feature_gates, implemented_gates())
     if gates:
         log.warning("feature gates enabled but not implemented here (no effect): %s", ", ".join(gates))
     if args.unparsed:

@@ -10,31 +10,33 @@ from koord.hookapi import HookPoint
 from koord.koordlet.features import (
     ADVISOR_FEATURE_GATES,
     ALL_GATE_DEFAULTS,
-    DEFAULT_FEATURE_GATES,
+    MODULE_FEATURE_GATES,
     QOS_FEATURE_GATES,
-    RUNTIME_HOOK_GATES,
     STATES_FEATURE_GATES,
     UPSTREAM_GATES,
     parse_feature_gates,
 )
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins import PLUGIN_ORDER, build_plugins
+from koord.koordlet.runtimehooks.plugins import REGISTRY, build_plugins, implemented_gates
 
 NO_FS = Path("/nonexistent")
 ENV = PluginEnv(CgroupExecutor(NO_FS, version=1), NO_FS, NO_FS)
 
 
 def test_order_and_names_match_gates() -> None:
-    assert [c.name for c in PLUGIN_ORDER] == [
+    assert [c.name for c in REGISTRY.plugins] == [
         "GroupIdentity", "BatchResource", "CPUSetAllocator", "CPUNormalization", "GPUEnvInject", "Resctrl",
         "OOMScoreAdj", "CoreSched"]
-    assert set(RUNTIME_HOOK_GATES) == {c.name for c in PLUGIN_ORDER}
-    parts = (RUNTIME_HOOK_GATES, QOS_FEATURE_GATES, ADVISOR_FEATURE_GATES, STATES_FEATURE_GATES)
-    assert DEFAULT_FEATURE_GATES == {k: v for part in parts for k, v in part.items()}
-    assert len(DEFAULT_FEATURE_GATES) == sum(map(len, parts))
+    assert REGISTRY.gates() == {"GroupIdentity": True, "BatchResource": True, "CPUSetAllocator": True,
+                                "CPUNormalization": False, "GPUEnvInject": False, "Resctrl": False,
+                                "OOMScoreAdj": False, "CoreSched": False}
+    parts = (REGISTRY.gates(), QOS_FEATURE_GATES, ADVISOR_FEATURE_GATES, STATES_FEATURE_GATES)
+    assert MODULE_FEATURE_GATES == {k: v for part in parts[1:] for k, v in part.items()}
+    assert implemented_gates() == {k: v for part in parts for k, v in part.items()}
+    assert len(implemented_gates()) == sum(map(len, parts))
     # every gate implemented here is upstream's, with upstream's default
-    assert {k: ALL_GATE_DEFAULTS[k] for k in DEFAULT_FEATURE_GATES} == DEFAULT_FEATURE_GATES
+    assert {k: ALL_GATE_DEFAULTS[k] for k in implemented_gates()} == implemented_gates()
 
 
 @pytest.mark.parametrize("text, changed", [
@@ -80,14 +82,14 @@ def test_parse_feature_gates_rejects(text: str, named: str) -> None:
 
 
 def test_build_default_plugins_in_order() -> None:
-    plugins = build_plugins(ENV, DEFAULT_FEATURE_GATES)
+    plugins = build_plugins(ENV, implemented_gates())
     assert [p.name for p in plugins] == ["GroupIdentity", "BatchResource", "CPUSetAllocator"]
     assert all(p.env is ENV for p in plugins)
 
 
 def test_build_all_and_register() -> None:
-    plugins = build_plugins(ENV, {name: True for name in DEFAULT_FEATURE_GATES})
-    assert [p.name for p in plugins] == [c.name for c in PLUGIN_ORDER]
+    plugins = build_plugins(ENV, {name: True for name in implemented_gates()})
+    assert [p.name for p in plugins] == [c.name for c in REGISTRY.plugins]
     hooks = Hooks()
     for plugin in plugins:
         plugin.register(hooks)
