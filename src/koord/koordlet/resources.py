@@ -72,6 +72,8 @@ class CgroupFile:
     """The integers the kernel accepts, both included."""
 
     def problem(self, value: int) -> str | None:
+        """None when the kernel accepts ``value``; checked before an answer leaves a plugin
+        and again before the executor writes."""
         if isinstance(value, bool) or not isinstance(value, int):
             return f"{value!r} is not an integer"
         if not self.lo <= value <= self.hi:

@@ -216,3 +216,21 @@ def test_batch_cfs_quota_change_refreshes_pods() -> None:
 def test_bad_suppress_fields_name_the_field(raw: object, field: str) -> None:
     with pytest.raises(RuleError, match=field):
         parse_rules({"spec": {"resourceUsedThresholdWithBE": raw}}, None)
+
+
+@pytest.mark.parametrize("strategy, field", [
+    # a null section keeps upstream's defaults, a null value is refused by the rule reading it
+    ({"lsClass": None, "beClass": {"cpuQOS": None}, "policies": None}, None),
+    ({"lsClass": {"cpuQOS": {"enable": None}}}, "lsClass.cpuQOS.enable"),
+    ({"lsClass": {"cpuQOS": {"groupIdentity": None}}}, "lsClass.cpuQOS.groupIdentity"),
+    ({"beClass": {"cpuQOS": {"coreExpeller": None}}}, "beClass.cpuQOS.coreExpeller"),
+    ({"beClass": {"cpuQOS": {"schedIdle": None}}}, "beClass.cpuQOS.schedIdle"),
+    ({"policies": {"cpuPolicy": None}}, "policies.cpuPolicy"),
+])
+def test_nulls_in_the_node_slo(strategy: dict, field: str | None) -> None:
+    node_slo = {"spec": {"resourceQOSStrategy": strategy}}
+    if field is None:
+        assert parse_rules(node_slo, None)[GROUP_IDENTITY] == GROUP_IDENTITY.absent
+        return
+    with pytest.raises(RuleError, match=field):
+        parse_rules(node_slo, None)

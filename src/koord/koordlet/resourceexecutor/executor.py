@@ -328,7 +328,7 @@ class CgroupExecutor:
         why = file.problem(value)
         if why:
             raise CgroupError(f"{path}: {file.name}={value!r} {why}")
-        if self._normalize(file.name, self._read(path)) == value:
+        if self._read(path) == str(value):
             return False
         self._write_file(path, str(value))
         return True
@@ -454,6 +454,7 @@ def cgroup_dir_exists(executor: CgroupExecutor, cgroup_dir: str, resources: Reso
     for name in _APPLY_ORDER:
         if getattr(resources, name) is not None:
             return executor.path(cgroup_dir, name).parent.is_dir()
-    for file in resources.files:
-        return executor.file_path(cgroup_dir, file).parent.is_dir()
+    first = next(iter(resources.files), None)
+    if first is not None:
+        return executor.file_path(cgroup_dir, first).parent.is_dir()
     return executor.path(cgroup_dir, "cpu_shares").parent.is_dir()

@@ -68,6 +68,8 @@ class Rules:
     as its ``absent`` value."""
 
     items: tuple[tuple[str, Any], ...] = ()
+    """(rule name, value) pairs sorted by name: what rules compare and hash by, so a plugin
+    learns from ``!=`` whether anything changed."""
     _values: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -85,18 +87,21 @@ class Rules:
 def merged_spec(node_slo: dict) -> dict[str, Any]:
     """The NodeSLO (the object or its ``spec``) with its spec merged over upstream's defaults.
 
-    An explicit null counts as absent, as upstream's merge drops nil (omitempty) fields before
-    it unmarshals the received spec over the default one.
+    A null section reads as an empty one (as ``json_object`` reads it), so it keeps its
+    defaults; a null value replaces its default and the rule that reads it refuses it.
     """
     spec = node_slo.get("spec", node_slo) if isinstance(node_slo, dict) else node_slo
-    merged = merge_over(DEFAULT_NODE_SLO_SPEC, _without_nulls(rule_object(spec, "NodeSLO spec")))
-    return cast(dict[str, Any], merged)
+    if not isinstance(spec, dict):
+        raise RuleError(f"NodeSLO spec: want an object, got {type(spec).__name__}")
+    received = _null_sections_dropped(DEFAULT_NODE_SLO_SPEC, spec)
+    return cast(dict[str, Any], merge_over(DEFAULT_NODE_SLO_SPEC, received))
 
 
-def _without_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    return value
+def _null_sections_dropped(default: Any, received: Any) -> Any:
+    if not isinstance(default, dict) or not isinstance(received, dict):
+        return received
+    return {key: _null_sections_dropped(default.get(key), value) for key, value in received.items()
+            if value is not None or not isinstance(default.get(key), dict)}
 
 
 DEFAULT_SPEC = merged_spec({})

@@ -27,7 +27,7 @@ class CPUSharedPool:
 
 @dataclass(frozen=True)
 class CPUSetRule:
-    """What each field is without its annotation."""
+    """Each field's default is its value while its annotation is absent."""
 
     cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
     be_cpu_shared_pools: tuple[CPUSharedPool, ...] = ()
