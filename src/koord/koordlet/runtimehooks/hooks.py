@@ -20,7 +20,6 @@ from koord.hookapi import FailurePolicy, HookPoint
 from ..features import ALL_GATE_DEFAULTS
 from ..resources import CgroupFile, KubeQoS, Resources
 from .protocol import ContainerContext, HookContext, PodContext, PodMeta
-from .rule import Rule, Rules
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from ..resourceexecutor.executor import CgroupExecutor
     from ..statesinformer import meta as statesinformer
     from .hostapps import HostApp
+    from .rule import Rule, Rules
 
 log = logging.getLogger(__name__)
 

@@ -45,6 +45,7 @@ class PluginRegistry:
         return tuple(self._plugins)
 
     def copy(self) -> PluginRegistry:
+        """A registry to extend without changing this one (a test's own plugin)."""
         return PluginRegistry(self._plugins)
 
     def register(self, cls: type[RuntimePlugin]) -> None:
