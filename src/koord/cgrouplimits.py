@@ -33,9 +33,6 @@ MAX_MEMORY_BYTES = (1 << 63) - 1
 MIN_BVT, MAX_BVT = -1, 2
 """cpu.bvt_warp_ns (group identity)."""
 
-MIN_CPU_IDLE, MAX_CPU_IDLE = 0, 1
-"""cpu.idle (v1 and v2, Linux 5.15+): 1 makes the cgroup SCHED_IDLE against its siblings."""
-
 MIN_OOM_SCORE_ADJ, MAX_OOM_SCORE_ADJ = -1000, 1000
 """/proc/<pid>/oom_score_adj, which runc writes for the container's first process."""
 
@@ -47,7 +44,6 @@ class Kind(enum.Enum):
     PERIOD = "cfs period"
     MEMORY = "memory limit"
     BVT = "group identity"
-    IDLE = "cpu idle"
     OOM_SCORE_ADJ = "oom score adjustment"
 
 
@@ -73,9 +69,6 @@ def problem(kind: Kind, value: int) -> str | None:
     elif kind is Kind.MEMORY:
         ok = value == UNLIMITED or 0 < value <= MAX_MEMORY_BYTES
         want = f"-1 (unlimited) or [1, {MAX_MEMORY_BYTES}]"
-    elif kind is Kind.IDLE:
-        ok = MIN_CPU_IDLE <= value <= MAX_CPU_IDLE
-        want = f"[{MIN_CPU_IDLE}, {MAX_CPU_IDLE}]"
     elif kind is Kind.OOM_SCORE_ADJ:
         ok = MIN_OOM_SCORE_ADJ <= value <= MAX_OOM_SCORE_ADJ
         want = f"[{MIN_OOM_SCORE_ADJ}, {MAX_OOM_SCORE_ADJ}]"

@@ -27,9 +27,9 @@ from koord.koordlet.qosmanager.resctrl import ResctrlReconcile
 from koord.koordlet.resctrlfs import parse_schemata
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl
 from koord.koordlet.runtimehooks.reconciler import Reconciler
-from koord.koordlet.runtimehooks.rule import parse_rules
 from koord_testing.cgroups import CGROUP_ROOT, Cgroup
 from koord_testing.containerd import Containerd
 from koord_testing.resctrltree import add_group_files, make_cpuinfo, make_resctrl_tree

@@ -181,7 +181,7 @@ def test_example_input_files_are_what_koordlet_accepts():
     """Each example goes through the readers koordlet uses for it; a typo in a field is an error here."""
     from koord.koordlet import slo
     from koord.koordlet.qosmanager import nodeinfo
-    from koord.koordlet.runtimehooks.rule import parse_rules
+    from koord.koordlet.runtimehooks.plugins import parse_rules
     from koord.koordlet.statesinformer.objects import load_object_file
     from koord.koordlet.statesinformer.specs import merged_node_slo, node_metric_collect_policy
 

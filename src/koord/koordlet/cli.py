@@ -36,6 +36,7 @@ from .pprof import PprofServer
 from .ratelimit import limit_client
 from .resourceexecutor.updater import CACHE_TTL_SECONDS, ResourceExecutor
 from .runtimehooks.module import RuntimeHooksModule
+from .runtimehooks.plugins import implemented_gates
 from .statesinformer import (
     NODE,
     NODE_METRIC,
@@ -323,7 +324,7 @@ def warn_about_upstream_only(args: argparse.Namespace) -> None:
     ignored = upstreamflags.ignored_flags(args)
     if ignored:
         log.warning("upstream flags without a feature here, ignored: %s", ", ".join("--" + n for n in ignored))
-    gates = features.not_implemented(args.feature_gates)
+    gates = features.not_implemented(args.feature_gates, implemented_gates())
     if gates:
         log.warning("feature gates enabled but not implemented here (no effect): %s", ", ".join(gates))
     if args.unparsed:

@@ -1,11 +1,17 @@
 """koordlet's feature gates, all behind one ``--feature-gates`` flag: the runtime-hooks
 plugins', the QoS manager's strategies' and the metrics advisor's optional collectors'.
 
+Every gate upstream knows is in ``UPSTREAM_GATES`` with its default and stage; the
+runtime-hooks plugins implemented here are listed by their registry
+(``runtimehooks.plugins.REGISTRY``), one gate per plugin, named after it.
+
 Upstream's defaults: CPU suppress is on, every eviction is off; suppress and the evictions
 still need NodeSLO ``resourceUsedThresholdWithBE.enable: true`` to act.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 BE_CPU_SUPPRESS = "BECPUSuppress"
 BE_CPU_EVICT = "BECPUEvict"
@@ -20,18 +26,6 @@ CGROUP_RECONCILE = "CgroupReconcile"
 RDT_RESCTRL = "RdtResctrl"
 SYSTEM_CONFIG = "SystemConfig"
 RESCTRL_COLLECTOR = "ResctrlCollector"
-
-RUNTIME_HOOK_GATES: dict[str, bool] = {
-    "GroupIdentity": True,
-    "CPUSetAllocator": True,
-    "BatchResource": True,
-    "GPUEnvInject": False,
-    "CPUNormalization": False,
-    "Resctrl": False,
-    "OOMScoreAdj": False,
-    "CoreSched": False,
-}
-"""One gate per runtime-hooks plugin, named after the plugin."""
 
 QOS_FEATURE_GATES: dict[str, bool] = {
     BE_CPU_SUPPRESS: True,
@@ -53,9 +47,8 @@ NODE_TOPOLOGY_REPORT = "NodeTopologyReport"
 STATES_FEATURE_GATES: dict[str, bool] = {NODE_TOPOLOGY_REPORT: True}
 """The states informer's: report the NodeResourceTopology (on by default, as upstream)."""
 
-DEFAULT_FEATURE_GATES: dict[str, bool] = {**RUNTIME_HOOK_GATES, **QOS_FEATURE_GATES, **ADVISOR_FEATURE_GATES,
-                                          **STATES_FEATURE_GATES}
-"""The gates this koordlet implements, with upstream's defaults."""
+MODULE_FEATURE_GATES: dict[str, bool] = {**QOS_FEATURE_GATES, **ADVISOR_FEATURE_GATES, **STATES_FEATURE_GATES}
+"""The gates this koordlet's modules other than the runtime hooks implement, with upstream's defaults."""
 
 ALPHA, BETA = "Alpha", "Beta"
 UPSTREAM_GATES: dict[str, tuple[bool, str]] = {
@@ -122,6 +115,6 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
     return gates
 
 
-def not_implemented(gates: dict[str, bool]) -> list[str]:
+def not_implemented(gates: dict[str, bool], implemented: Collection[str]) -> list[str]:
     """Enabled gates of upstream that this koordlet has no feature for (logged once at start)."""
-    return sorted(name for name, on in gates.items() if on and name not in DEFAULT_FEATURE_GATES)
+    return sorted(name for name, on in gates.items() if on and name not in implemented)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .qosmanager.burstcalc import burst_strategy
 from .qosmanager.cpusuppress import host_applications
 from .qosmanager.resourceqos import CLASS_KEYS, memory_qos, resctrl_qos
-from .runtimehooks.rule import parse_rules
+from .runtimehooks.plugins import parse_rules
 from .slo import threshold_config
 from .statesinformer.specs import merged_node_slo
 
@@ -22,7 +22,7 @@ def check_node_slo(node_slo: dict) -> None:
     """ValueError naming the field when any module would refuse ``node_slo`` (the object as
     received): its thresholds, its resource QoS classes, its CPU burst strategy, its host
     applications, or the runtime-hook rules made from it."""
-    parse_rules(node_slo, None)  # the hooks read the object as received
+    parse_rules(node_slo, None)  # the hooks merge the object as received over the defaults themselves
     merged = merged_node_slo(node_slo)
     threshold_config(merged)
     for cls in CLASS_KEYS:

@@ -55,12 +55,38 @@ class KubeQoS(enum.StrEnum):
         return cls.GUARANTEED
 
 
+@dataclass(frozen=True)
+class CgroupFile:
+    """A koordlet-only cgroup file a plugin declares (``RuntimePlugin.cgroup_files``) and
+    answers in ``Resources.files``: the executor writes it with the kernel's range checked,
+    so a new plugin's file needs no change to the executor or to ``Resources``."""
+
+    name: str
+    """Its logical name, as in logs (``cpu_idle``)."""
+    subsystem: str
+    """The cgroup v1 hierarchy holding it."""
+    v1: str
+    v2: str
+    lo: int
+    hi: int
+    """The integers the kernel accepts, both included."""
+
+    def problem(self, value: int) -> str | None:
+        """None when the kernel accepts ``value``; checked before an answer leaves a plugin
+        and again before the executor writes."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{value!r} is not an integer"
+        if not self.lo <= value <= self.hi:
+            return f"{value} is out of range: the kernel accepts [{self.lo}, {self.hi}]"
+        return None
+
+
 @dataclass
 class Resources:
     """Resource values, every field of the protocol's LinuxContainerResources; None means
     "not set by anyone" (the protocol's zero value).
 
-    cpu_bvt_warp_ns (group identity) and cpu_idle are koordlet-only: they are written to
+    cpu_bvt_warp_ns (group identity) and ``files`` are koordlet-only: they are written to
     cgroup files and never travel on the wire.
     """
 
@@ -71,12 +97,13 @@ class Resources:
     cpuset_cpus: str | None = None
     cpuset_mems: str | None = None
     cpu_bvt_warp_ns: int | None = None
-    cpu_idle: int | None = None
     unified: dict[str, str] = field(default_factory=dict)
     memory_swap_limit: int | None = None
     oom_score_adj: int | None = None
     hugepage_limits: dict[str, int] = field(default_factory=dict)
     """Page size (``2MB``, ``1GB``) -> limit in bytes."""
+    files: dict[CgroupFile, int] = field(default_factory=dict)
+    """Plugins' own cgroup files (``CgroupFile``) -> value."""
 
     def is_empty(self) -> bool:
         return all(getattr(self, name) in (None, {}) for name in _FIELD_NAMES)
@@ -88,6 +115,7 @@ class Resources:
         new = copy.copy(self)
         new.unified = dict(self.unified)
         new.hugepage_limits = dict(self.hugepage_limits)
+        new.files = dict(self.files)
         return new
 
     def problems(self, prefix: str) -> list[str]:
@@ -98,6 +126,10 @@ class Resources:
             why = cgrouplimits.problem(kind, value) if value is not None else None
             if why:
                 found.append(f"{prefix}.{name}: {why}")
+        for file, number in self.files.items():
+            why = file.problem(number)
+            if why:
+                found.append(f"{prefix}.{file.name}: {why}")
         return found
 
     def update(self, other: Resources) -> None:
@@ -150,7 +182,6 @@ _KERNEL_LIMITS = (
     ("memory_limit", cgrouplimits.Kind.MEMORY),
     ("memory_swap_limit", cgrouplimits.Kind.MEMORY),
     ("cpu_bvt_warp_ns", cgrouplimits.Kind.BVT),
-    ("cpu_idle", cgrouplimits.Kind.IDLE),
     ("oom_score_adj", cgrouplimits.Kind.OOM_SCORE_ADJ),
 )
 

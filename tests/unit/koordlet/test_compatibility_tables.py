@@ -15,7 +15,7 @@ import pytest
 from koord.koordlet import features, flags, upstreamflags
 from koord.koordlet.metricsadvisor.collectors import COLLECTORS
 from koord.koordlet.qosmanager.manager import STRATEGIES
-from koord.koordlet.runtimehooks.plugins import PLUGIN_ORDER
+from koord.koordlet.runtimehooks.plugins import REGISTRY, implemented_gates
 
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "compatibility.md"
@@ -65,7 +65,7 @@ def doc() -> str:
 
 
 @pytest.mark.parametrize("heading,upstream_key,registered", [
-    ("Runtime hooks", "hooks", {cls.name for cls in PLUGIN_ORDER}),
+    ("Runtime hooks", "hooks", {cls.name for cls in REGISTRY.plugins}),
     ("QoS strategies", "strategies", {cls.name for cls in STRATEGIES}),  # type: ignore[attr-defined]
     ("Metrics collectors", "collectors", {cls.name for cls in COLLECTORS}),
 ])
@@ -132,10 +132,10 @@ def test_gates_table_is_upstream_gates(doc: str) -> None:
     rows = table(doc, "Feature gates")
     assert sorted(rows) == sorted(features.UPSTREAM_GATES) == sorted(UPSTREAM["gates"])
     for name, cells in rows.items():
-        built = name in features.DEFAULT_FEATURE_GATES
+        built = name in implemented_gates()
         assert (status(cells) in PRESENT) == built, f"gate {name}: {cells[-1]!r} but built={built}"
 
 
 def test_no_gate_without_a_feature_is_on_by_default() -> None:
     """The Feature gates section says so: the start-up warning names nothing by default."""
-    assert features.not_implemented(dict(features.ALL_GATE_DEFAULTS)) == []
+    assert features.not_implemented(dict(features.ALL_GATE_DEFAULTS), implemented_gates()) == []

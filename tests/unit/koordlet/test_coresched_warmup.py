@@ -19,11 +19,12 @@ from koord.koordlet import cli, flags
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
+from koord.koordlet.runtimehooks.plugins.coreschedrule import CORE_SCHED
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodContext, PodRequest
 from koord.koordlet.runtimehooks.protocol import PodMeta as RequestPodMeta
-from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
 from .test_plugin_coresched import FakeCookies, slo
@@ -109,8 +110,9 @@ def test_warm_up(tmp_path: Path, name, procs, cookies, failing, pods, warmed, gr
     plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1)), tmp_path, tmp_path,
                                  current_pods=lambda: pods), ops)
     plugin.update_rules(ENABLED)
-    assert ENABLED.core_sched is not None
-    assert plugin._warm_up(ENABLED.core_sched) is warmed
+    rule = ENABLED[CORE_SCHED]
+    assert rule is not None
+    assert plugin._warm_up(rule) is warmed
     assert {g: (e.cookie, e.pids) for g, e in plugin.cookies.groups.items()} == groups
     assert not any(op in ops.log for op in ("create", "share", "clear")), "warm-up only reads"
 

@@ -21,12 +21,13 @@ from koord import cgrouplimits, documents
 from koord.apis.runtime.v1alpha1 import api_pb2
 from koord.hookapi import FailurePolicy, HookPoint, parse_cpuset
 from koord.koordlet.cgrouplayout import CgroupLayout
-from koord.koordlet.features import DEFAULT_FEATURE_GATES
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins import build_plugins
+from koord.koordlet.runtimehooks.plugins import build_plugins, implemented_gates, parse_rules
+from koord.koordlet.runtimehooks.plugins.cpusetrule import CPUSET
+from koord.koordlet.runtimehooks.plugins.groupidentity import GROUP_IDENTITY
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
-from koord.koordlet.runtimehooks.rule import RuleError, parse_rules
+from koord.koordlet.runtimehooks.rule import RuleError
 from koord.koordlet.runtimehooks.server import RuntimeHookServer
 from koord.runtimeproxy import convert
 from koord_testing.cgroupfs import make_fake_v1_cgroup
@@ -117,7 +118,7 @@ def node_with_everything(root: Path) -> CgroupExecutor:
 def all_plugin_hooks(root: Path, policy: FailurePolicy, node: dict | None = None) -> tuple[Hooks, CgroupExecutor]:
     executor = node_with_everything(root)
     hooks = Hooks(policy)
-    gates = {name: True for name in DEFAULT_FEATURE_GATES}
+    gates = {name: True for name in implemented_gates()}
     rules = parse_rules(None, node)
     for plugin in build_plugins(PluginEnv(executor, root / "sys" / "fs", root / "proc"), gates):
         plugin.update_rules(rules)
@@ -280,10 +281,10 @@ def test_node_slo_and_node_files_give_rules_or_a_named_error(slo, node, as_json)
         rules = parse_rules(*loaded)
     except RuleError:
         return
-    for pool in rules.cpu_shared_pools + rules.be_cpu_shared_pools:
+    for pool in rules[CPUSET].cpu_shared_pools + rules[CPUSET].be_cpu_shared_pools:
         parse_cpuset(pool.cpuset)
-    for klass in (rules.group_identity.lsr, rules.group_identity.ls, rules.group_identity.be,
-                  rules.group_identity.system):
+    for klass in (rules[GROUP_IDENTITY].lsr, rules[GROUP_IDENTITY].ls, rules[GROUP_IDENTITY].be,
+                  rules[GROUP_IDENTITY].system):
         assert cgrouplimits.problem(cgrouplimits.Kind.BVT, klass.bvt) is None
 
 

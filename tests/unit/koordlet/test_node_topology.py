@@ -31,7 +31,8 @@ from koord.koordlet.metricsadvisor import AdvisorConfig
 from koord.koordlet.metricsadvisor.collectors import NodeInfoCollector
 from koord.koordlet.metricsadvisor.framework import Env
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
-from koord.koordlet.runtimehooks.rule import parse_rules
+from koord.koordlet.runtimehooks.plugins import parse_rules
+from koord.koordlet.runtimehooks.plugins.cpusetrule import CPUSET
 from koord.koordlet.statesinformer import nrt
 from koord.koordlet.statesinformer import topology as t
 from koord.koordlet.statesinformer import topologyinputs as ti
@@ -168,8 +169,8 @@ def test_static_policy_allocations_leave_the_shared_pools():
     assert status.policy == "SingleNUMANodePodLevel"
     # the rules the cpuset plugin reads come from here
     rules = parse_rules(None, {"metadata": {}}, {"metadata": {"annotations": a}})
-    assert rules.kubelet_cpu_manager_policy == "static"
-    assert [p.cpuset for p in rules.cpu_shared_pools] == ["0-1,8-14"]
+    assert rules[CPUSET].kubelet_cpu_manager_policy == "static"
+    assert [p.cpuset for p in rules[CPUSET].cpu_shared_pools] == ["0-1,8-14"]
 
 
 def test_without_kubelet_config_the_policy_is_empty_and_allocs_null():
@@ -361,4 +362,4 @@ def test_informer_calls_back_when_the_topology_changes():
     assert fired == [obj]
     node = {"metadata": {"annotations": {ANNOTATION_KUBELET_CPU_MANAGER_POLICY: '{"policy":"static"}'}}}
     rules = parse_rules(None, node, informer.get_node_topo())
-    assert rules.kubelet_cpu_manager_policy == "none"  # the topology's word, not the Node's
+    assert rules[CPUSET].kubelet_cpu_manager_policy == "none"  # the topology's word, not the Node's

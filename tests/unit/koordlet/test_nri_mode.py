@@ -27,6 +27,7 @@ from koord.koordlet.runtimehooks.nriconvert import (
     resources_of,
     update,
 )
+from koord.koordlet.runtimehooks.plugins.coresched import CPU_IDLE
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerResponse, PodContext
 from koord.nri import api_pb2 as api
 from koord.nri import events
@@ -98,7 +99,7 @@ RESOURCE_CASES = [
     (Resources(unified={"memory.high": "100"}, hugepage_limits={"2MB": 4 << 20}),
      {"unified": {"memory.high": "100"}, "hugepageLimits": [{"pageSize": "2MB", "limit": str(4 << 20)}]}),
     # koordlet-only values never travel to the runtime
-    (Resources(cpu_bvt_warp_ns=2, cpu_idle=1), None),
+    (Resources(cpu_bvt_warp_ns=2, files={CPU_IDLE: 1}), None),
 ]
 
 

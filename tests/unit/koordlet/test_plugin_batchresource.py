@@ -13,7 +13,8 @@ from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins.batchresource import BatchResource
+from koord.koordlet.runtimehooks.plugins.batchresource import BATCH_CFS_QUOTA, BatchResource
+from koord.koordlet.runtimehooks.plugins.cpunormalization import CPU_NORMALIZATION_RATIO
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
@@ -169,10 +170,10 @@ def run_with_rules(rules: Rules, stage: HookPoint) -> Resources:
 # same for a container; plus a ratio at or below 1 (upstream: "no support ratio in (0, 1)").
 @pytest.mark.parametrize("stage", [HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER])
 @pytest.mark.parametrize("rules, quota", [
-    (Rules(batch_cfs_quota=False), -1),
-    (Rules(batch_cfs_quota=False, cpu_normalization_ratio=1.2), -1),
-    (Rules(cpu_normalization_ratio=1.2), 41667),  # ceil(50000 / 1.2)
-    (Rules(cpu_normalization_ratio=1.0), 50000),
+    (Rules.of({BATCH_CFS_QUOTA: False}), -1),
+    (Rules.of({BATCH_CFS_QUOTA: False, CPU_NORMALIZATION_RATIO: 1.2}), -1),
+    (Rules.of({CPU_NORMALIZATION_RATIO: 1.2}), 41667),  # ceil(50000 / 1.2)
+    (Rules.of({CPU_NORMALIZATION_RATIO: 1.0}), 50000),
     (Rules(), 50000),
 ])
 def test_quota_follows_node_rules(stage: HookPoint, rules: Rules, quota: int) -> None:
@@ -181,7 +182,7 @@ def test_quota_follows_node_rules(stage: HookPoint, rules: Rules, quota: int) ->
 
 @pytest.mark.parametrize("rules, qos, expected", [
     (Rules(), KubeQoS.BESTEFFORT, Resources(cpu_quota=-1)),       # suppress off: besteffort unlimited first
-    (Rules(batch_cfs_quota=False), KubeQoS.BESTEFFORT, None),     # suppress owns the besteffort quota
+    (Rules.of({BATCH_CFS_QUOTA: False}), KubeQoS.BESTEFFORT, None),     # suppress owns the besteffort quota
     (Rules(), KubeQoS.BURSTABLE, None),
     (None, KubeQoS.BESTEFFORT, None),
 ])

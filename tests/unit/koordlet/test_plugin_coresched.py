@@ -16,10 +16,12 @@ from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupError, CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager, PrctlCookies, pod_group, supported
-from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
+from koord.koordlet.runtimehooks.plugins.coresched import CPU_IDLE, CoreSched
+from koord.koordlet.runtimehooks.plugins.coreschedrule import CORE_SCHED, CoreSchedParam, CoreSchedRule
 from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, KubeQoS, PodMeta, Resources
-from koord.koordlet.runtimehooks.rule import CoreSchedParam, CoreSchedRule, RuleError, parse_rules
+from koord.koordlet.runtimehooks.rule import RuleError
 from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 
@@ -46,11 +48,11 @@ OFF_EXPELLER = CoreSchedParam(expeller=True)
      CoreSchedRule(lsr=OFF_EXPELLER, ls=OFF_EXPELLER, be=CoreSchedParam(enable=True, cpu_idle=True))),
 ])
 def test_rule(name: str, node_slo: dict, want: CoreSchedRule) -> None:
-    assert parse_rules(node_slo, None).core_sched == want
+    assert parse_rules(node_slo, None)[CORE_SCHED] == want
 
 
 def test_no_node_slo_no_rule() -> None:
-    assert parse_rules(None, None).core_sched is None
+    assert parse_rules(None, None)[CORE_SCHED] is None
 
 
 @pytest.mark.parametrize("cpu_qos, field", [
@@ -83,7 +85,8 @@ def test_kube_qos_cpu_idle(tmp_path: Path, node_slo: dict, want: dict) -> None:
     plugin = CoreSched(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path, version=1, driver="cgroupfs")),
                                  tmp_path, tmp_path))
     plugin.update_rules(parse_rules(node_slo, None))
-    assert {q: plugin.kube_qos_resources(q) for q in KubeQoS} == {q: Resources(cpu_idle=v) for q, v in want.items()}
+    want_resources = {q: Resources(files={CPU_IDLE: v}) for q, v in want.items()}
+    assert {q: plugin.kube_qos_resources(q) for q in KubeQoS} == want_resources
 
 
 def test_kernel_without_cpu_idle_or_node_slo_writes_nothing(tmp_path: Path, caplog) -> None:
@@ -157,7 +160,7 @@ def test_real_kernel_probe_answers() -> None:
 
 
 # upstream's getPodEnabledAndGroup: (enabled, group)
-LS_BE_ON = parse_rules(slo("coreSched", lsClass={"enable": True}, beClass={"enable": True}), None).core_sched
+LS_BE_ON = parse_rules(slo("coreSched", lsClass={"enable": True}, beClass={"enable": True}), None)[CORE_SCHED]
 
 
 @pytest.mark.parametrize("labels, kube_qos, want", [
@@ -230,13 +233,13 @@ def test_no_cookie_work_where_the_kernel_lacks_core_scheduling(tmp_path: Path) -
     assert ops.calls == 1 and ops.cookies == {}
 
 
-@pytest.mark.parametrize("value", [-1, 2, "1"])
-def test_executor_range_checks_cpu_idle(tmp_path: Path, value) -> None:
+@pytest.mark.parametrize("value, written", [(1, ["cpu_idle"]), (0, []), (-1, None), (2, None), (True, None)])
+def test_executor_range_checks_cpu_idle(tmp_path: Path, value, written) -> None:
     make_fake_v1_cgroup(tmp_path, "kubepods/besteffort")
     (tmp_path / "cpu/kubepods/besteffort/cpu.idle").write_text("0\n")
     ex = CgroupExecutor(CgroupLayout(tmp_path, version=1))
-    if value == "1":
-        assert ex.write("kubepods/besteffort", "cpu_idle", value)
+    if written is not None:
+        assert ex.apply("kubepods/besteffort", Resources(files={CPU_IDLE: value})) == written
         return
     with pytest.raises(CgroupError, match="cpu_idle"):
-        ex.write("kubepods/besteffort", "cpu_idle", value)
+        ex.apply("kubepods/besteffort", Resources(files={CPU_IDLE: value}))

@@ -11,7 +11,7 @@ from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins import PLUGIN_ORDER, build_plugins
+from koord.koordlet.runtimehooks.plugins import REGISTRY, build_plugins, parse_rules
 from koord.koordlet.runtimehooks.plugins.cpunormalization import CPUNormalization
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
@@ -20,7 +20,6 @@ from koord.koordlet.runtimehooks.protocol import (
     PodMeta,
     PodRequest,
 )
-from koord.koordlet.runtimehooks.rule import parse_rules
 
 STATUS = "scheduling.koordinator.sh/resource-status"
 NO_FS = Path("/nonexistent")
@@ -89,7 +88,7 @@ def test_pod_quota() -> None:
 def test_runs_after_cpuset_allocator_in_plugin_order() -> None:
     """An LSR pod bound by CPUSetAllocator (quota -1) is left alone by the later normalization."""
     plugins = build_plugins(ENV, {"CPUNormalization": True, "GroupIdentity": False})
-    assert [type(p) for p in plugins] == [c for c in PLUGIN_ORDER if c.__name__ in
+    assert [type(p) for p in plugins] == [c for c in REGISTRY.plugins if c.__name__ in
                                           ("BatchResource", "CPUSetAllocator", "CPUNormalization")]
     hooks = Hooks(FailurePolicy.FAIL)
     rules = parse_rules(None, node("1.2"))

@@ -13,7 +13,9 @@ from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator, host_app_cpuset
+from koord.koordlet.runtimehooks.plugins.cpusetrule import CPUSET
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
@@ -21,7 +23,6 @@ from koord.koordlet.runtimehooks.protocol import (
     PodMeta,
     PodRequest,
 )
-from koord.koordlet.runtimehooks.rule import parse_rules
 
 STATUS = "scheduling.koordinator.sh/resource-status"
 POOLS = [{"socket": 0, "node": 0, "cpuset": "0-7"}, {"socket": 1, "node": 1, "cpuset": "8-15"}]
@@ -236,9 +237,9 @@ def test_host_app_cpuset(qos: str, expected: str | None) -> None:
     rules = parse_rules(None, node())
     if expected is None:
         with pytest.raises(ValueError, match="host application nginx: qos"):
-            host_app_cpuset(rules, "nginx", qos)
+            host_app_cpuset(rules[CPUSET], "nginx", qos)
     else:
-        assert host_app_cpuset(rules, "nginx", qos) == expected
+        assert host_app_cpuset(rules[CPUSET], "nginx", qos) == expected
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:

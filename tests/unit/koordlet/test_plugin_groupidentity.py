@@ -11,9 +11,9 @@ from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
+from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
 from koord.koordlet.runtimehooks.protocol import PodContext, PodMeta, PodRequest
-from koord.koordlet.runtimehooks.rule import parse_rules
 
 ALL_ON = {"spec": {"resourceQOSStrategy": {
     k: {"cpuQOS": {"enable": True}} for k in ("lsrClass", "lsClass", "beClass", "systemClass")}}}

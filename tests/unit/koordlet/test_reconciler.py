@@ -487,8 +487,8 @@ LS_POD = "kubepods/burstable/podp1"
 ])
 def test_sandbox_container_gets_the_pods_cpuset(fake_cri, tmp_path, annotations, want):
     from koord.koordlet.runtimehooks.hooks import PluginEnv
+    from koord.koordlet.runtimehooks.plugins import parse_rules
     from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator
-    from koord.koordlet.runtimehooks.rule import parse_rules
 
     for rel in (f"{LS_POD}/p1", f"{LS_POD}/c1"):
         make_fake_v1_cgroup(tmp_path, rel)

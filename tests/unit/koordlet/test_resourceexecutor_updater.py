@@ -95,13 +95,12 @@ def test_a_write_drops_its_files_entries_only(tmp_path: Path) -> None:
 def test_uncached_is_what_update_would_not_skip(tmp_path: Path) -> None:
     """One check for a batch: fresh entries out, others (and invalid ones) kept, in order."""
     ex, clock = tree(tmp_path)
-    (tmp_path / "cpu" / BE / "cpu.idle").write_text("0\n")
     ex.update(Update(BE, "cpuset_cpus", "0-1"))
     ex.update(Update(POD, "cpuset_cpus", "0,1"))
-    ex.update(Update(BE, "cpu_idle", 1))
-    batch = [Update(BE, "cpuset_cpus", "0-1"), Update(POD, "cpuset_cpus", "0-1"), Update(BE, "cpu_idle", 1),
+    ex.update(Update(BE, "cpu_bvt_warp_ns", 1))
+    batch = [Update(BE, "cpuset_cpus", "0-1"), Update(POD, "cpuset_cpus", "0-1"), Update(BE, "cpu_bvt_warp_ns", 1),
              Update(CTR, "cpuset_cpus", "0-1"), Update(BE, "cpuset_cpus", "1-0"),
-             Update(BE, "cpu_idle", True)]  # equal to 1 in Python, but no integer to the kernel
+             Update(BE, "cpu_bvt_warp_ns", True)]  # equal to 1 in Python, but no integer to the kernel
     assert ex.uncached(batch) == batch[3:]
     assert [ex.cached(u) for u in batch] == [True, True, True, False, False, False]
     with pytest.raises(CgroupError, match="not an integer"):

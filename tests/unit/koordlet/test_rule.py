@@ -7,13 +7,12 @@ import json
 import pytest
 
 from koord.koordlet.resources import KoordQoS, KubeQoS
-from koord.koordlet.runtimehooks.rule import (
-    CPUSharedPool,
-    GroupIdentityRule,
-    RuleError,
-    Rules,
-    parse_rules,
-)
+from koord.koordlet.runtimehooks.plugins import REGISTRY, parse_rules
+from koord.koordlet.runtimehooks.plugins.batchresource import BATCH_CFS_QUOTA
+from koord.koordlet.runtimehooks.plugins.cpunormalization import CPU_NORMALIZATION_RATIO
+from koord.koordlet.runtimehooks.plugins.cpusetrule import CPUSET, CPUSharedPool
+from koord.koordlet.runtimehooks.plugins.groupidentity import GROUP_IDENTITY
+from koord.koordlet.runtimehooks.rule import RuleError
 
 
 def node_slo(**classes: dict) -> dict:
@@ -27,11 +26,11 @@ ALL_ON = node_slo(lsrClass={"enable": True}, lsClass={"enable": True}, beClass={
 
 def test_defaults_without_anything() -> None:
     rules = parse_rules(None, None)
-    assert rules == Rules()
-    assert not rules.group_identity.enabled
-    assert rules.kubelet_cpu_manager_policy == "none"
-    assert rules.cpu_normalization_ratio is None
-    assert rules.cpu_shared_pools == () and rules.be_cpu_shared_pools == ()
+    assert all(rules[rule] == rule.absent for rule in REGISTRY.rules())
+    assert not rules[GROUP_IDENTITY].enabled
+    assert rules[CPUSET].kubelet_cpu_manager_policy == "none"
+    assert rules[CPU_NORMALIZATION_RATIO] is None
+    assert rules[CPUSET].cpu_shared_pools == () and rules[CPUSET].be_cpu_shared_pools == ()
 
 
 @pytest.mark.parametrize("slo, qos, annotations, bvt", [
@@ -59,7 +58,7 @@ def test_defaults_without_anything() -> None:
                                        "lsClass": {"cpuQOS": {"enable": True}}}}}, KoordQoS.LS, {}, 0),
 ])
 def test_pod_bvt(slo: dict | None, qos: KoordQoS, annotations: dict, bvt: int) -> None:
-    assert parse_rules(slo, None).group_identity.pod_bvt(qos, annotations) == bvt
+    assert parse_rules(slo, None)[GROUP_IDENTITY].pod_bvt(qos, annotations) == bvt
 
 
 @pytest.mark.parametrize("slo, kube_qos, bvt", [
@@ -71,12 +70,12 @@ def test_pod_bvt(slo: dict | None, qos: KoordQoS, annotations: dict, bvt: int) -
     (None, KubeQoS.BURSTABLE, 0),
 ])
 def test_kube_qos_bvt(slo: dict | None, kube_qos: KubeQoS, bvt: int) -> None:
-    assert parse_rules(slo, None).group_identity.kube_qos_bvt(kube_qos) == bvt
+    assert parse_rules(slo, None)[GROUP_IDENTITY].kube_qos_bvt(kube_qos) == bvt
 
 
 def test_spec_alone_is_accepted() -> None:
     assert parse_rules(ALL_ON["spec"], None) == parse_rules(ALL_ON, None)
-    assert parse_rules(ALL_ON, None).group_identity.enabled
+    assert parse_rules(ALL_ON, None)[GROUP_IDENTITY].enabled
 
 
 @pytest.mark.parametrize("slo, field", [
@@ -96,7 +95,7 @@ def test_bad_node_slo_names_field(slo: dict, field: str) -> None:
 
 @pytest.mark.parametrize("annotation", ["{bad", "[1]", '{"enable":"yes"}', '{"groupIdentity":5}'])
 def test_bad_pod_cpu_qos_annotation(annotation: str) -> None:
-    rule = parse_rules(ALL_ON, None).group_identity
+    rule = parse_rules(ALL_ON, None)[GROUP_IDENTITY]
     with pytest.raises(RuleError, match="koordinator.sh/cpuQOS"):
         rule.pod_bvt(KoordQoS.LS, {"koordinator.sh/cpuQOS": annotation})
 
@@ -111,12 +110,12 @@ def test_node_annotations() -> None:
         "node.koordinator.sh/system-qos-resource": json.dumps({"cpuset": "16-17"}),
     }}}
     rules = parse_rules(None, n)
-    assert rules.system_qos_cpuset == "16-17"
-    assert rules.cpu_shared_pools == (CPUSharedPool(0, 0, "0-7"), CPUSharedPool(1, 1, "8-15"))
-    assert rules.be_cpu_shared_pools == (CPUSharedPool(0, 0, "0-15"),)
-    assert rules.kubelet_cpu_manager_policy == "static"
-    assert rules.cpu_normalization_ratio == pytest.approx(1.2)
-    assert rules.group_identity == GroupIdentityRule()
+    assert rules[CPUSET].system_qos_cpuset == "16-17"
+    assert rules[CPUSET].cpu_shared_pools == (CPUSharedPool(0, 0, "0-7"), CPUSharedPool(1, 1, "8-15"))
+    assert rules[CPUSET].be_cpu_shared_pools == (CPUSharedPool(0, 0, "0-15"),)
+    assert rules[CPUSET].kubelet_cpu_manager_policy == "static"
+    assert rules[CPU_NORMALIZATION_RATIO] == pytest.approx(1.2)
+    assert rules[GROUP_IDENTITY] == GROUP_IDENTITY.absent
 
 
 @pytest.mark.parametrize("key, value, field", [
@@ -191,7 +190,7 @@ def be_threshold(**fields: object) -> dict:
     ({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressPolicy": "cfsQuota"}}, False),  # spec alone
 ])
 def test_batch_cfs_quota(slo: dict | None, enabled: bool) -> None:
-    assert parse_rules(slo, None).batch_cfs_quota is enabled
+    assert parse_rules(slo, None)[BATCH_CFS_QUOTA] is enabled
 
 
 def test_batch_cfs_quota_change_refreshes_pods() -> None:
@@ -217,3 +216,21 @@ def test_batch_cfs_quota_change_refreshes_pods() -> None:
 def test_bad_suppress_fields_name_the_field(raw: object, field: str) -> None:
     with pytest.raises(RuleError, match=field):
         parse_rules({"spec": {"resourceUsedThresholdWithBE": raw}}, None)
+
+
+@pytest.mark.parametrize("strategy, field", [
+    # a null section keeps upstream's defaults, a null value is refused by the rule reading it
+    ({"lsClass": None, "beClass": {"cpuQOS": None}, "policies": None}, None),
+    ({"lsClass": {"cpuQOS": {"enable": None}}}, "lsClass.cpuQOS.enable"),
+    ({"lsClass": {"cpuQOS": {"groupIdentity": None}}}, "lsClass.cpuQOS.groupIdentity"),
+    ({"beClass": {"cpuQOS": {"coreExpeller": None}}}, "beClass.cpuQOS.coreExpeller"),
+    ({"beClass": {"cpuQOS": {"schedIdle": None}}}, "beClass.cpuQOS.schedIdle"),
+    ({"policies": {"cpuPolicy": None}}, "policies.cpuPolicy"),
+])
+def test_nulls_in_the_node_slo(strategy: dict, field: str | None) -> None:
+    node_slo = {"spec": {"resourceQOSStrategy": strategy}}
+    if field is None:
+        assert parse_rules(node_slo, None)[GROUP_IDENTITY] == GROUP_IDENTITY.absent
+        return
+    with pytest.raises(RuleError, match=field):
+        parse_rules(node_slo, None)

@@ -16,11 +16,12 @@ from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.hostapps import host_app_updates
+from koord.koordlet.runtimehooks.hostapps import HOST_APPS, host_app_updates
+from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
 from koord.koordlet.runtimehooks.protocol import PodContext, PodMeta, PodRequest
-from koord.koordlet.runtimehooks.rule import RuleError, parse_rules
+from koord.koordlet.runtimehooks.rule import RuleError
 
 from .test_plugin_coresched import FakeCookies
 
@@ -125,7 +126,7 @@ def host_apps_slo(apps: list, cpu_qos: dict | None = None) -> dict:
 def apply_host_apps(plugin: GroupIdentity, executor: CgroupExecutor) -> int:
     """What the reconciler does with host applications (only this plugin's values); how many."""
     assert plugin.rules is not None
-    updates = host_app_updates(plugin.rules.host_apps, [plugin.host_app_resources], executor)
+    updates = host_app_updates(plugin.rules[HOST_APPS], [plugin.host_app_resources], executor)
     for _, update in updates:
         executor.apply(update.cgroup_dir, update.resources)
     return len(updates)

@@ -12,12 +12,10 @@ import pytest
 from koord.apis.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet.cgrouplayout import CgroupLayout
-from koord.koordlet.features import DEFAULT_FEATURE_GATES
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.plugins import build_plugins
+from koord.koordlet.runtimehooks.plugins import build_plugins, implemented_gates, parse_rules
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
-from koord.koordlet.runtimehooks.rule import parse_rules
 from koord.koordlet.runtimehooks.server import RuntimeHookServer
 from koord_testing.cgroupfs import make_fake_v1_cgroup
 
@@ -218,7 +216,7 @@ def koordlet_hooks(tmp_path: Path, policy=FailurePolicy.IGNORE) -> tuple[Hooks, 
     executor = CgroupExecutor(CgroupLayout(tmp_path, version=1))
     hooks = Hooks(policy)
     for plugin in build_plugins(PluginEnv(executor, tmp_path / "sys", tmp_path / "proc"),
-                                dict(DEFAULT_FEATURE_GATES)):
+                                dict(implemented_gates())):
         plugin.update_rules(parse_rules(None, None))
         plugin.register(hooks)
     return hooks, executor

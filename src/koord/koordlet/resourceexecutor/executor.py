@@ -20,7 +20,7 @@ from koord import cgrouplimits
 from koord.hookapi import format_cpuset, parse_cpuset
 
 from ..cgrouplayout import CgroupLayout, checked_dir
-from ..resources import KubeQoS, Resources
+from ..resources import CgroupFile, KubeQoS, Resources
 from .pathcache import CgroupFileCache
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,6 @@ _FILES: dict[str, _File] = {
     "cpuset_cpus": _File("cpuset", "cpuset.cpus", "cpuset.cpus"),
     "cpuset_mems": _File("cpuset", "cpuset.mems", "cpuset.mems"),
     "cpu_bvt_warp_ns": _File("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns"),
-    "cpu_idle": _File("cpu", "cpu.idle", "cpu.idle"),
     "tasks": _File("cpu", "tasks", "cgroup.threads"),
     "procs": _File("cpu", "cgroup.procs", "cgroup.procs"),
     # Read by the metrics advisor. v2's cpu.stat holds usage_usec where v1 has cpuacct.usage
@@ -97,7 +96,6 @@ _LIMITS = {
     "cpu_burst": cgrouplimits.Kind.BURST,
     "memory_limit": cgrouplimits.Kind.MEMORY,
     "cpu_bvt_warp_ns": cgrouplimits.Kind.BVT,
-    "cpu_idle": cgrouplimits.Kind.IDLE,
 }
 
 MEMORY_MAX = (1 << 63) - 1
@@ -127,7 +125,7 @@ _RANGES: dict[str, tuple[int, int]] = {
 # Write order inside one cgroup: period before quota so a v1 quota below the old period is
 # accepted; mems before cpus as runc does.
 _APPLY_ORDER = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit",
-                "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns", "cpu_idle")
+                "cpuset_mems", "cpuset_cpus", "cpu_bvt_warp_ns")
 
 
 def shares_to_weight(shares: int) -> int:
@@ -219,6 +217,11 @@ class CgroupExecutor:
 
     # ---- read / write -------------------------------------------------------------------
 
+    def file_path(self, cgroup_dir: str, file: CgroupFile) -> Path:
+        """The path of a plugin's own cgroup file (``Resources.files``)."""
+        rel = self._checked_dir(cgroup_dir)
+        return self.root / file.subsystem / rel / file.v1 if self.version == 1 else self.root / rel / file.v2
+
     def supports(self, cgroup_dir: str, resource: str) -> bool:
         try:
             return self.path(cgroup_dir, resource).is_file()
@@ -226,7 +229,10 @@ class CgroupExecutor:
             return False
 
     def read(self, cgroup_dir: str, resource: str) -> str:
-        path = self.path(cgroup_dir, resource)
+        return self._read(self.path(cgroup_dir, resource))
+
+    @staticmethod
+    def _read(path: Path) -> str:
         try:
             # os-level calls: no buffered text stream built for a file of a few bytes.
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -272,9 +278,23 @@ class CgroupExecutor:
         for name in _APPLY_ORDER:
             if name in todo and self.write(cgroup_dir, name, todo[name]):
                 written.append(name)
+        for file, value in res.files.items():
+            if self._write_plugin_file(cgroup_dir, file, value):
+                written.append(file.name)
         if res.unified:
             written += self._apply_unified(cgroup_dir, res.unified)
         return written
+
+    def _write_plugin_file(self, cgroup_dir: str, file: CgroupFile, value: int) -> bool:
+        """A plugin's own file, range-checked; False when it already holds the value."""
+        path = self.file_path(cgroup_dir, file)
+        why = file.problem(value)
+        if why:
+            raise CgroupError(f"{path}: {file.name}={value!r} {why}")
+        if self._read(path) == str(value):
+            return False
+        self._write_file(path, str(value))
+        return True
 
     def _apply_unified(self, cgroup_dir: str, unified: dict[str, str]) -> list[str]:
         if self.version == 1:
@@ -397,4 +417,7 @@ def cgroup_dir_exists(executor: CgroupExecutor, cgroup_dir: str, resources: Reso
     for name in _APPLY_ORDER:
         if getattr(resources, name) is not None:
             return executor.path(cgroup_dir, name).parent.is_dir()
+    first = next(iter(resources.files), None)
+    if first is not None:
+        return executor.file_path(cgroup_dir, first).parent.is_dir()
     return executor.path(cgroup_dir, "cpu_shares").parent.is_dir()

@@ -1,8 +1,8 @@
 """The hooks framework: plugins register one function per stage; the server and the
 reconciler run them.
 
-Order is the order plugins are registered in (``plugins.PLUGIN_ORDER``), then the order
-each plugin registers its functions: stable, so a later plugin may refine an earlier one.
+Order is the order of the plugin registry (``plugins.REGISTRY``), then the order each
+plugin registers its functions: stable, so a later plugin may refine an earlier one.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from koord.hookapi import FailurePolicy, HookPoint
 
 from ..features import ALL_GATE_DEFAULTS
-from ..resources import KubeQoS, Resources
+from ..resources import CgroupFile, KubeQoS, Resources
 from .protocol import ContainerContext, HookContext, PodContext, PodMeta
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..resourceexecutor.executor import CgroupExecutor
     from ..statesinformer import meta as statesinformer
     from .hostapps import HostApp
-    from .rule import Rules
+    from .rule import Rule, Rules
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,14 @@ class RuntimePlugin(ABC):
 
     name: ClassVar[str]
     """Also the feature gate's name (e.g. ``GroupIdentity``)."""
+    gate_default: ClassVar[bool | None] = None
+    """The gate's default for a hook upstream has no gate for; None: upstream's
+    (``features.UPSTREAM_GATES``), so each default is written once."""
+    rules_read: ClassVar[tuple[Rule[Any], ...]] = ()
+    """The rules its hooks read (``self.rules[RULE]``), defined in the plugin's own module:
+    the registry parses every registered plugin's rules at each NodeSLO or Node update."""
+    cgroup_files: ClassVar[tuple[CgroupFile, ...]] = ()
+    """The koordlet-only cgroup files it answers in ``Resources.files``, beyond the runtime's."""
     answers_from_request_and_rules: ClassVar[bool] = False
     """True when the plugin's hooks only set the response, from the request and ``self.rules``
     (they touch no process, file or state of their own): the reconciler may then reuse a pod's

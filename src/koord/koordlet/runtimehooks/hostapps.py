@@ -18,6 +18,7 @@ from typing import Any
 from ..resourceexecutor.executor import CgroupExecutor, cgroup_dir_exists
 from ..resources import KubeQoS, Resources
 from .protocol import CgroupUpdate
+from .rule import Rule, RuleError, Source
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,17 @@ def parse_host_apps(node_slo: dict | None) -> tuple[HostApp, ...]:
     if not isinstance(apps, list) or len(apps) > MAX_HOST_APPS:
         raise HostAppError(f"{where}: want a list of at most {MAX_HOST_APPS} objects")
     return tuple(_host_app(app, f"{where}[{i}]") for i, app in enumerate(apps))
+
+
+def _host_apps_rule(spec: dict[str, Any]) -> tuple[HostApp, ...]:
+    try:
+        return parse_host_apps(spec)
+    except HostAppError as exc:
+        raise RuleError(str(exc)) from None
+
+
+HOST_APPS: Rule[tuple[HostApp, ...]] = Rule("hostApplications", Source.NODE_SLO, _host_apps_rule, absent=())
+"""NodeSLO's ``hostApplications``: read by the reconciler, so parsed whatever plugins run."""
 
 
 def _segment(value: Any, where: str, *, many: bool) -> str:

@@ -20,9 +20,9 @@ from ..resourceexecutor.updater import ResourceExecutor
 from ..statesinformer import NODE, NODE_SLO, NODE_TOPOLOGY, PODS, StatesInformer
 from .hooks import Hooks, PluginEnv, RuntimePlugin
 from .nri import NriOptions, NriServer
-from .plugins import build_plugins
+from .plugins import build_plugins, parse_rules
 from .reconciler import Reconciler
-from .rule import RuleError, parse_rules
+from .rule import RuleError
 from .server import RuntimeHookServer
 
 log = logging.getLogger("koordlet")

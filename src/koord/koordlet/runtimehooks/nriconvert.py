@@ -4,7 +4,7 @@ koordlet's plugins see the same ``PodRequest`` and ``ContainerRequest`` whether 
 from koord-runtime-proxy, the reconciler or NRI; this module is the NRI side of that.
 Every value that reaches a request passes the same checks as a proxy request
 (``problems()``) before any plugin runs, and an answer goes back only with the fields NRI
-can carry: what only koordlet can write (group identity's bvt, ``cpu.idle``) is left to
+can carry: what only koordlet can write (group identity's bvt, plugins' own files) is left to
 koordlet's own cgroup writes.
 """
 

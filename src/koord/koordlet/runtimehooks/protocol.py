@@ -286,11 +286,11 @@ class ContainerContext:
         return self.response.to_proto()
 
     def cgroup_update(self, executor: CgroupExecutor, *, through_proxy: bool) -> CgroupUpdate | None:
-        """Through the proxy only what CRI cannot carry (group identity's bvt); without it, everything."""
+        """Through the proxy only what CRI cannot carry (group identity's bvt, plugins' own
+        files); without it, everything."""
         resources = self.response.resources
         if through_proxy:
-            bvt = resources.cpu_bvt_warp_ns
-            resources = Resources(cpu_bvt_warp_ns=bvt) if bvt is not None else Resources()
+            resources = Resources(cpu_bvt_warp_ns=resources.cpu_bvt_warp_ns, files=dict(resources.files))
         elif resources.cpuset_cpus == "":
             # "" asks the runtime for no cpuset of the container's own; in a cgroup file it
             # would mean no cpus at all, so it is not written there.

@@ -69,7 +69,7 @@ from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_
 from ..resources import KubeQoS, Resources
 from ..statesinformer.meta import PodMeta
 from .hooks import Hooks, RuntimePlugin, describe
-from .hostapps import host_app_updates
+from .hostapps import HOST_APPS, host_app_updates
 from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
 from .reconcilerpods import (
     Answer,
@@ -194,7 +194,7 @@ class Reconciler:
         with self._round_lock:
             report = ReconcileReport()
             self._reconcile_kube_qos(report)
-            apps = next((r.host_apps for p in self.plugins if isinstance(r := getattr(p, "rules", None), Rules)), ())
+            apps = next((r[HOST_APPS] for p in self.plugins if isinstance(r := getattr(p, "rules", None), Rules)), ())
             for who, update in host_app_updates(apps, [p.host_app_resources for p in self.plugins], self.executor):
                 self._apply(update, who, report)
             try:

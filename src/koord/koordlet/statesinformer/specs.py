@@ -22,16 +22,20 @@ _BE_THRESHOLD = {
 }
 
 
-def _resctrl(end: int) -> dict[str, Any]:
-    return {"resctrlQOS": {"enable": False, "catRangeStartPercent": 0,
-                           "catRangeEndPercent": end, "mbaPercent": 100}}
+def _class_qos(group_identity: int, core_expeller: bool, cat_end: int) -> dict[str, Any]:
+    """A QoS class's CPU QoS (upstream's DefaultCPUQOS) and resctrl QoS defaults."""
+    return {"cpuQOS": {"enable": False, "groupIdentity": group_identity, "schedIdle": 0,
+                       "coreExpeller": core_expeller},
+            "resctrlQOS": {"enable": False, "catRangeStartPercent": 0,
+                           "catRangeEndPercent": cat_end, "mbaPercent": 100}}
 
 
 DEFAULT_NODE_SLO_SPEC: dict[str, Any] = {
     "resourceUsedThresholdWithBE": _BE_THRESHOLD,
     "resourceQOSStrategy": {
-        "lsrClass": _resctrl(100), "lsClass": _resctrl(100),
-        "beClass": _resctrl(30), "systemClass": _resctrl(100),
+        "policies": {"cpuPolicy": "groupIdentity"},
+        "lsrClass": _class_qos(2, True, 100), "lsClass": _class_qos(2, True, 100),
+        "beClass": _class_qos(-1, False, 30), "systemClass": _class_qos(0, False, 100),
     },
 }
 

@@ -6,7 +6,7 @@ limits. The scheduler writes the real amounts into ``node.koordinator.sh/extende
 and this plugin turns them into shares, cfs quota and memory limit.
 
 The quota follows two node-wide rules: it is -1 while BE CPU suppress works by cfs quota
-(``Rules.batch_cfs_quota``; a pod's own quota would stop the besteffort quota from going
+(``BATCH_CFS_QUOTA``; a pod's own quota would stop the besteffort quota from going
 lower), and it is scaled by the node's cpu normalization ratio, as LS quotas are.
 """
 
@@ -16,15 +16,18 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from koord import cgrouplimits
 from koord.apis.extension import ANNOTATION_EXTENDED_RESOURCE_SPEC, BATCH_CPU, BATCH_MEMORY
 from koord.hookapi import HookPoint, json_annotation, parse_quantity
 
 from ...resources import KoordQoS, KubeQoS, Resources
+from ...slo import CFS_QUOTA_POLICY, SLOError, threshold_config
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..protocol import ContainerContext, PodContext
-from .cpunormalization import normalized_quota
+from ..rule import Rule, RuleError, Source
+from .cpunormalization import CPU_NORMALIZATION_RATIO, normalized_quota
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +133,31 @@ def batch_resources(specs: list[BatchSpec], period: int) -> Resources:
     return resources
 
 
+def batch_cfs_quota_enabled(spec: dict[str, Any]) -> bool:
+    """Whether BE pods keep a cfs quota of their batch-cpu limit.
+
+    Not while ``resourceUsedThresholdWithBE`` enables suppress with ``cpuSuppressPolicy:
+    cfsQuota``: cgroup v1 refuses a parent's quota below a child's (EINVAL), so a BE pod's
+    own quota would be the floor of the besteffort quota suppress writes. The pods are then
+    held by their shares and the besteffort quota alone. The thresholds are validated as
+    the QoS manager validates them, so both read one NodeSLO the same way.
+    """
+    try:
+        config = threshold_config({"spec": spec})
+    except SLOError as exc:
+        raise RuleError(str(exc)) from None
+    return config is None or not (config.enable and config.cpu_suppress_policy == CFS_QUOTA_POLICY)
+
+
+BATCH_CFS_QUOTA: Rule[bool] = Rule("batchCFSQuota", Source.NODE_SLO, batch_cfs_quota_enabled, absent=True)
+"""False while BE CPU suppress limits the besteffort dir by cfs quota: BE pods and
+containers then get quota -1. Without a NodeSLO suppress is off."""
+
+
 class BatchResource(RuntimePlugin):
     name = "BatchResource"
     answers_from_request_and_rules = True
+    rules_read = (BATCH_CFS_QUOTA, CPU_NORMALIZATION_RATIO)
 
     def register(self, hooks: Hooks) -> None:
         description = "set cgroup limits of BE pods from batch resources"
@@ -171,7 +196,7 @@ class BatchResource(RuntimePlugin):
         (cgroup v1 refuses a pod quota above a suppressed parent's). Nothing else limits
         the besteffort dir while the rule is on: the suppress strategy writes -1 itself then.
         """
-        if qos is not KubeQoS.BESTEFFORT or self.rules is None or not self.rules.batch_cfs_quota:
+        if qos is not KubeQoS.BESTEFFORT or self.rules is None or not self.rules[BATCH_CFS_QUOTA]:
             return None
         return Resources(cpu_quota=-1)
 
@@ -179,8 +204,8 @@ class BatchResource(RuntimePlugin):
         """The quota as NodeSLO and the Node want it: -1 under cfs-quota suppress, else scaled."""
         if self.rules is None or resources.cpu_quota is None:
             return resources
-        if not self.rules.batch_cfs_quota:
+        if not self.rules[BATCH_CFS_QUOTA]:
             resources.cpu_quota = -1
-        elif resources.cpu_quota > 0 and (ratio := self.rules.cpu_normalization_ratio) and ratio > 1.0:
+        elif resources.cpu_quota > 0 and (ratio := self.rules[CPU_NORMALIZATION_RATIO]) and ratio > 1.0:
             resources.cpu_quota = normalized_quota(resources.cpu_quota, ratio)
         return resources

@@ -24,8 +24,8 @@ from typing import Generic, Protocol, TypeVar
 
 from koord.apis.extension import LABEL_CORE_SCHED_GROUP_ID, LABEL_CORE_SCHED_POLICY
 
-from .. import rule as rules_module
 from ..protocol import KoordQoS, KubeQoS
+from .coreschedrule import CoreSchedRule
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def supported(ops: CookieOps) -> tuple[bool, str]:
     return True, ""
 
 
-def pod_group(rule: rules_module.CoreSchedRule, labels: Mapping[str, str], kube_qos: KubeQoS,
+def pod_group(rule: CoreSchedRule, labels: Mapping[str, str], kube_qos: KubeQoS,
               uid: str) -> tuple[bool, str]:
     """Upstream's getPodEnabledAndGroup: (cookies on for the pod, its group id)."""
     qos = KoordQoS.of(labels)

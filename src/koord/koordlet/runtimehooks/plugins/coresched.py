@@ -34,18 +34,25 @@ from koord.hookapi import HookPoint
 from ... import schedsysctl
 from ...cgrouplayout import container_cgroup_dir, driver_of_cgroup_parent
 from ...resourceexecutor.executor import CgroupError
+from ...resources import CgroupFile
 from ...statesinformer.meta import PodMeta
 from ..hooks import HookError, Hooks, PluginEnv, RuntimePlugin
 from ..protocol import ContainerContext, KoordQoS, KubeQoS, PodContext, Resources
-from ..rule import CoreSchedRule, Rules
+from ..rule import Rules
 from .cookies import CookieError, CookieManager, CookieOps, Holder, PrctlCookies, pod_group, supported
 from .coreschedmetrics import CookieHolder, CoreSchedMetrics
+from .coreschedrule import CORE_SCHED, CoreSchedRule
 
 log = logging.getLogger(__name__)
+
+CPU_IDLE = CgroupFile("cpu_idle", "cpu", "cpu.idle", "cpu.idle", 0, 1)
+"""cpu.idle (v1 and v2, Linux 5.15+): 1 makes the cgroup SCHED_IDLE against its siblings."""
 
 
 class CoreSched(RuntimePlugin):
     name = "CoreSched"
+    rules_read = (CORE_SCHED,)
+    cgroup_files = (CPU_IDLE,)
 
     def __init__(self, env: PluginEnv, ops: CookieOps | None = None) -> None:
         super().__init__(env)
@@ -71,9 +78,10 @@ class CoreSched(RuntimePlugin):
 
     def update_rules(self, rules: Rules) -> bool:
         changed = super().update_rules(rules)
-        if rules.core_sched is not None and rules.core_sched.enabled:
+        rule = rules[CORE_SCHED]
+        if rule is not None and rule.enabled:
             self._switch_kernel()
-        if changed and rules.core_sched is not None and rules.core_sched.enabled and self.supported is None:
+        if changed and rule is not None and rule.enabled and self.supported is None:
             self.supported, why = supported(self.ops)
             if self.supported:
                 log.info("plugin %s: the kernel supports core scheduling: cookies by group", self.name)
@@ -101,7 +109,7 @@ class CoreSched(RuntimePlugin):
 
     def set_container_cookie(self, ctx: ContainerContext) -> None:
         req = ctx.request
-        rule = self.rules.core_sched if self.rules is not None else None
+        rule = self.rules[CORE_SCHED] if self.rules is not None else None
         if rule is None or not self.supported or not req.container_id or req.koord_qos is KoordQoS.SYSTEM:
             return
         if not self._warm_up(rule):
@@ -180,12 +188,13 @@ class CoreSched(RuntimePlugin):
         return holders
 
     def kube_qos_resources(self, qos: KubeQoS) -> Resources | None:
-        if self.rules is None or self.rules.core_sched is None:
+        rule = self.rules[CORE_SCHED] if self.rules is not None else None
+        if rule is None:
             return None
         qos_dir = self.env.executor.kube_qos_dir(qos)
-        if not self.env.executor.supports(qos_dir, "cpu_idle"):
+        if not self.env.executor.file_path(qos_dir, CPU_IDLE).is_file():
             if "no-file" not in self._said and self.env.executor.supports(qos_dir, "cpu_shares"):
                 self._said.add("no-file")
                 log.warning("plugin %s: this kernel has no cpu.idle (Linux 5.15+): not set", self.name)
             return None
-        return Resources(cpu_idle=self.rules.core_sched.kube_qos_cpu_idle(qos))
+        return Resources(files={CPU_IDLE: rule.kube_qos_cpu_idle(qos)})

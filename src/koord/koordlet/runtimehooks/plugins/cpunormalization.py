@@ -15,19 +15,41 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from fractions import Fraction
 
 from koord import cgrouplimits
-from koord.apis.extension import ANNOTATION_CPU_NORMALIZATION_BASE_QUOTA
+from koord.apis.extension import ANNOTATION_CPU_NORMALIZATION_BASE_QUOTA, ANNOTATION_CPU_NORMALIZATION_RATIO
 from koord.hookapi import HookPoint
 
 from ...resources import KoordQoS, Resources
 from ..hooks import Hooks, RuntimePlugin
 from ..protocol import ContainerContext, PodContext
+from ..rule import Rule, RuleError, Source
 from .cpuset import resource_status_cpuset
 
 log = logging.getLogger(__name__)
 
+_RATIO = re.compile(r"[0-9]{1,10}(\.[0-9]{1,10})?")
+
+
+def parse_ratio(annotations: dict[str, str]) -> float | None:
+    """The Node's ``node.koordinator.sh/cpu-normalization-ratio``; None without one."""
+    text = annotations.get(ANNOTATION_CPU_NORMALIZATION_RATIO)
+    if text is None or text == "":
+        return None
+    where = f"node annotation {ANNOTATION_CPU_NORMALIZATION_RATIO}"
+    # float() also takes other scripts' digits and "1_2"; Go's ParseFloat, which wrote it, does not.
+    if not isinstance(text, str) or not _RATIO.fullmatch(text):
+        raise RuleError(f"{where}={text!r}: not a decimal number like 1.2")
+    ratio = float(text)
+    if not math.isfinite(ratio) or ratio < 1.0:
+        # Below 1 would inflate quotas beyond what the scheduler granted.
+        raise RuleError(f"{where}={text!r}: want a finite ratio >= 1.0")
+    return ratio
+
+
+CPU_NORMALIZATION_RATIO: Rule[float | None] = Rule("cpuNormalizationRatio", Source.NODE, parse_ratio, absent=None)
 
 
 def normalized_quota(quota: int, ratio: float) -> int:
@@ -38,6 +60,7 @@ def normalized_quota(quota: int, ratio: float) -> int:
 class CPUNormalization(RuntimePlugin):
     name = "CPUNormalization"
     answers_from_request_and_rules = True
+    rules_read = (CPU_NORMALIZATION_RATIO,)
 
     def register(self, hooks: Hooks) -> None:
         description = "scale cfs quota by the node's cpu normalization ratio"
@@ -59,7 +82,7 @@ class CPUNormalization(RuntimePlugin):
     def _adjust(self, qos: KoordQoS, pod_annotations: dict[str, str], own_annotations: dict[str, str],
                 requested: Resources, answer_annotations: dict[str, str], res: Resources, who: str) -> None:
         """``own_annotations`` are the pod's or the container's own, where the unscaled quota is recorded."""
-        ratio = self.rules.cpu_normalization_ratio if self.rules else None
+        ratio = self.rules[CPU_NORMALIZATION_RATIO] if self.rules else None
         if ratio is None or ratio <= 1.0:
             return
         if qos not in (KoordQoS.LS, KoordQoS.NONE):

@@ -32,8 +32,9 @@ from ...resources import KoordQoS, KubeQoS, Resources
 from ..hooks import Hooks, InvalidInput, PluginEnv, RuntimePlugin
 from ..hostapps import HostApp
 from ..protocol import ContainerContext, ContainerRequest, PodContext
-from ..rule import CPUSharedPool, Rules
+from ..rule import Rules
 from .cpusetmetrics import CPUSetMetrics
+from .cpusetrule import CPUSET, CPUSetRule, CPUSharedPool
 
 log = logging.getLogger(__name__)
 
@@ -65,36 +66,37 @@ def numa_pools(pools: tuple[CPUSharedPool, ...], nodes: tuple[int, ...]) -> str:
     return ",".join(pool.cpuset for node in nodes for pool in pools if pool.node == node)
 
 
-def container_cpuset(rules: Rules, req: ContainerRequest, status: ResourceStatus,
+def container_cpuset(rule: CPUSetRule, req: ContainerRequest, status: ResourceStatus,
                      be_cpu_manager: bool) -> str | None:
     """Rules 2-6 of the module's docstring: the cpuset, ``""`` to clear it, None to leave it."""
     qos = req.koord_qos
     if status.numa_cpu_nodes:
         if qos is KoordQoS.BE and be_cpu_manager:
-            return numa_pools(rules.be_cpu_shared_pools, status.numa_cpu_nodes)
+            return numa_pools(rule.be_cpu_shared_pools, status.numa_cpu_nodes)
         if qos is not KoordQoS.BE:
-            return numa_pools(rules.cpu_shared_pools, status.numa_cpu_nodes)
-    if qos is KoordQoS.SYSTEM and rules.system_qos_cpuset:
-        return rules.system_qos_cpuset
+            return numa_pools(rule.cpu_shared_pools, status.numa_cpu_nodes)
+    if qos is KoordQoS.SYSTEM and rule.system_qos_cpuset:
+        return rule.system_qos_cpuset
     if qos is KoordQoS.LS:
-        return join_pools(rules.cpu_shared_pools)
+        return join_pools(rule.cpu_shared_pools)
     if req.kube_qos is KubeQoS.BESTEFFORT:
         return ""
-    if rules.kubelet_cpu_manager_policy == "static":
+    if rule.kubelet_cpu_manager_policy == "static":
         return None
-    return join_pools(rules.cpu_shared_pools)
+    return join_pools(rule.cpu_shared_pools)
 
 
-def host_app_cpuset(rules: Rules, name: str, qos: str) -> str:
+def host_app_cpuset(rule: CPUSetRule, name: str, qos: str) -> str:
     """A NodeSLO host application's cpuset: every share pool; ValueError unless it is LS."""
     if qos != KoordQoS.LS.value:
         raise ValueError(f"host application {name}: qos {qos!r}: only LS is supported")
-    return join_pools(rules.cpu_shared_pools)
+    return join_pools(rule.cpu_shared_pools)
 
 
 class CPUSetAllocator(RuntimePlugin):
     name = "CPUSetAllocator"
     answers_from_request_and_rules = True
+    rules_read = (CPUSET,)
 
     def __init__(self, env: PluginEnv) -> None:
         super().__init__(env)
@@ -112,7 +114,8 @@ class CPUSetAllocator(RuntimePlugin):
                            self.unset_pod_cpu_quota)
 
     def update_rules(self, rules: Rules) -> bool:
-        self.metrics.record_pools(rules.cpu_shared_pools, rules.be_cpu_shared_pools)
+        rule = rules[CPUSET]
+        self.metrics.record_pools(rule.cpu_shared_pools, rule.be_cpu_shared_pools)
         return super().update_rules(rules)
 
     def reconcile_sandbox(self, ctx: ContainerContext) -> None:
@@ -124,7 +127,7 @@ class CPUSetAllocator(RuntimePlugin):
         if self.rules is None:
             return None
         try:
-            cpuset = host_app_cpuset(self.rules, app.name, app.qos)
+            cpuset = host_app_cpuset(self.rules[CPUSET], app.name, app.qos)
         except ValueError as exc:
             log.debug("plugin %s: %s; its cpuset is left alone", self.name, exc)
             return None
@@ -150,7 +153,7 @@ class CPUSetAllocator(RuntimePlugin):
             return
         if self.rules is None:
             return
-        cpuset = container_cpuset(self.rules, req, status, self.be_cpu_manager)
+        cpuset = container_cpuset(self.rules[CPUSET], req, status, self.be_cpu_manager)
         if cpuset is not None:
             res.cpuset_cpus = cpuset
             log.debug("plugin %s: %s: cpuset %r from the rule", self.name, who, cpuset)

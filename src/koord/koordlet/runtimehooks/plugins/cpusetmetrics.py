@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from koord.hookapi import parse_cpuset
 
-from ..rule import CPUSharedPool
+from .cpusetrule import CPUSharedPool
 
 
 class CPUSetMetrics:

@@ -20,20 +20,121 @@ an application whose cgroup does not exist is skipped.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
-from koord.apis.extension import LABEL_POD_QOS
-from koord.hookapi import HookPoint
+from koord.apis.extension import ANNOTATION_POD_CPU_QOS, LABEL_POD_QOS
+from koord.hookapi import HookPoint, json_annotation
 
 from ... import schedsysctl
 from ...resources import KoordQoS, KubeQoS, Resources
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
 from ..hostapps import HostApp
 from ..protocol import PodContext
-from ..rule import GroupIdentityRule, RuleError, Rules
+from ..rule import DEFAULT_SPEC, Rule, RuleError, Rules, Source
+from .cpuqos import BASE, CPU_POLICY_GROUP_IDENTITY, class_cpu_qos, cpu_policy
 
 log = logging.getLogger(__name__)
 
 KERNEL_SWITCH = "sys/" + schedsysctl.GROUP_IDENTITY
+NONE_BVT = 0
+"""The kernel's neutral group identity: what a class gets while its cpuQOS is disabled."""
+
+
+@dataclass(frozen=True)
+class ClassCPUQoS:
+    enable: bool
+    group_identity: int
+
+    @property
+    def bvt(self) -> int:
+        return self.group_identity if self.enable else NONE_BVT
+
+
+@dataclass(frozen=True)
+class GroupIdentityRule:
+    """Group identity (``cpu.bvt_warp_ns``) per Koordinator QoS class."""
+
+    lsr: ClassCPUQoS
+    ls: ClassCPUQoS
+    be: ClassCPUQoS
+    system: ClassCPUQoS
+
+    @property
+    def enabled(self) -> bool:
+        return self.lsr.enable or self.ls.enable or self.be.enable or self.system.enable
+
+    def pod_bvt(self, qos: KoordQoS, annotations: dict[str, str]) -> int | None:
+        """The pod cgroup's value; LS pods may override it with ``koordinator.sh/cpuQOS``.
+
+        Disabled classes get 0 rather than None, so turning a class off in NodeSLO resets
+        pods that were set while it was on. LSE has no class of its own in NodeSLO and
+        shares LSR's; pods without a QoS label stay neutral (0).
+        """
+        if qos is KoordQoS.LS and ANNOTATION_POD_CPU_QOS in annotations:
+            override = _pod_cpu_qos(annotations)
+            if override is not None:
+                return override
+        return {
+            KoordQoS.LSE: self.lsr.bvt,
+            KoordQoS.LSR: self.lsr.bvt,
+            KoordQoS.LS: self.ls.bvt,
+            KoordQoS.BE: self.be.bvt,
+            KoordQoS.SYSTEM: self.system.bvt,
+        }.get(qos, NONE_BVT)
+
+    def host_app_bvt(self, qos: KoordQoS) -> int:
+        """A host application's value by its class, as upstream: SYSTEM and no class stay neutral."""
+        return {KoordQoS.LSE: self.lsr.bvt, KoordQoS.LSR: self.lsr.bvt, KoordQoS.LS: self.ls.bvt,
+                KoordQoS.BE: self.be.bvt}.get(qos, NONE_BVT)
+
+    def kube_qos_bvt(self, kube_qos: KubeQoS) -> int | None:
+        """The kube-QoS dir's value: guaranteed stays 0 (kernel requirement upstream notes)."""
+        if kube_qos is KubeQoS.BURSTABLE:
+            return self.ls.bvt
+        if kube_qos is KubeQoS.BESTEFFORT:
+            return self.be.bvt
+        return NONE_BVT
+
+
+def _pod_cpu_qos(annotations: dict[str, str]) -> int | None:
+    """``{"enable":true,"groupIdentity":-1}`` -> -1; ``enable: false`` -> 0; no groupIdentity -> None."""
+    where = f"pod annotation {ANNOTATION_POD_CPU_QOS}"
+    value = json_annotation(annotations, ANNOTATION_POD_CPU_QOS, error=RuleError)
+    enable = value.get("enable", True)
+    if not isinstance(enable, bool):
+        raise RuleError(f"{where}: enable={enable!r} is not a boolean")
+    if not enable:
+        return NONE_BVT
+    if "groupIdentity" not in value:
+        return None
+    return _bvt(value["groupIdentity"], f"{where}: groupIdentity")
+
+
+def _bvt(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= 2:
+        raise RuleError(f"{where}={value!r}: want an integer in [-1, 2]")
+    return value
+
+
+_CLASSES = (("lsrClass", "lsr"), ("lsClass", "ls"), ("beClass", "be"), ("systemClass", "system"))
+
+
+def parse_group_identity(spec: dict[str, Any]) -> GroupIdentityRule:
+    """Each class's enable and groupIdentity; core scheduling replaces group identity, so
+    under ``cpuPolicy: coreSched`` every class stays neutral."""
+    on = cpu_policy(spec) == CPU_POLICY_GROUP_IDENTITY
+    values: dict[str, ClassCPUQoS] = {}
+    for key, attr in _CLASSES:
+        cpu_qos = class_cpu_qos(spec, key)
+        bvt = _bvt(cpu_qos.get("groupIdentity"), f"{BASE}.{key}.cpuQOS.groupIdentity")
+        values[attr] = ClassCPUQoS(cpu_qos["enable"] and on, bvt)
+    return GroupIdentityRule(**values)
+
+
+GROUP_IDENTITY = Rule("groupIdentity", Source.NODE_SLO, parse_group_identity,
+                      absent=parse_group_identity(DEFAULT_SPEC))
+"""Without a NodeSLO: upstream's defaults, every class disabled."""
 
 
 class GroupIdentity(RuntimePlugin):
@@ -42,6 +143,7 @@ class GroupIdentity(RuntimePlugin):
     # settle before any pod runs, and, while no class is enabled, on the kernel switch, which
     # only an administrator flips then: a pod's refresh round picks that up.
     answers_from_request_and_rules = True
+    rules_read = (GROUP_IDENTITY,)
 
     _unsupported_logged = False
     _sysctl_error: str | None = None
@@ -66,7 +168,7 @@ class GroupIdentity(RuntimePlugin):
         """Takes the rules; switches the kernel on at every NodeSLO that enables a class (someone
         may have switched it off since), as upstream's rule callback does."""
         changed = super().update_rules(rules)
-        if rules.group_identity.enabled and self.supported():
+        if rules[GROUP_IDENTITY].enabled and self.supported():
             self._switch_kernel_on()
         return changed
 
@@ -93,7 +195,7 @@ class GroupIdentity(RuntimePlugin):
         enabled and the kernel's switch is off (or unreadable)."""
         if self.rules is None or not self.supported():
             return None
-        rule = self.rules.group_identity
+        rule = self.rules[GROUP_IDENTITY]
         proc = self.env.proc_root
         if rule.enabled or not schedsysctl.exists(proc, schedsysctl.GROUP_IDENTITY):
             return rule
