@@ -31,6 +31,7 @@ from .flags import parse_args
 from .metrics import KoordletMetrics
 from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
 from .metricsadvisor.framework import AdvisorMetrics
+from .metricsadvisor.gauges import HostAppGauges, PSIGauges
 from .modules import ModuleStarter
 from .nodeslocheck import check_node_slo
 from .pleg import Pleg
@@ -81,9 +82,10 @@ class Koordlet:
         driver = None if a.cgroup_driver == "auto" else a.cgroup_driver
         force = max(0, a.resource_force_update_seconds)
         # A cached write must outlive the force-update interval or the interval means nothing.
-        self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir,
-                                         force_update_seconds=force, cache_ttl=max(CACHE_TTL_SECONDS, 2 * force))
         self.metrics = KoordletMetrics(node_name())
+        self.executor = ResourceExecutor(a.cgroup_root_dir, driver=driver, kube_dir=a.cgroup_kube_dir,
+                                         force_update_seconds=force, cache_ttl=max(CACHE_TTL_SECONDS, 2 * force),
+                                         observe_write=self.metrics.record_cgroup_update)
         env = PluginEnv(executor=self.executor, sys_fs_root=a.sys_fs_root_dir,
                         proc_root=a.proc_root_dir, current_pods=lambda: self.informer.get_all_pods(),
                         registry=self.metrics.registry, node=self.metrics.node,
@@ -98,7 +100,8 @@ class Koordlet:
             observe=self.metrics.record_hook_request)
         self.reconciler = (Reconciler(self.hooks, self.executor, self.plugins,
                                       a.containerd_endpoint, a.runtime_hooks_reconcile_interval,
-                                      current_pods=lambda: self.informer.get_all_pods())
+                                      current_pods=lambda: self.informer.get_all_pods(),
+                                      observe=self.metrics.record_reconciler_call)
                            if a.runtime_hooks_reconcile_interval > 0 else None)
         nri_options = NriOptions.from_args(a)
         self.nri = (NriServer(self.hooks, self.executor, nri_options, a.runtime_hooks_disable_stages,
@@ -173,7 +176,8 @@ class Koordlet:
     def _prod_predictor(self, node: dict | None) -> prediction.ProdReclaimablePredictor | None:
         """A report's predictor; None (no prediction fields) while the predict server is down."""
         server = self.predict_server
-        return None if server is None else prediction.ProdReclaimablePredictor(server, node, server.config)
+        return None if server is None else prediction.ProdReclaimablePredictor(
+            server, node, server.config, observe=self.metrics.record_prediction)
 
     def _cache(self) -> metriccache.MetricCache:
         """The metric cache for a module that needs it; raises until it runs."""
@@ -269,7 +273,9 @@ class Koordlet:
         advisor.start()
         # After a successful start only: a retried start must not register the gauges twice.
         self.metrics.external.register(ResctrlPrometheus(cache, node_name()))
+        self.metrics.external.register(PSIGauges(advisor.env.shared, node_name()))
         self.metrics.registry.register(AdvisorMetrics(advisor.env.shared, node_name()))
+        self.metrics.registry.register(HostAppGauges(advisor.env.shared, node_name()))
         return advisor
 
     def _start_runtime_hooks(self) -> None:
