@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from koord.koordlet.metrics import KoordletMetrics
 from koord.koordlet.metricsadvisor.collectors.resctrl import ResctrlPrometheus
 from koord.koordlet.metricsadvisor.framework import AdvisorMetrics
+from koord.koordlet.metricsadvisor.gauges import HostAppGauges, PSIGauges
 from koord.koordlet.qosmanager.metrics import QOSMetrics
 from koord.koordlet.runtimehooks.plugins.coreschedmetrics import CoreSchedMetrics
 from koord.koordlet.runtimehooks.plugins.cpusetmetrics import CPUSetMetrics
@@ -59,8 +60,9 @@ def koordlet_pages() -> dict[str, list[Collector]]:
     QOSMetrics("", metrics.registry)
     CoreSchedMetrics("", metrics.registry)
     CPUSetMetrics("", metrics.registry)
-    external: list[Collector] = [*_registered(metrics.external), ResctrlPrometheus]  # type: ignore[list-item]
-    internal: list[Collector] = [*_registered(metrics.registry), AdvisorMetrics, OOMScoreAdjGauge]  # type: ignore[list-item]
+    external: list[Collector] = [*_registered(metrics.external), ResctrlPrometheus, PSIGauges]  # type: ignore[list-item]
+    internal: list[Collector] = [*_registered(metrics.registry), AdvisorMetrics,  # type: ignore[list-item]
+                                 HostAppGauges, OOMScoreAdjGauge]  # type: ignore[list-item]
     return {"/internal-metrics": internal, "/external-metrics": external}
 
 

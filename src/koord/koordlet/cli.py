@@ -29,6 +29,7 @@ from .flags import parse_args
 from .metrics import KoordletMetrics
 from .metricsadvisor.collectors.resctrl import ResctrlPrometheus
 from .metricsadvisor.framework import AdvisorMetrics
+from .metricsadvisor.gauges import HostAppGauges, PSIGauges
 from .modules import Module, ModuleStarter, Started
 from .nodeslocheck import check_node_slo
 from .pleg import Pleg
@@ -88,9 +89,10 @@ class Koordlet:
         self.layout = CgroupLayout.from_args(a)
         force = max(0, a.resource_force_update_seconds)
         # A cached write must outlive the force-update interval or the interval means nothing.
-        self.executor = ResourceExecutor(self.layout, force_update_seconds=force,
-                                         cache_ttl=max(CACHE_TTL_SECONDS, 2 * force))
         self.metrics = KoordletMetrics(node_name())
+        self.executor = ResourceExecutor(self.layout, force_update_seconds=force,
+                                         cache_ttl=max(CACHE_TTL_SECONDS, 2 * force),
+                                         observe_write=self.metrics.record_cgroup_update)
         self.informer = make_states_informer(a, self.layout, self.metrics.record_kubelet_request)
         self.hooks = RuntimeHooksModule(a, self.executor, self.informer, self.metrics)
         self.informer.register_callback(NODE, lambda: self.metrics.record_node_allocatable(self.informer.get_node()))
@@ -148,7 +150,8 @@ class Koordlet:
     def _prod_predictor(self, node: dict | None) -> prediction.ProdReclaimablePredictor | None:
         """A report's predictor; None (no prediction fields) while the predict server is down."""
         server = self.prediction.running
-        return None if server is None else prediction.ProdReclaimablePredictor(server, node, server.config)
+        return None if server is None else prediction.ProdReclaimablePredictor(
+            server, node, server.config, observe=self.metrics.record_prediction)
 
     def _serve_metrics(self) -> None:
         if not self.args.addr:
@@ -223,7 +226,9 @@ class Koordlet:
                                                         cache, self.executor))
         # After a successful start only: a retried start must not register the gauges twice.
         self.metrics.external.register(ResctrlPrometheus(cache, node_name()))
+        self.metrics.external.register(PSIGauges(advisor.env.shared, node_name()))
         self.metrics.registry.register(AdvisorMetrics(advisor.env.shared, node_name()))
+        self.metrics.registry.register(HostAppGauges(advisor.env.shared, node_name()))
         return advisor
 
     def _start_qos_manager(self) -> qosmanager.QOSManager:

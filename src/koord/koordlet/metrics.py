@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -49,6 +49,12 @@ STATUS_SUCCEEDED, STATUS_FAILED = "succeeded", "failed"
 HOOK_BUCKETS_MS = tuple(0.01 * 4**i for i in range(8))
 """Upstream's buckets, 10 µs to 164 ms: a plugin function takes tens of µs, a cgroup write ~40 µs."""
 PRIORITY_PROD = "koord-prod"
+UPDATER_CGROUP, UPDATE_SUCCESS, UPDATE_FAILED = "cgroup", "success", "failed"
+"""Upstream's resource updater type of a cgroup file and its update statuses (not the
+``succeeded`` of the other histograms)."""
+PREDICTED_RECLAIMABLE, PREDICTED_PEAK = "reclaimable", "peak"
+"""What a predictor tells ``record_prediction`` it computed (``prediction.predictor``'s
+``RECLAIMABLE`` and ``PEAK``), and the end of the gauge's name."""
 KUBELET_BUCKETS_S = tuple(0.001 * 4**i for i in range(7))
 """Upstream's buckets, 1 ms to 4 s: a /pods answer takes milliseconds, the timeout is seconds."""
 _NODE = ["node", "resource", "unit"]
@@ -210,6 +216,21 @@ class KoordletMetrics:
         self.node_allocatable = Gauge("koordlet_node_resource_allocatable",
                                       "the node allocatable of resources updated by koordinator",
                                       ["node", "resource", "unit"], registry=self.external)
+        self.reconciler_invoked = Histogram(
+            "koordlet_runtime_hook_reconciler_invoked_duration_milliseconds",
+            "time duration of invocations of runtime hook reconciler plugins",
+            ["node", "level", "resource_type", "status"], buckets=HOOK_BUCKETS_MS, registry=r)
+        self.resource_updates = Histogram(
+            "koordlet_resource_update_duration_milliseconds", "time duration of resource update such as cgroup files",
+            ["type", "status"], buckets=HOOK_BUCKETS_MS, registry=r)
+        self._cgroup_update: dict[bool, Callable[[float], None]] = {}
+        """Each status' series, bound at its first write: the executor observes every cgroup
+        write, which must not look labels up each time (and a series written to never, as
+        upstream's, is not served)."""
+        self.predicted = {kind: Gauge(f"koordlet_node_predicted_resource_{kind}",
+                                      f"the node {kind} resources predicted by koordinator",
+                                      ["node", "predictor", "resource", "unit"], registry=r)
+                          for kind in (PREDICTED_RECLAIMABLE, PREDICTED_PEAK)}
         self.kubelet_requests = Histogram(
             "koordlet_kubelet_request_duration_seconds", "kubelet HTTP requests, by verb, path and HTTP code",
             ["verb", "path", "code"], buckets=KUBELET_BUCKETS_S, registry=r)
@@ -243,6 +264,27 @@ class KoordletMetrics:
     def record_plugin_call(self, plugin: str, stage: HookPoint, ok: bool, seconds: float) -> None:
         self.runtime_hook_invoked.labels(self.node, plugin, stage.value,
                                          STATUS_SUCCEEDED if ok else STATUS_FAILED).observe(seconds * 1000)
+
+    def record_reconciler_call(self, level: str, resource_types: Iterable[str], ok: bool, seconds: float) -> None:
+        """One reconciler invocation at ``level`` (``kubeqos``, ``pod``, ``sandbox``,
+        ``container``) that set ``resource_types`` (upstream's cgroup file names)."""
+        status = STATUS_SUCCEEDED if ok else STATUS_FAILED
+        for resource_type in resource_types:
+            self.reconciler_invoked.labels(self.node, level, resource_type, status).observe(seconds * 1000)
+
+    def record_cgroup_update(self, ok: bool, seconds: float) -> None:
+        """One cgroup file write of the resource executor."""
+        observe = self._cgroup_update.get(ok)
+        if observe is None:
+            series = self.resource_updates.labels(UPDATER_CGROUP, UPDATE_SUCCESS if ok else UPDATE_FAILED)
+            observe = self._cgroup_update[ok] = series.observe
+        observe(seconds * 1000)
+
+    def record_prediction(self, kind: str, predictor: str, resources: Mapping[str, int]) -> None:
+        """A predictor's result (``reclaimable``) or peak: cpu millicores as cores, memory bytes."""
+        gauge = self.predicted[kind]
+        gauge.labels(self.node, predictor, "cpu", UNIT_CORE).set(resources["cpu"] / 1000)
+        gauge.labels(self.node, predictor, "memory", UNIT_BYTE).set(resources["memory"])
 
     def record_kubelet_request(self, verb: str, path: str, code: int, seconds: float) -> None:
         self.kubelet_requests.labels(verb, path, str(code)).observe(seconds)

@@ -9,13 +9,18 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from koord.koordlet.cli import Koordlet
 from koord.koordlet.flags import parse_args
 from koord.koordlet.metriccache import NODE_CPU_USAGE, NODE_MEMORY_USAGE, MetricCache, Sample
+from koord.koordlet.metricsadvisor.framework import CgroupTarget
+from koord.koordlet.prediction import PredictionConfig
 from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.pods import pod_meta
+from koord_testing.scrape import samples
 
 
 def free_port():
@@ -195,3 +200,24 @@ def test_in_a_cluster_objects_come_from_the_api_server_and_status_goes_back(tmp_
         assert api.status_updates[0]["nodeMetric"]["nodeUsage"] == {
             "resources": {"cpu": "250m", "memory": "1Mi"}}
         assert api.objects[NODEMETRICS]["node1"]["spec"] == {"metricCollectPolicy": {"reportIntervalSeconds": 1}}
+
+
+def test_the_modules_record_into_koordlets_metrics(tmp_path, short_dir):
+    """The executor's writes, the reconciler's invocations and each report's predictors are
+    told to koordlet's metrics; the advisor's PSI and host-application rows are served."""
+    k = koordlet(tmp_path, short_dir, "--runtime-hooks-reconcile-interval", "10s")
+    assert k.executor.observe_write == k.metrics.record_cgroup_update
+    assert k.hooks.reconciler is not None and k.hooks.reconciler.observe == k.metrics.record_reconciler_call
+    k.prediction.running = SimpleNamespace(config=PredictionConfig())
+    predictor = k._prod_predictor(None)
+    assert predictor is not None and predictor.observe == k.metrics.record_prediction
+    k.metric_cache.running = MetricCache(None)
+    advisor = k._start_advisor()
+    try:
+        advisor.env.shared.host_app_usage = (("nginx", "koord-prod", "LS", 0.5, 2.0**20),)
+        advisor.env.shared.psi = ((CgroupTarget(pod_meta("ns", "p", "u1", "d"), None, "d", "u1", "pod ns/p"),
+                                   (("cpu", {"some": (1.0, 2.0, 3.0)}),)),)
+        assert len(samples(k.metrics, "/internal-metrics", "koordlet_host_application_resource_usage")) == 2
+        assert len(samples(k.metrics, "/external-metrics", "koordlet_pod_psi")) == 3
+    finally:
+        advisor.stop()

@@ -12,6 +12,7 @@ import pytest
 from koord.koordlet import metriccache as mc
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
+from koord.koordlet.metrics import KoordletMetrics
 from koord.koordlet.metricsadvisor import AdvisorConfig
 from koord.koordlet.metricsadvisor.advisor import MetricsAdvisor
 from koord.koordlet.metricsadvisor.collectors import (
@@ -25,11 +26,13 @@ from koord.koordlet.metricsadvisor.collectors import (
     SystemResourceCollector,
 )
 from koord.koordlet.metricsadvisor.framework import CgroupTarget, Env, Point, Problems, Rates
+from koord.koordlet.metricsadvisor.gauges import HostAppGauges, PSIGauges
 from koord.koordlet.metricsadvisor.parsers import FileProblem
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.statesinformer.meta import PodMeta
 from koord_testing.cgroupfs import memory_stat_text, write_usage
 from koord_testing.pods import FakeStatesInformer, container_meta, pod_meta
+from koord_testing.scrape import labelled, samples, scrape
 
 MiB = 1024 * 1024
 HZ = os.sysconf("SC_CLK_TCK")
@@ -409,6 +412,43 @@ def test_psi_gate_off_by_default_and_samples_when_on(make_env):
     assert got == {("cpu", "some"): 1.5, ("cpu", "full"): 0.5, ("mem", "some"): 2.0, ("io", "some"): 0.0}
 
 
+def write_pressure(d: Path) -> None:
+    """cpu with a full line, memory and io without (the some line only)."""
+    d.mkdir(parents=True)
+    (d / "cpu.pressure").write_text("some avg10=1.50 avg60=1.25 avg300=1.00 total=1\n"
+                                    "full avg10=0.50 avg60=0.25 avg300=0.125 total=1\n")
+    (d / "memory.pressure").write_text("some avg10=2.00 avg60=3.00 avg300=4.00 total=1\n")
+    (d / "io.pressure").write_text("some avg10=0.00 avg60=0.75 avg300=0.5 total=1\n")
+
+
+def test_psi_tick_is_served_as_upstreams_pod_and_container_gauges_and_a_pod_that_left_is_not(make_env):
+    pod = pod_meta("ns", "web", "u1", "kubepods/podu1",
+                   containers=[container_meta("app", "cid1", "kubepods/podu1/cid1")])
+    env = make_env(2, pods=[pod], psi_collector=True)
+    write_pressure(env.cgroups.root / "kubepods/podu1")
+    write_pressure(env.cgroups.root / "kubepods/podu1/cid1")
+    metrics = KoordletMetrics("n1")
+    metrics.external.register(PSIGauges(env.shared, "n1"))
+    collector = PSICollector(env)
+    collector.collect(1.0)
+    pod_labels = {"node": "n1", "pod_uid": "u1", "pod_name": "web", "pod_namespace": "ns"}
+    want = {("cpu", "some", "avg10", "true"): 1.5, ("cpu", "some", "avg60", "true"): 1.25,
+            ("cpu", "some", "avg300", "true"): 1.0, ("cpu", "full", "avg10", "true"): 0.5,
+            ("cpu", "full", "avg60", "true"): 0.25, ("cpu", "full", "avg300", "true"): 0.125,
+            ("mem", "some", "avg10", "false"): 2.0, ("mem", "some", "avg60", "false"): 3.0,
+            ("mem", "some", "avg300", "false"): 4.0, ("io", "some", "avg10", "false"): 0.0,
+            ("io", "some", "avg60", "false"): 0.75, ("io", "some", "avg300", "false"): 0.5}
+    for name, labels in (("koordlet_pod_psi", pod_labels),
+                         ("koordlet_container_psi", {**pod_labels, "container_id": "cid1", "container_name": "app"})):
+        got = samples(metrics, "/external-metrics", name)
+        assert got == {labelled(**labels, psi_resource_type=r, psi_degree=d, psi_precision=p, cpu_full_supported=f): v
+                       for (r, d, p, f), v in want.items()}, name
+    assert "koordlet_pod_psi" not in scrape(metrics, "/internal-metrics")
+    env.pods.pods = []
+    collector.collect(2.0)
+    assert "psi" not in scrape(metrics, "/external-metrics")
+
+
 # ---- node info ---------------------------------------------------------------------------
 
 def test_node_info_topology(make_env):
@@ -502,6 +542,33 @@ def test_host_application_samples_and_totals(make_env):
     assert got[mc.HOST_APPLICATION_MEMORY_USAGE][0].labels == {mc.HOST_APP_NAME: "nginx"}
     assert got[mc.HOST_APPLICATION_MEMORY_USAGE_WITH_PAGE_CACHE][0].value == 129 * MiB
     assert env.shared.host_apps == Point(pytest.approx(0.1), 128 * MiB, 2.0)
+
+
+def test_host_application_tick_is_served_as_upstreams_usage_gauge_and_an_app_no_longer_named_is_not(make_env):
+    slo = {"spec": {"hostApplications": [{"name": "nginx", "priority": "koord-prod", "qos": "LS"},
+                                         {"name": "agent"}]}}
+    env = make_env(node_slo=slo)
+    metrics = KoordletMetrics("n1")
+    metrics.registry.register(HostAppGauges(env.shared, "n1"))
+    for name in ("nginx", "agent"):
+        write_usage(env.cgroups.root, f"host-latency-sensitive/{name}", 1, cpu_ns=0,
+                    memory_stat=memory_stat_text(1, 64 * MiB, file=MiB))
+    c = HostApplicationCollector(env)
+    c.collect(1.0)
+    assert "koordlet_host_application_resource_usage" not in scrape(metrics, "/metrics")  # no CPU rate yet
+    write_usage(env.cgroups.root, "host-latency-sensitive/nginx", 1, cpu_ns=2 * 10**8,
+                memory_stat=memory_stat_text(1, 128 * MiB, file=MiB))
+    c.collect(2.0)
+    got = samples(metrics, "/internal-metrics", "koordlet_host_application_resource_usage")
+    nginx = {"node": "n1", "host_application_name": "nginx", "priority_class": "koord-prod", "qos": "LS"}
+    agent = {"node": "n1", "host_application_name": "agent", "priority_class": "", "qos": ""}
+    assert got == {labelled(**nginx, resource="cpu"): pytest.approx(0.2),
+                   labelled(**nginx, resource="memory"): 128 * MiB,
+                   labelled(**agent, resource="cpu"): 0, labelled(**agent, resource="memory"): 64 * MiB}
+    env.pods.node_slo = {"spec": {"hostApplications": [{"name": "agent"}]}}
+    c.collect(3.0)
+    got = samples(metrics, "/internal-metrics", "koordlet_host_application_resource_usage")
+    assert set(got) == {labelled(**agent, resource="cpu"), labelled(**agent, resource="memory")}
 
 
 def test_host_application_without_node_slo_still_reports_zero(make_env):

@@ -151,9 +151,11 @@ def test_cpu_quota(text, version, period, want):
 def test_psi():
     text = ("some avg10=1.50 avg60=0.00 avg300=0.00 total=123\n"
             "full avg10=0.25 avg60=0.00 avg300=0.00 total=45\n")
-    assert p.parse_psi(text) == {"some": 1.5, "full": 0.25}
-    assert p.parse_psi("some avg10=2.00 avg60=0 avg300=0 total=1\n") == {"some": 2.0}
-    for bad in ("full avg10=1 total=1\n", "some avg10=nan\n", "some avg10=500\n", "other x=1"):
+    assert p.parse_psi(text) == {"some": (1.5, 0.0, 0.0), "full": (0.25, 0.0, 0.0)}
+    assert p.parse_psi("some avg10=2.00 avg60=1.25 avg300=0.5 total=1\n") == {"some": (2.0, 1.25, 0.5)}
+    for bad in ("full avg10=1 avg60=0 avg300=0 total=1\n", "some avg10=nan avg60=0 avg300=0\n",
+                "some avg10=500 avg60=0 avg300=0\n", "some avg10=1 avg300=0 total=1\n",
+                "some avg10=1 avg60=0 avg300=101 total=1\n", "other x=1"):
         with pytest.raises(ValueError):
             p.parse_psi(bad)
 

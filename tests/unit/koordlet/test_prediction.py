@@ -23,6 +23,7 @@ from koord.koordlet.metriccache import (
     MetricCache,
     Sample,
 )
+from koord.koordlet.metrics import KoordletMetrics
 from koord.koordlet.prediction import PredictionConfig
 from koord.koordlet.prediction.histogram import (
     DecayingHistogram,
@@ -48,6 +49,7 @@ from koord.koordlet.prediction.server import (
 from koord.koordlet.rfc3339 import format_time, parse_time
 from koord.koordlet.statesinformer.nodemetric import build_status, cpu_quantity
 from koord_testing.pods import FakeStatesInformer, container_meta, pod_meta
+from koord_testing.scrape import samples, scrape
 
 GiB, MiB = 2**30, 2**20
 HOUR = 3600.0
@@ -360,6 +362,48 @@ def test_prod_reclaimable_predictor(case, allocatable, want_pod, want_priority):
     # cold pod1's request + pod2's peak; priority: 1.1 x (sys 300m + prod 1000m)
     assert by_pod.peak() == resources(1000 + 550, 1 * GiB + int(1.1 * GiB))
     assert by_priority.peak() == resources(1430, int(1.1 * 1536 * MiB))
+
+
+def predicted(metrics: KoordletMetrics, kind: str) -> dict[tuple[str, str, str], float]:
+    """The gauge's samples by (predictor, resource, unit)."""
+    out = {}
+    for labels, value in samples(metrics, "/internal-metrics", f"koordlet_node_predicted_resource_{kind}").items():
+        d = dict(labels)
+        assert d["node"] == "n1"
+        out[(d["predictor"], d["resource"], d["unit"])] = value
+    return out
+
+
+def gauges(by_predictor: dict[str, dict[str, int]]) -> dict[tuple[str, str, str], float]:
+    return {k: v for name, r in by_predictor.items()
+            for k, v in (((name, "cpu", "core"), r["cpu"] / 1000), ((name, "memory", "byte"), r["memory"]))}
+
+
+def test_each_predictors_result_and_peak_are_upstreams_gauges_as_a_report_predicts_them():
+    metrics = KoordletMetrics("n1")
+    predictor = ProdReclaimablePredictor(SERVER, node(3000, 3 * GiB), CONFIG, NOW, observe=metrics.record_prediction)
+    for p in (POD1, POD2, POD3):
+        predictor.add_pod(p)
+    result, peak = predictor.report()
+    by_pod, by_priority = predictor.predictors
+    assert predicted(metrics, "reclaimable") == gauges({"podReclaimablePredictor": by_pod.result(),
+                                                         "priorityReclaimablePredictor": by_priority.result(),
+                                                         "minPredictor": result})
+    assert predicted(metrics, "peak") == gauges({"podReclaimablePredictor": by_pod.peak(),
+                                                  "priorityReclaimablePredictor": by_priority.peak(),
+                                                  "minPredictor": peak})
+    assert result == {"cpu": 1450, "memory": 2 * GiB - int(1.1 * GiB)}
+    assert "koordlet_node_predicted" not in scrape(metrics, "/external-metrics")
+
+
+def test_a_result_that_cannot_be_predicted_is_not_recorded_its_peak_is():
+    metrics = KoordletMetrics("n1")
+    predictor = ProdReclaimablePredictor(SERVER, None, CONFIG, NOW, observe=metrics.record_prediction)
+    predictor.add_pod(POD2)
+    result, peak = predictor.report()
+    assert result is None and peak is not None
+    assert predicted(metrics, "reclaimable") == {}
+    assert predicted(metrics, "peak")[("minPredictor", "cpu", "core")] == peak["cpu"] / 1000
 
 
 @pytest.mark.parametrize("case, the_node, want", [

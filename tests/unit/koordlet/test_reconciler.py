@@ -12,12 +12,14 @@ from cri_api.v1 import api_pb2 as cri
 
 from koord.hookapi import FailurePolicy, HookPoint, parse_cpuset
 from koord.koordlet.cgrouplayout import CgroupLayout
+from koord.koordlet.metrics import KoordletMetrics
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.scrape import samples
 
 QOS = "koordinator.sh/qosClass"
 
@@ -504,3 +506,46 @@ def test_sandbox_container_gets_the_pods_cpuset(fake_cri, tmp_path, annotations,
     for rel in (f"{LS_POD}/p1", f"{LS_POD}/c1"):
         assert parse_cpuset(read(tmp_path, "cpuset", rel, "cpuset.cpus")) == parse_cpuset(want)
     assert f"{LS_POD}/p1:cpuset_cpus" in report.written
+
+
+def reconciler_calls(metrics) -> dict[tuple[str, str, str], float]:
+    """koordlet_runtime_hook_reconciler_invoked_duration_milliseconds' count by (level, resource_type, status)."""
+    out = {}
+    for labels, value in samples(metrics, "/internal-metrics",
+                                 "koordlet_runtime_hook_reconciler_invoked_duration_milliseconds_count").items():
+        d = dict(labels)
+        assert d["node"] == "n1"
+        out[(d["level"], d["resource_type"], d["status"])] = value
+    return out
+
+
+class SandboxCpusetPlugin(BeQoSPlugin):
+    def reconcile_sandbox(self, ctx):
+        ctx.response.resources.cpuset_cpus = "0"
+
+
+def test_each_invocation_is_timed_per_level_and_resource_type_as_upstreams_histogram(fake_cri, tmp_path):
+    make_fake_v1_cgroup(tmp_path, BE + "/c1")
+    make_fake_v1_cgroup(tmp_path, BE + "/p1")  # the sandbox container's
+    make_fake_v1_cgroup(tmp_path, BE + "/c2")
+    shares = tmp_path / "cpu" / BE / "c2" / "cpu.shares"
+    shares.unlink()
+    shares.mkdir()  # c2's cpu.shares cannot be read: its write fails
+    fake_cri.add_pod("p1", "batch", {QOS: "BE"}, "/" + BE)
+    fake_cri.add_container("c1", "p1", "main", envs={"SHARES": "512"})
+    fake_cri.add_container("c2", "p1", "side", envs={"SHARES": "256"})
+    metrics = KoordletMetrics("n1")
+    hooks, plugin = Hooks(FailurePolicy.IGNORE), SandboxCpusetPlugin()
+    plugin.register(hooks)
+    executor = CgroupExecutor(CgroupLayout(tmp_path, version=1))
+    reconciler = Reconciler(hooks, executor, [plugin], fake_cri.endpoint, interval=3600,
+                            observe=metrics.record_reconciler_call)
+    assert reconciler_calls(metrics) == {}
+    reconciler.reconcile_once()
+    assert reconciler_calls(metrics) == {
+        ("kubeqos", "cpu.bvt_warp_ns", "succeeded"): 1, ("pod", "cpu.bvt_warp_ns", "succeeded"): 1,
+        ("sandbox", "cpuset.cpus", "succeeded"): 1,
+        ("container", "cpu.shares", "succeeded"): 1, ("container", "cpuset.cpus", "succeeded"): 1,
+        ("container", "cpu.shares", "failed"): 1, ("container", "cpuset.cpus", "failed"): 1}
+    reconciler.reconcile_once()
+    assert reconciler_calls(metrics)[("container", "cpu.shares", "succeeded")] == 2

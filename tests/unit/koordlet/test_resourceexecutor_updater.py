@@ -12,10 +12,13 @@ import pytest
 
 from koord.hookapi import parse_cpuset
 from koord.koordlet.cgrouplayout import CgroupLayout
+from koord.koordlet.metrics import KoordletMetrics
 from koord.koordlet.resourceexecutor import executor as executor_module
 from koord.koordlet.resourceexecutor.executor import CgroupError
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor, Update, merge_wider
+from koord.koordlet.resources import Resources
 from koord_testing.cgroupfs import make_fake_v1_cgroup
+from koord_testing.scrape import labelled, samples
 
 BE = "kubepods/besteffort"
 POD = f"{BE}/pod1"
@@ -285,3 +288,48 @@ def test_real_kernel_leveled_cpuset_move() -> None:
     finally:
         (base / child).rmdir()
         (base / parent).rmdir()
+
+
+def update_counts(metrics: KoordletMetrics) -> dict[str, float]:
+    """koordlet_resource_update_duration_milliseconds' count by status (type is always cgroup here)."""
+    got = samples(metrics, "/internal-metrics", "koordlet_resource_update_duration_milliseconds_count")
+    assert all(dict(labels)["type"] == "cgroup" for labels in got)
+    return {dict(labels)["status"]: value for labels, value in got.items()}
+
+
+def test_each_write_the_kernel_is_asked_to_take_is_timed_as_upstreams_histogram(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = KoordletMetrics("n1")
+    make_fake_v1_cgroup(tmp_path, CTR)
+    ex = ResourceExecutor(CgroupLayout(tmp_path, driver="cgroupfs"), observe_write=metrics.record_cgroup_update)
+    assert update_counts(metrics) == {}  # no series before the first write, as upstream's
+    assert ex.update(Update(CTR, "cpu_shares", 512)) is True
+    assert ex.update(Update(CTR, "cpu_shares", 512), cacheable=False) is False  # the file holds it: no write
+    assert ex.apply(POD, Resources(cpu_quota=50000, cpuset_cpus="0")) == ["cpu_quota", "cpuset_cpus"]  # the hooks'
+    assert update_counts(metrics) == {"success": 3}
+    [(labels, total)] = samples(metrics, "/internal-metrics",
+                                "koordlet_resource_update_duration_milliseconds_sum").items()
+    assert labels == labelled(type="cgroup", status="success") and total > 0
+
+    real_write, real_open = os.write, os.open
+
+    def kernel(fd: int, data: bytes) -> int:
+        if data == b"3000":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(executor_module.os, "write", kernel)
+    for _ in range(2):  # the second is in back-off: not written, not timed
+        with pytest.raises(CgroupError, match="EINVAL|Invalid argument"):
+            ex.update(Update(BE, "cpu_quota", 3000))
+    assert update_counts(metrics) == {"success": 3, "failed": 1}
+
+    def gone_before_the_write(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_WRONLY:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(executor_module.os, "open", gone_before_the_write)
+    with pytest.raises(CgroupError, match="missing"):
+        ex.update(Update(CTR, "cpu_shares", 1024))
+    assert update_counts(metrics) == {"success": 3, "failed": 1}  # a cgroup gone is no failure, as upstream

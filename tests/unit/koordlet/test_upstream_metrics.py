@@ -15,13 +15,6 @@ UPSTREAM = json.loads((Path(__file__).parents[2] / "data" / "upstream-koordlet-m
 MISSING = {
     "koordlet_container_cpi": "no CPI collector: cycles and instructions need perf events, not built",
     "koordlet_collect_node_local_storage_info_status": "no node storage info collector",
-    "koordlet_container_psi": "not exported yet: the PSI collector keeps avg10 only, upstream shows avg10/60/300",
-    "koordlet_pod_psi": "not exported yet: the PSI collector keeps avg10 only, upstream shows avg10/60/300",
-    "koordlet_host_application_resource_usage": "not exported yet: host app usage is in the metric cache only",
-    "koordlet_node_predicted_resource_reclaimable": "not exported yet: each predictor's result stays in the report",
-    "koordlet_node_predicted_resource_peak": "not exported yet: each predictor's peak stays in the report",
-    "koordlet_resource_update_duration_milliseconds": "not timed: kept off the executor's per-write hot path",
-    "koordlet_runtime_hook_reconciler_invoked_duration_milliseconds": "not timed yet per level and resource type",
 }
 """Upstream names koordlet does not export, and why (one line each): no data, or data not wired yet."""
 

@@ -145,6 +145,13 @@ class Point:
     timestamp: float
 
 
+PSIRow = tuple["CgroupTarget", tuple[tuple[str, dict[str, tuple[float, float, float]]], ...]]
+"""A pod or container and, per resource (``cpu``, ``mem``, ``io``), its pressure file:
+degree -> (avg10, avg60, avg300)."""
+HostAppRow = tuple[str, str, str, float, float]
+"""(name, priority class, QoS class as NodeSLO spells them, CPU cores, memory bytes)."""
+
+
 @dataclass
 class SharedState:
     """The latest totals, written by node/pod/host-app collectors, read by the system one."""
@@ -154,6 +161,11 @@ class SharedState:
     host_apps: Point | None = None
     outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
     """(what was collected, "succeeded"/"failed") -> times, for upstream's status counters."""
+    psi: tuple[PSIRow, ...] = ()
+    """The PSI collector's last tick, each pod and container it read; replaced whole (one
+    assignment, read without the lock), so a pod that left is gone from the next tick."""
+    host_app_usage: tuple[HostAppRow, ...] = ()
+    """The host-application collector's last tick, each app with a CPU rate; replaced whole."""
 
     def count(self, what: str, ok: bool) -> None:
         key = (what, "succeeded" if ok else "failed")

@@ -313,9 +313,15 @@ def parse_cpu_list(text: str) -> list[int]:
     return parse_cpuset(text)
 
 
-def parse_psi(text: str) -> dict[str, float]:
-    """A pressure file -> {"some": avg10, "full": avg10}; "full" absent when the kernel has none."""
-    out: dict[str, float] = {}
+PSI_WINDOWS = ("avg10", "avg60", "avg300")
+"""The averages of a pressure line, as the kernel writes them (upstream's precisions)."""
+
+
+def parse_psi(text: str) -> dict[str, tuple[float, float, float]]:
+    """A pressure file -> {"some": (avg10, avg60, avg300), "full": (...)}; "full" absent
+    when the kernel has none. A line missing one of the three averages is refused, as
+    upstream's scan of the line refuses it."""
+    out: dict[str, tuple[float, float, float]] = {}
     for line in _lines(text):
         parts = line.split()
         if not parts:
@@ -323,13 +329,16 @@ def parse_psi(text: str) -> dict[str, float]:
         if parts[0] not in ("some", "full"):
             raise ValueError(f"line {line[:60]!r}: want 'some ...' or 'full ...'")
         fields = dict(p.partition("=")[::2] for p in parts[1:])
-        try:
-            avg10 = float(fields["avg10"])
-        except (KeyError, ValueError):
-            raise ValueError(f"line {line[:60]!r}: no numeric avg10") from None
-        if not (math.isfinite(avg10) and 0 <= avg10 <= 100):
-            raise ValueError(f"line {line[:60]!r}: avg10 {avg10} outside [0, 100]")
-        out[parts[0]] = avg10
+        values = []
+        for window in PSI_WINDOWS:
+            try:
+                value = float(fields[window])
+            except (KeyError, ValueError):
+                raise ValueError(f"line {line[:60]!r}: no numeric {window}") from None
+            if not (math.isfinite(value) and 0 <= value <= 100):
+                raise ValueError(f"line {line[:60]!r}: {window} {value} outside [0, 100]")
+            values.append(value)
+        out[parts[0]] = (values[0], values[1], values[2])
     if "some" not in out:
         raise ValueError("no 'some' line")
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from koord.apis.extension import ANNOTATION_RAW_ALLOCATABLE
@@ -36,6 +37,7 @@ Resources = dict[str, int]
 RESOURCES = ("cpu", "memory")
 PROD_RECLAIMABLE_CLASSES = ("koord-prod", "")
 CPU_PERCENTILE, MEMORY_PERCENTILE = 0.95, 0.98
+RECLAIMABLE, PEAK = "reclaimable", "peak"
 
 
 class PredictionError(Exception):
@@ -190,28 +192,42 @@ class PriorityReclaimablePredictor:
         return self._unreclaimable()
 
 
+Observe = Callable[[str, str, Resources], None]
+"""Told each result (``reclaimable``) and ``peak`` as computed: (which, predictor name, resources)."""
+
+
 class ProdReclaimablePredictor:
-    """The minimum of both results, the maximum of both peaks."""
+    """The minimum of both results, the maximum of both peaks (upstream's ``minPredictor``).
+    ``observe`` is told each predictor's result and peak, then the minimum and maximum, as
+    each is computed, as upstream records its ``koordlet_node_predicted_resource_*`` gauges."""
+
+    name = "minPredictor"
 
     def __init__(self, server: Predictions, node: dict | None, config: PredictionConfig,
-                 now: float | None = None) -> None:
+                 now: float | None = None, observe: Observe | None = None) -> None:
         now = time.time() if now is None else now
         self.predictors: tuple[PodReclaimablePredictor, PriorityReclaimablePredictor] = (
             PodReclaimablePredictor(server, node, config, now),
             PriorityReclaimablePredictor(server, node, config))
+        self.observe = observe
 
     def add_pod(self, pod: PodMeta) -> None:
         """As upstream, a pod the first predictor refuses is not shown to the second."""
         for predictor in self.predictors:
             predictor.add_pod(pod)
 
+    def _observed(self, kind: str, name: str, resources: Resources) -> Resources:
+        if self.observe is not None:
+            self.observe(kind, name, resources)
+        return resources
+
     def result(self) -> Resources:
-        pod, priority = (p.result() for p in self.predictors)
-        return _min(pod, priority)
+        pod, priority = (self._observed(RECLAIMABLE, p.name, p.result()) for p in self.predictors)
+        return self._observed(RECLAIMABLE, self.name, _min(pod, priority))
 
     def peak(self) -> Resources:
-        pod, priority = (p.peak() for p in self.predictors)
-        return _max(pod, priority)
+        pod, priority = (self._observed(PEAK, p.name, p.peak()) for p in self.predictors)
+        return self._observed(PEAK, self.name, _max(pod, priority))
 
     def report(self) -> tuple[Resources | None, Resources | None]:
         """(result, peak) for the NodeMetric; None for what cannot be predicted (logged)."""

@@ -421,3 +421,10 @@ def cgroup_dir_exists(executor: CgroupExecutor, cgroup_dir: str, resources: Reso
     if first is not None:
         return executor.file_path(cgroup_dir, first).parent.is_dir()
     return executor.path(cgroup_dir, "cpu_shares").parent.is_dir()
+
+
+def file_names(resources: Resources) -> list[str]:
+    """The files ``apply`` writes of ``resources``, by their cgroup v1 names whatever the
+    version (upstream's names of cgroup resource types), then each unified file."""
+    names = [_FILES[name].v1 for name in _APPLY_ORDER if getattr(resources, name) is not None]
+    return names + sorted(resources.unified)

@@ -20,6 +20,12 @@ Why each piece exists:
 - **Back-off on EINVAL.** A kernel that rejects a value keeps rejecting it; retrying every
   tick costs CPU and floods the log. The same value on the same file is retried only
   after a doubling delay; a different value is tried at once.
+- **Timed writes.** ``observe_write`` is told how long each write the kernel was asked to
+  take lasted, and whether it took it (upstream's ``koordlet_resource_update_duration_milliseconds``).
+  A write of a file or cgroup that is not there is not told, as upstream ignores those
+  errors; nor are the writes skipped because the file holds the value already (the read
+  before is not timed) or because the value is in back-off: upstream's timer also covers
+  its read-before-write, so its count includes updates that found the value in place.
 """
 
 from __future__ import annotations
@@ -113,8 +119,11 @@ class ResourceExecutor(CgroupExecutor):
     def __init__(self, layout: CgroupLayout, *,
                  force_update_seconds: float = FORCE_UPDATE_SECONDS,
                  cache_ttl: float = CACHE_TTL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 observe_write: Callable[[bool, float], None] | None = None) -> None:
         super().__init__(layout)
+        self.observe_write = observe_write
+        """Told (written, seconds) of each write (see the module's docstring)."""
         self.force_update_seconds = force_update_seconds
         self.cache_ttl = cache_ttl
         self._clock = clock
@@ -272,9 +281,13 @@ class ResourceExecutor(CgroupExecutor):
                 raise CgroupError(
                     f"{path}: write {text!r} skipped: the kernel rejected it with EINVAL, "
                     f"retrying in {held.until - now:.0f}s", errno=errno.EINVAL)
+            observe = self.observe_write
+            start = time.perf_counter() if observe is not None else 0.0
             try:
                 CgroupExecutor._write_file(path, text)
             except CgroupError as exc:
+                if observe is not None and exc.missing is None:
+                    observe(False, time.perf_counter() - start)
                 if exc.errno == errno.EINVAL:
                     delay = (min(held.delay * 2, BACKOFF_MAX_SECONDS)
                              if held is not None and held.text == text else BACKOFF_INITIAL_SECONDS)
@@ -282,6 +295,8 @@ class ResourceExecutor(CgroupExecutor):
                     raise CgroupError(f"{exc} (EINVAL: not retried for {delay:.0f}s)",
                                       errno=exc.errno) from None
                 raise
+            if observe is not None:
+                observe(True, time.perf_counter() - start)
             self._backoff.pop(path, None)
             self._write_seq += 1
             self._written.put(path, self._write_seq)

@@ -55,7 +55,8 @@ class RuntimeHooksModule:
             executor=executor, disabled_stages=a.runtime_hooks_disable_stages,
             observe=metrics.record_hook_request)
         self.reconciler = (Reconciler(self.hooks, executor, self.plugins, a.containerd_endpoint,
-                                      a.runtime_hooks_reconcile_interval, current_pods=informer.get_all_pods)
+                                      a.runtime_hooks_reconcile_interval, current_pods=informer.get_all_pods,
+                                      observe=metrics.record_reconciler_call)
                            if a.runtime_hooks_reconcile_interval > 0 else None)
         nri_options = NriOptions.from_args(a)
         self.nri = (NriServer(self.hooks, executor, nri_options, a.runtime_hooks_disable_stages,

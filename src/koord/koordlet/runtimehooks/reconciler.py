@@ -74,8 +74,11 @@ from .protocol import CgroupUpdate, ContainerContext, HookContext, PodContext
 from .reconcilerpods import (
     Answer,
     ListedPod,
+    Observe,
     ReconcileReport,
+    Timing,
     container_sizes,
+    error_message,
     reconcile_plugins,
     running_pods,
     same_metadata,
@@ -110,8 +113,9 @@ class Reconciler:
     def __init__(self, hooks: Hooks, executor: CgroupExecutor, plugins: Iterable[RuntimePlugin],
                  cri_endpoint: str, interval: float,
                  current_pods: Callable[[], Iterable[PodMeta]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, observe: Observe | None = None) -> None:
         self.hooks = hooks
+        self.observe = observe
         self.executor = executor
         self.plugins = list(plugins)
         self.cri_endpoint = cri_endpoint.removeprefix("unix://")
@@ -255,6 +259,7 @@ class Reconciler:
 
     def _reconcile_kube_qos(self, report: ReconcileReport) -> None:
         for qos in KubeQoS:
+            timing = Timing.start("kubeqos", report)
             merged = Resources()
             for plugin in self.plugins:
                 values = plugin.kube_qos_resources(qos)
@@ -264,7 +269,8 @@ class Reconciler:
                 continue
             cgroup_dir = self.executor.kube_qos_dir(qos)
             if cgroup_dir_exists(self.executor, cgroup_dir, merged):
-                self._apply(CgroupUpdate(cgroup_dir, merged), f"kube-QoS {qos}", report)
+                update = CgroupUpdate(cgroup_dir, merged)
+                timing.done(self.observe, update, self._apply(update, f"kube-QoS {qos}", report), report)
             else:
                 log.debug("reconciler: kube-QoS %s: no cgroup %s", qos, cgroup_dir)
 
@@ -339,14 +345,14 @@ class Reconciler:
                 record, uid = cri_pods[sandbox.id] = self._cri_pods.get(sandbox.id) or self._pod_record(sandbox.id)
                 request = self._pod_request(sandbox.id, record, current.get(uid), pod_requests)
                 pods[sandbox.id] = ListedPod(who, request)
-                inputs = (request, *rules)
+                timing, inputs = Timing.start("pod", report), (request, *rules)
                 reused = self._reused(sandbox.id, inputs, last_answers)
                 answer = reused or self._hooks_answer(
                     sandbox.id, inputs, HookPoint.PRE_RUN_POD_SANDBOX,
                     PodContext.from_proto(PodHookRequest.FromString(request)), report)
                 if answer is not None:
                     report.pods += 1
-                    self._apply_answer(sandbox.id, answer, reused is not None, who, report)
+                    self._apply_answer(sandbox.id, answer, reused is not None, who, report, timing)
                 self._reconcile_sandbox(sandbox.id, request, rules, last_answers, who, report)
             except Exception as exc:  # one broken pod must not stop the round
                 self._error(report, who, exc)
@@ -357,14 +363,14 @@ class Reconciler:
     def _reconcile_sandbox(self, sandbox_id: str, request: bytes, rules: tuple[object, ...],
                            last_answers: dict[str, Answer], who: str, report: ReconcileReport) -> None:
         """The sandbox container's cgroup: what the plugins' ``reconcile_sandbox`` decide."""
-        key, inputs = f"sandbox/{sandbox_id}", (request, *rules)
+        key, inputs, timing = f"sandbox/{sandbox_id}", (request, *rules), Timing.start("sandbox", report)
         answer = reused = self._reused(key, inputs, last_answers)
         if answer is None:
             ctx = sandbox_context(request, sandbox_id)
             for plugin in self.plugins:
                 plugin.reconcile_sandbox(ctx)
             answer = self._answers[key] = Answer(inputs, ctx.cgroup_update(self.executor, through_proxy=False))
-        self._apply_answer(key, answer, reused is not None, f"{who} sandbox container", report)
+        self._apply_answer(key, answer, reused is not None, f"{who} sandbox container", report, timing)
 
     def _container_record(self, container_id: str, size: object) -> bytes:
         """The container's record: cached, or from its verbose status when first seen, when
@@ -409,7 +415,7 @@ class Reconciler:
             who = f"{pod.who} container {container.metadata.name}"
             try:
                 record = self._container_record(container.id, sizes.get(container.id))
-                inputs = (pod.request, record, *rules)
+                timing, inputs = Timing.start("container", report), (pod.request, record, *rules)
                 reused = self._reused(container.id, inputs, last_answers)
                 answer = reused or self._hooks_answer(
                     container.id, inputs, HookPoint.PRE_CREATE_CONTAINER,
@@ -417,7 +423,7 @@ class Reconciler:
                         PodHookRequest.FromString(pod.request), ContainerHookRequest.FromString(record))), report)
                 if answer is not None:
                     report.containers += 1
-                    self._apply_answer(container.id, answer, reused is not None, who, report)
+                    self._apply_answer(container.id, answer, reused is not None, who, report, timing)
                     if container.state == cri.CONTAINER_CREATED:
                         self._not_started(container, report)
             except Exception as exc:  # one broken container must not stop the round
@@ -456,13 +462,14 @@ class Reconciler:
                              for plugin, exc in errors)
         return True
 
-    def _apply_answer(self, key: str, answer: Answer, reused: bool, who: str, report: ReconcileReport) -> None:
+    def _apply_answer(self, key: str, answer: Answer, reused: bool, who: str, report: ReconcileReport,
+                      timing: Timing) -> None:
         """Writes the answer, except a reused one between refresh rounds: it was written
         when made, and the refresh round puts back what someone else changed. An answer
         whose write failed is not reused: the next round makes and writes it again."""
         if reused and not self._refreshing:
             return
-        if not self._apply(answer.update, who, report):
+        if not timing.done(self.observe, answer.update, self._apply(answer.update, who, report), report):
             self._answers.pop(key, None)
 
     def _apply(self, update: CgroupUpdate | None, who: str, report: ReconcileReport) -> bool:
@@ -484,12 +491,7 @@ class Reconciler:
         """A pod or container that went between the list and this call (the runtime no
         longer knows it, or its cgroup is gone from a tree that is there) is no error: it is
         said at debug level and the next round does not list it."""
-        if isinstance(exc, grpc.RpcError):
-            code = exc.code()
-            message = f"CRI: {code.name}: {exc.details()}"
-            gone = code == grpc.StatusCode.NOT_FOUND
-        else:
-            message, gone = str(exc), isinstance(exc, CgroupError) and self.executor.gone(exc)
+        message, gone = error_message(exc, self.executor)
         if gone:
             log.debug("reconciler: %s: gone since the list: %s", who, message)
             return

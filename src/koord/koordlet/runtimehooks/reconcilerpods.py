@@ -10,14 +10,17 @@ its pause process on others.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import grpc
 from cri_api.v1 import api_pb2 as cri
 
 from koord.hookapi import PodHookRequest
 
+from ..resourceexecutor.executor import CgroupError, CgroupExecutor, file_names
 from ..statesinformer.meta import PodMeta
 from .hooks import RunningPod, RuntimePlugin
 from .protocol import CgroupUpdate, ContainerContext, ContainerRequest, PodRequest
@@ -30,6 +33,35 @@ class Answer:
 
     inputs: tuple[object, ...]
     update: CgroupUpdate | None
+
+
+Observe = Callable[[str, list[str], bool, float], None]
+"""Told each timed invocation: (level, the resource types it set, succeeded, seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One invocation at ``level`` (a pod's, sandbox's, container's or kube-QoS dir's hooks
+    and write): when it began, and the round's errors then, as a plugin's error since fails
+    it as upstream's reconcile function's error fails its."""
+
+    level: str
+    began: float
+    errors: int
+
+    @classmethod
+    def start(cls, level: str, report: ReconcileReport) -> Timing:
+        return cls(level, time.perf_counter(), len(report.errors))
+
+    def done(self, observe: Observe | None, update: CgroupUpdate | None, written: bool,
+             report: ReconcileReport) -> bool:
+        """Tells ``observe`` the invocation that made ``update`` (nothing when it set
+        nothing), failed when its write failed or an error was reported since it began;
+        ``written`` (whether the write succeeded), for the caller to test."""
+        if observe is not None and update is not None:
+            observe(self.level, file_names(update.resources), written and len(report.errors) == self.errors,
+                    time.perf_counter() - self.began)
+        return written
 
 
 @dataclass
@@ -122,3 +154,13 @@ def reconcile_plugins(plugins: Iterable[RuntimePlugin], running: list[RunningPod
         except Exception as exc:  # a plugin's bug must not end the round
             problems.append(f"plugin {plugin.name}: {exc!r}")
     return problems
+
+
+def error_message(exc: Exception, executor: CgroupExecutor) -> tuple[str, bool]:
+    """What to say of an error of a pod or container, and whether it went between the list
+    and the call that failed (the runtime no longer knows it, or its cgroup is gone from a
+    tree that is there)."""
+    if isinstance(exc, grpc.RpcError):
+        code = exc.code()
+        return f"CRI: {code.name}: {exc.details()}", code == grpc.StatusCode.NOT_FOUND
+    return str(exc), isinstance(exc, CgroupError) and executor.gone(exc)

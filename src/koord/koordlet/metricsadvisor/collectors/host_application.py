@@ -2,7 +2,8 @@
 cgroups, as for pods. The dir is ``cgroupPath`` (base + parentDir + relativePath) when given,
 else ``host-latency-sensitive/<name>`` for LS classes and ``host-best-effort/<name>`` for BE.
 Their totals (zero without applications, or without NodeSLO) go to the shared state, so the
-system collector never waits on them.
+system collector never waits on them, and so does each app's usage once it has a CPU rate, for
+upstream's ``koordlet_host_application_resource_usage`` gauge (``metricsadvisor.gauges``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from ...metriccache import Samples
 from ...metriccache import kinds as k
-from ..framework import Collector, Env, Point, Rates
+from ..framework import Collector, Env, HostAppRow, Point, Rates
 from ..parsers import FileProblem, cgroup_cpu_ns, parse_memory_stat
 
 _BASES = {"CgroupRoot": None, "Kubepods": "guaranteed", "KubepodsBurstable": "burstable",
@@ -68,6 +69,7 @@ class HostApplicationCollector(Collector):
     def collect(self, now: float) -> Samples:
         out = Samples(now)
         total_cpu = total_mem = 0.0
+        usage: list[HostAppRow] = []
         version = self.env.cgroups.version
         for app in self.apps():
             try:
@@ -93,6 +95,8 @@ class HostApplicationCollector(Collector):
             if rate is not None:
                 out.add(k.HOST_APPLICATION_CPU_USAGE, labels, rate / 1e9)
                 total_cpu += rate / 1e9
+                usage.append((name, str(app.get("priority") or ""), str(app.get("qos") or ""), rate / 1e9, memory))
         self.rates.prune(now)
         self.env.shared.set_host_apps(Point(total_cpu, total_mem, now))
+        self.env.shared.host_app_usage = tuple(usage)
         return out
