@@ -8,7 +8,9 @@
 # is tied to that release's python3 minor version and to the architecture of its wheels.
 # Runs as any user; needs python3-venv, dpkg-deb (Debian package dpkg) and pip's package index.
 # The dependencies are the exact versions and hashes of requirements.lock and the byte-code
-# carries no timestamp, so two builds of the same sources ship the same files.
+# carries no timestamp, so two builds of the same sources ship the same files; every file and
+# archive member carries the time of the sources (SOURCE_DATE_EPOCH, by default the last
+# commit's), so two builds of the same sources and version are the same bytes.
 # KOORD_PACKAGE_VERSION=V builds version V instead of pyproject's (a changelog entry says so):
 # a second build to test an upgrade with.
 set -euo pipefail
@@ -34,6 +36,8 @@ NAME=koord-runtime
 VERSION=${KOORD_PACKAGE_VERSION:-$("$PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')}
 dpkg --validate-version "$VERSION" || { echo "package.sh: $VERSION is not a Debian version" >&2; exit 1; }
 ARCH=$(dpkg --print-architecture)
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || stat -c %Y pyproject.toml)}
+export SOURCE_DATE_EPOCH
 PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 PYNEXT=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1] + 1}")')
 
@@ -111,7 +115,7 @@ CHANGELOG=$STAGE/changelog
 if [ "$(sed -n '1s/^[^(]*(\([^)]*\)).*/\1/p' deploy/debian/changelog)" != "$VERSION" ]; then
   printf '%s\n\n%s\n\n%s\n\n' "$NAME ($VERSION) UNRELEASED; urgency=medium" \
     "  * Built with KOORD_PACKAGE_VERSION=$VERSION from the sources of $(sed -n '1s/^[^(]*(\([^)]*\)).*/\1/p' deploy/debian/changelog)." \
-    " -- ${DEBFULLNAME:-koord-runtime builder} <${DEBEMAIL:-root@localhost}>  $(date -R)" > "$CHANGELOG"
+    " -- ${DEBFULLNAME:-koord-runtime builder} <${DEBEMAIL:-root@localhost}>  $(date -R -d "@$SOURCE_DATE_EPOCH")" > "$CHANGELOG"
 fi
 cat deploy/debian/changelog >> "$CHANGELOG"
 gzip -9n < "$CHANGELOG" > "$ROOT/usr/share/doc/$NAME/changelog.gz"
@@ -146,6 +150,8 @@ install -m 0755 deploy/debian/postinst deploy/debian/prerm deploy/debian/postrm 
 (cd "$ROOT" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z \
   | grep -zvxF -f <(sed 's#^/##' DEBIAN/conffiles) | xargs -0 md5sum) > "$ROOT/DEBIAN/md5sums"
 chmod 0644 "$ROOT/DEBIAN/md5sums"
+
+find "$ROOT" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 
 mkdir -p "$OUTDIR"
 DEB=$OUTDIR/${NAME}_${VERSION}_${ARCH}.deb

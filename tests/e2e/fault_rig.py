@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
@@ -138,6 +138,21 @@ class FaultNode:
         return self.koordlet.logs(tail=300) if self.koordlet else ""
 
 
+class RigNode(Protocol):
+    koordlet: KoordletProcess | None
+    server: KubeletPodsServer
+
+    def logs(self) -> str: ...
+
+
+def shut_down(node: RigNode) -> None:
+    """koordlet stopped (its log printed for a failing test) and the kubelet stand-in closed."""
+    if node.koordlet is not None:
+        rc = node.koordlet.stop()
+        print(f"--- koordlet log (exit {rc}) ---\n{node.logs()}")
+    node.server.close()
+
+
 def dump(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=200)
 
@@ -151,10 +166,7 @@ def fault_node(containerd: Containerd, kubelet: KubeletClient, tmp_path: Path) -
     try:
         yield node
     finally:
-        if node.koordlet is not None:
-            rc = node.koordlet.stop()
-            print(f"--- koordlet log (exit {rc}) ---\n{node.logs()}")
-        server.close()
+        shut_down(node)
         errors = kubelet.cleanup()
         stayed = remove_tree(kube.split("/")[0])
         assert not errors and not stayed, (errors, stayed)

@@ -22,7 +22,7 @@ from koord_testing.cgroupfs import make_fake_v1_cgroup, memory_stat_text, write_
 from koord_testing.koordlet import KoordletProcess
 from koord_testing.kubeletpods import KubeletPodsServer
 
-from .fault_rig import REPORT_SECONDS, MiB, node_files, pod_memory
+from .fault_rig import REPORT_SECONDS, MiB, node_files, pod_memory, shut_down
 
 V1_SUBSYSTEMS = ("cpu", "cpuacct", "cpuset", "memory")
 
@@ -114,10 +114,7 @@ def plain_tree_node(tmp_path: Path) -> Iterator[PlainTreeNode]:
     try:
         yield node
     finally:
-        if node.koordlet is not None:
-            rc = node.koordlet.stop()
-            print(f"--- koordlet log (exit {rc}) ---\n{node.logs()}")
-        server.close()
+        shut_down(node)
 
 
 __all__ = ["REPORT_SECONDS", "MiB", "PlainPod", "PlainTreeNode", "plain_tree_node"]

@@ -15,9 +15,11 @@ Two roots, because maintainer scripts behave two ways:
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import re
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -242,3 +244,30 @@ def test_two_builds_ship_the_same_files_but_the_changelog(debs: dict[str, Path])
     old, new = sums(debs[OLD]), sums(debs[NEW])
     assert old.keys() == new.keys()
     assert [path for path in old if old[path] != new[path]] == ["usr/share/doc/koord-runtime/changelog.gz"]
+
+
+def member_times(deb: Path) -> set[int]:
+    """The modification time of every ar member of ``deb`` and of every file in its control
+    and data archives."""
+    data = deb.read_bytes()
+    assert data[:8] == b"!<arch>\n"
+    times, offset = set(), 8
+    while offset < len(data):
+        header = data[offset:offset + 60]
+        times.add(int(header[16:28]))
+        offset += 60 + int(header[48:58])
+        offset += offset % 2  # members are 2-byte aligned
+    for what in ("--ctrl-tarfile", "--fsys-tarfile"):
+        archive = subprocess.run(["dpkg-deb", what, str(deb)], capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            times |= {member.mtime for member in tar}
+    return times
+
+
+def test_every_member_of_both_builds_carries_the_last_commits_time(debs: dict[str, Path]) -> None:
+    """Not the moment of the build: two builds of the same sources and version are the same
+    bytes (SOURCE_DATE_EPOCH, the last commit's time by default)."""
+    commit = int(subprocess.run(["git", "-C", str(CHECKOUT), "log", "-1", "--format=%ct"], capture_output=True,
+                                text=True, check=True).stdout)
+    for deb in debs.values():
+        assert member_times(deb) == {commit}, deb.name
