@@ -267,8 +267,10 @@ def test_cpuset_suppress_writes_the_be_cpusets_parent_first_and_cfs_quota_leaves
         failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert not failed, f"a write failed on the way (a child widened before its parent?): {failed}"
         assert node.quota() == -1, "the cpuset policy resets the besteffort quota"
-        gauge = node.registry.get_sample_value("koordlet_be_suppress_cpu_cores", {"node": "", "type": "cpuset"})
-        assert gauge == cpus
+        # the gauge is set once the round's writes are done, just after the files show them
+        wait_for(lambda: node.registry.get_sample_value(
+            "koordlet_be_suppress_cpu_cores", {"node": "", "type": "cpuset"}) == cpus,
+            f"the suppress gauge at {cpus} cpuset cores", 5)
         allowed = {int(cpu) for pid in levels[2].procs()
                    for cpu in parse_cpuset(_status_field(pid, "Cpus_allowed_list"))}
         assert allowed == {0, 1}, "the burner's threads may run on both cpus"
