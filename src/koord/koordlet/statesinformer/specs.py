@@ -61,10 +61,8 @@ def merge_over(default: Any, received: Any) -> Any:
     return copy.deepcopy(received)
 
 
-def merged_node_slo(node_slo: dict | None) -> dict | None:
+def merged_node_slo(node_slo: dict) -> dict:
     """The NodeSLO object with its spec merged per section over the defaults."""
-    if node_slo is None:
-        return None
     merged = copy.deepcopy(node_slo)
     spec = node_slo.get("spec")
     merged["spec"] = merge_over(DEFAULT_NODE_SLO_SPEC, spec if isinstance(spec, dict) else {})
