@@ -13,13 +13,17 @@ from typing import Any
 
 from koord.hookapi import parse_duration
 
+from ..slo import ThresholdConfig
+
+_THRESHOLD = ThresholdConfig()
 _BE_THRESHOLD = {
-    "enable": False,
-    "cpuSuppressThresholdPercent": 65,
-    "cpuSuppressPolicy": "cpuset",
-    "memoryEvictThresholdPercent": 70,
-    "cpuEvictPolicy": "evictByRealLimit",
+    "enable": _THRESHOLD.enable,
+    "cpuSuppressThresholdPercent": _THRESHOLD.cpu_suppress_threshold_percent,
+    "cpuSuppressPolicy": _THRESHOLD.cpu_suppress_policy,
+    "memoryEvictThresholdPercent": _THRESHOLD.memory_evict_threshold_percent,
+    "cpuEvictPolicy": _THRESHOLD.cpu_evict_policy,
 }
+"""Upstream's default ``resourceUsedThresholdWithBE``: its values are ``ThresholdConfig``'s."""
 
 
 def _class_qos(group_identity: int, core_expeller: bool, cat_end: int) -> dict[str, Any]:
