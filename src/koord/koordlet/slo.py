@@ -1,7 +1,7 @@
 """The NodeSLO as every koordlet module reads it: ``NodeSLO``, frozen typed sections the
 states informer parses once per accepted version (``parse_node_slo``), so the QoS
-strategies, the runtime hooks' rules and the collectors never re-merge or re-check the raw
-object, and all of them read one version the same way.
+strategies and the collectors, which tick every second, never re-merge or re-check the
+object, and every module reads one version the same way.
 
 Typed here: ``spec.resourceUsedThresholdWithBE`` (``ThresholdConfig``) and
 ``spec.hostApplications`` (``HostApp``). Each parser refuses a value no reader can use (a
@@ -94,11 +94,9 @@ def _int(value: Any, where: str, lo: int, hi: int) -> int:
     return value
 
 
-def threshold_config(node_slo: dict | None) -> ThresholdConfig | None:
-    """The merged NodeSLO object (or None: no NodeSLO yet) -> its checked thresholds."""
-    if node_slo is None:
-        return None
-    spec = node_slo.get("spec") if isinstance(node_slo, dict) else None
+def threshold_config(node_slo: dict) -> ThresholdConfig:
+    """The merged NodeSLO object -> its checked thresholds."""
+    spec = node_slo.get("spec")
     if not isinstance(spec, dict):
         raise SLOError(f"NodeSLO spec: want an object, got {type(spec).__name__}")
     raw = spec.get("resourceUsedThresholdWithBE")
@@ -246,7 +244,4 @@ class NodeSLO:
 def parse_node_slo(merged: dict) -> NodeSLO:
     """The typed sections of ``merged`` (the NodeSLO with its spec merged over the
     defaults); SLOError naming the field when one is unusable."""
-    config = threshold_config(merged)
-    if config is None:
-        raise SLOError("NodeSLO: want an object")
-    return NodeSLO(merged, config, parse_host_apps(merged["spec"]))
+    return NodeSLO(merged, threshold_config(merged), parse_host_apps(merged["spec"]))

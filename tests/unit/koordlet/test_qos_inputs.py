@@ -32,7 +32,6 @@ def test_defaults() -> None:
     assert cfg == ThresholdConfig(enable=False, cpu_suppress_threshold_percent=65,
                                   memory_evict_threshold_percent=70)
     assert cfg.memory_lower_percent == 68 and cfg.cpu_lower_percent is None
-    assert threshold_config(None) is None
 
 
 def test_parsed() -> None:
