@@ -60,7 +60,7 @@ def main() -> None:
         walls, cpus = [], []
         for _ in range(a.rounds):
             wall0, cpu0 = time.perf_counter(), time.process_time()
-            status = status_of(collect(cache, pods, policy, None, now))
+            status = status_of(collect(cache, pods, policy, now=now))
             writer.write({}, status)
             walls.append(time.perf_counter() - wall0)
             cpus.append(time.process_time() - cpu0)

@@ -1,7 +1,8 @@
 """A fake states informer for unit tests and benchmarks of koordlet modules that read pods.
 
 It has the states informer's query side (``get_all_pods``, ``get_node``, ``get_node_slo``,
-``has_synced``, ``register_callback``) over lists the test sets directly.
+``has_synced``, ``register_callback``) over lists the test sets directly; ``node_slo`` is
+the NodeSLO object as received, parsed as the states informer parses a version it takes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from koord.koordlet.slo import NodeSLO, parse_node_slo
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
+from koord.koordlet.statesinformer.specs import merged_node_slo
 
 
 def container_meta(name: str, id: str, cgroup_dir: str, *, running: bool = True,
@@ -53,8 +56,8 @@ class FakeStatesInformer:
         """As the informer's: a new list of the same (immutable) pods."""
         return list(self.pods)
 
-    def get_node_slo(self) -> Any:
-        return self.node_slo
+    def get_node_slo(self) -> NodeSLO | None:
+        return None if self.node_slo is None else parse_node_slo(merged_node_slo(self.node_slo))
 
     def get_node(self) -> dict | None:
         return self.node

@@ -15,7 +15,12 @@ from koord.apis import extension
 SRC = Path(__file__).resolve().parents[2] / "src" / "koord"
 HOME = SRC / "apis" / "extension.py"
 KEY = re.compile(r"(?:[a-z.]*koordinator\.sh/[\w.-]+|kubernetes\.io/(?:batch|mid)-\w+)")
-PARSED = {"ANNOTATION_RESOURCE_STATUS": "resource_status"}
+PARSED = {
+    "ANNOTATION_RESOURCE_STATUS": "resource_status",
+    "ANNOTATION_NODE_RESERVATION": "node_reservation",
+    "ANNOTATION_SYSTEM_QOS_RESOURCE": "system_qos_resource",
+    "ANNOTATION_KUBELET_CPU_MANAGER_POLICY": "kubelet_cpu_manager_policy",
+}
 """Annotations extension parses -> its parser; nobody else reads their JSON."""
 
 

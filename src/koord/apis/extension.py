@@ -1,6 +1,7 @@
 """Koordinator's API as the node sees it: every label, annotation and extended-resource name
 koordlet and the proxy read or write, each defined once here, and the parsers of the
-annotations more than one module reads.
+annotations more than one module reads (a pod's resource status; a Node's reservation,
+system-QoS resource and kubelet CPU manager policy).
 
 The scheduler, koord-manager and the node agents talk through these keys; a key spelt twice
 drifts. One error policy for the parsers: a malformed value raises ``AnnotationError``
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 
 from koord.hookapi import cpuset_value, json_annotation, parse_quantity
 
@@ -117,3 +119,98 @@ def _grants_cpu(resources: dict, where: str) -> bool:
     except ValueError as exc:
         raise AnnotationError(f"{where}.resources: {exc}") from None
     return cpu != 0 or batch > 0
+
+
+def _node_object(annotations: Mapping[str, str], key: str, owner: str) -> tuple[dict, str]:
+    """The annotation's JSON object (``{}`` when absent or null) and the prefix its errors name."""
+    value = json_annotation(annotations, key, error=AnnotationError, owner=owner)
+    return ({} if value is None else value), f"{owner} annotation {key}"
+
+
+def _text(value: object, where: str) -> str:
+    """A string field as Go unmarshals it: absent or null is ``""``, anything else not a string an error."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise AnnotationError(f"{where}={value!r:.40}: want a string")
+    return value
+
+
+@dataclass(frozen=True)
+class NodeReservation:
+    """``node.koordinator.sh/reservation``: what the Node keeps from pods. ``reserved_cpus``
+    is kept as written: readers differ on a list that does not parse (upstream's topology
+    report drops it, CPU suppress refuses it)."""
+
+    resources: Mapping[str, str | int]
+    """As written (every value a valid quantity), for the topology report to echo."""
+    cpu: Fraction | None
+    """``resources.cpu``, None when absent."""
+    reserved_cpus: str
+    apply_policy: str
+
+
+def node_reservation(annotations: Mapping[str, str], owner: str = "node") -> NodeReservation:
+    """The Node's reservation (empty when absent); AnnotationError naming the field."""
+    raw, where = _node_object(annotations, ANNOTATION_NODE_RESERVATION, owner)
+    resources = raw.get("resources")
+    resources = {} if resources is None else resources
+    if not isinstance(resources, dict):
+        raise AnnotationError(f"{where}: resources={resources!r:.60} is not an object")
+    quantities: dict[str, Fraction] = {}
+    for name, value in resources.items():
+        try:
+            quantities[name] = parse_quantity(value)
+        except ValueError as exc:
+            raise AnnotationError(f"{where}: resources.{name}: {exc}") from None
+    return NodeReservation(dict(resources), quantities.get("cpu"),
+                           _text(raw.get("reservedCPUs"), f"{where}: reservedCPUs"),
+                           _text(raw.get("applyPolicy"), f"{where}: applyPolicy"))
+
+
+@dataclass(frozen=True)
+class SystemQOSResource:
+    """``node.koordinator.sh/system-qos-resource``: the cpus of QoS=SYSTEM pods. ``cpuset``
+    is kept as written (the topology report echoes it; the cpuset rule and CPU suppress
+    parse it and refuse a bad one)."""
+
+    cpuset: str
+    exclusive: bool | None
+    """``cpusetExclusive``; None when absent, which upstream reads as true."""
+
+    @property
+    def is_exclusive(self) -> bool:
+        return self.exclusive is None or self.exclusive
+
+
+def system_qos_resource(annotations: Mapping[str, str], owner: str = "node") -> SystemQOSResource | None:
+    """The Node's system-QoS resource, None when absent; AnnotationError naming the field."""
+    raw = json_annotation(annotations, ANNOTATION_SYSTEM_QOS_RESOURCE, error=AnnotationError, owner=owner)
+    if raw is None:
+        return None
+    where = f"{owner} annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}"
+    exclusive = raw.get("cpusetExclusive")
+    if exclusive is not None and not isinstance(exclusive, bool):
+        raise AnnotationError(f"{where}: cpusetExclusive={exclusive!r:.40} is not a boolean")
+    return SystemQOSResource(_text(raw.get("cpuset"), f"{where}: cpuset"), exclusive)
+
+
+@dataclass(frozen=True)
+class KubeletCPUManagerPolicy:
+    """``kubelet.koordinator.sh/cpu-manager-policy``: the kubelet's CPU manager as the
+    topology report announced it (policy ``""`` when absent)."""
+
+    policy: str
+    options: Mapping[str, str]
+    reserved_cpus: str
+
+
+def kubelet_cpu_manager_policy(annotations: Mapping[str, str], owner: str = "node") -> KubeletCPUManagerPolicy:
+    """The Node's kubelet CPU manager policy; AnnotationError naming the field."""
+    raw, where = _node_object(annotations, ANNOTATION_KUBELET_CPU_MANAGER_POLICY, owner)
+    options = raw.get("options")
+    options = {} if options is None else options
+    if not isinstance(options, dict) or not all(isinstance(v, str) for v in options.values()):
+        raise AnnotationError(f"{where}: options={options!r:.60}: want an object of strings")
+    return KubeletCPUManagerPolicy(_text(raw.get("policy"), f"{where}: policy"), dict(options),
+                                   _text(raw.get("reservedCPUs"), f"{where}: reservedCPUs"))

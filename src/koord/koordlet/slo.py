@@ -1,17 +1,22 @@
-"""NodeSLO ``spec.resourceUsedThresholdWithBE``, checked once into a frozen value: read by the
-QoS manager's strategies and by the runtime hooks' BatchResource rule, so both read one
-NodeSLO the same way.
+"""The NodeSLO as every koordlet module reads it: ``NodeSLO``, frozen typed sections the
+states informer parses once per accepted version (``parse_node_slo``), so the QoS
+strategies and the collectors, which tick every second, never re-merge or re-check the
+object, and every module reads one version the same way.
 
-The states informer already merged the spec over upstream's defaults; this module refuses
-values no strategy can use (a percent outside its range, a lower bound above its
-threshold, an unknown policy) with an error naming the field, so a bad NodeSLO makes the
-strategies skip their tick instead of writing a cgroup from nonsense.
+Typed here: ``spec.resourceUsedThresholdWithBE`` (``ThresholdConfig``) and
+``spec.hostApplications`` (``HostApp``). Each parser refuses a value no reader can use (a
+percent outside its range, a lower bound above its threshold, an unknown policy, a cgroup
+path leaving the tree) with an SLOError naming the field, so the states informer refuses
+the whole version and every reader keeps the last good one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .resources import KubeQoS
 
 CPUSET_POLICY = "cpuset"
 CFS_QUOTA_POLICY = "cfsQuota"
@@ -89,11 +94,9 @@ def _int(value: Any, where: str, lo: int, hi: int) -> int:
     return value
 
 
-def threshold_config(node_slo: dict | None) -> ThresholdConfig | None:
-    """The merged NodeSLO object (or None: no NodeSLO yet) -> its checked thresholds."""
-    if node_slo is None:
-        return None
-    spec = node_slo.get("spec") if isinstance(node_slo, dict) else None
+def threshold_config(node_slo: dict) -> ThresholdConfig:
+    """The merged NodeSLO object -> its checked thresholds."""
+    spec = node_slo.get("spec")
     if not isinstance(spec, dict):
         raise SLOError(f"NodeSLO spec: want an object, got {type(spec).__name__}")
     raw = spec.get("resourceUsedThresholdWithBE")
@@ -144,3 +147,101 @@ def threshold_config(node_slo: dict | None) -> ThresholdConfig | None:
         raise SLOError(f"{FIELD}.cpuEvictLowerPercent={lower} is above "
                        f"cpuEvictThresholdPercent={config.cpu_evict_threshold_percent}")
     return config
+
+
+MAX_HOST_APPS = 256
+_HOST_APP_BASES: dict[str, KubeQoS | None] = {
+    "CgroupRoot": None, "Kubepods": KubeQoS.GUARANTEED,
+    "KubepodsBurstable": KubeQoS.BURSTABLE, "KubepodsBesteffort": KubeQoS.BESTEFFORT}
+_LS_CLASSES = ("LSE", "LSR", "LS")
+
+
+@dataclass(frozen=True)
+class HostApp:
+    """One ``spec.hostApplications`` entry: a process outside Kubernetes in a cgroup of its own.
+
+    Its dir follows upstream's GetHostAppCgroupRelativePath: ``cgroupPath`` (its ``base`` —
+    the cgroup root, or kubelet's guaranteed, burstable or besteffort dir — then
+    ``parentDir`` and ``relativePath``) when given, else ``host-latency-sensitive/<name>``
+    for LSE/LSR/LS, ``host-best-effort/<name>`` for BE, ``<name>`` at the root otherwise.
+    """
+
+    name: str
+    qos: str
+    base: KubeQoS | None
+    """kubelet's dir of this kube QoS class holds ``rel``; None: the cgroup root does."""
+    rel: str
+    priority: str = ""
+
+    @property
+    def is_be(self) -> bool:
+        """BE for CPU suppression only when it is BE *and* lives under the besteffort dir
+        (upstream counts any other host application as latency-sensitive usage)."""
+        return self.qos == "BE" and self.base is KubeQoS.BESTEFFORT
+
+
+def parse_host_apps(spec: Mapping[str, Any]) -> tuple[HostApp, ...]:
+    """``spec.hostApplications`` of a NodeSLO spec; SLOError naming the entry and field."""
+    apps = spec.get("hostApplications")
+    if apps is None:
+        return ()
+    where = "NodeSLO spec.hostApplications"
+    if not isinstance(apps, list) or len(apps) > MAX_HOST_APPS:
+        raise SLOError(f"{where}: want a list of at most {MAX_HOST_APPS} objects")
+    return tuple(_host_app(app, f"{where}[{i}]") for i, app in enumerate(apps))
+
+
+def _segment(value: Any, where: str, *, many: bool) -> str:
+    """A path inside the cgroup tree: no ``..``, no NUL; one name unless ``many``."""
+    if not isinstance(value, str) or len(value) > 1024 or "\x00" in value:
+        raise SLOError(f"{where}={value!r:.60}: want a cgroup path")
+    parts = [p for p in value.split("/") if p]
+    if any(p in (".", "..") for p in parts) or (not many and len(parts) != 1):
+        raise SLOError(f"{where}={value!r:.60}: want {'a relative path' if many else 'one name'} "
+                       "inside the cgroup tree")
+    return "/".join(parts)
+
+
+def _host_app(app: Any, where: str) -> HostApp:
+    if not isinstance(app, dict):
+        raise SLOError(f"{where}: want an object")
+    name = _segment(app.get("name"), f"{where}.name", many=False)
+    qos = app.get("qos") or ""
+    if not isinstance(qos, str):
+        raise SLOError(f"{where}.qos={qos!r:.40}: want a QoS class name")
+    priority = app.get("priority") or ""
+    if not isinstance(priority, str):
+        raise SLOError(f"{where}.priority={priority!r:.40}: want a priority class name")
+    path = app.get("cgroupPath")
+    if path is None:
+        top = "host-latency-sensitive" if qos in _LS_CLASSES else "host-best-effort" if qos == "BE" else ""
+        return HostApp(name, qos, None, f"{top}/{name}" if top else name, priority)
+    if not isinstance(path, dict):
+        raise SLOError(f"{where}.cgroupPath: want an object")
+    base = path.get("base") or "CgroupRoot"
+    if base not in _HOST_APP_BASES:
+        raise SLOError(f"{where}.cgroupPath.base={base!r:.40}: want one of {', '.join(_HOST_APP_BASES)}")
+    parts = [_segment(path.get(key) or "", f"{where}.cgroupPath.{key}", many=True)
+             for key in ("parentDir", "relativePath")]
+    rel = "/".join(p for p in parts if p)
+    if not rel and _HOST_APP_BASES[base] is None:
+        raise SLOError(f"{where}.cgroupPath names the cgroup root itself")
+    return HostApp(name, qos, _HOST_APP_BASES[base], rel, priority)
+
+
+@dataclass(frozen=True)
+class NodeSLO:
+    """One accepted NodeSLO version, parsed once; shared by every reader, so read-only."""
+
+    merged: dict[str, Any]
+    """The object with its spec merged per section over upstream's defaults, for the
+    sections not typed here (resource QoS classes, CPU burst, system strategy, the runtime
+    hooks' rules). Shared by every reader: never changed."""
+    thresholds: ThresholdConfig
+    host_apps: tuple[HostApp, ...]
+
+
+def parse_node_slo(merged: dict) -> NodeSLO:
+    """The typed sections of ``merged`` (the NodeSLO with its spec merged over the
+    defaults); SLOError naming the field when one is unusable."""
+    return NodeSLO(merged, threshold_config(merged), parse_host_apps(merged["spec"]))

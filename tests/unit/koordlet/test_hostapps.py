@@ -10,11 +10,12 @@ from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.resources import KubeQoS
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
-from koord.koordlet.runtimehooks.hostapps import HOST_APPS, HostApp, parse_host_apps
+from koord.koordlet.runtimehooks.hostapps import HOST_APPS
 from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.cpuset import CPUSetAllocator
 from koord.koordlet.runtimehooks.reconciler import Reconciler
 from koord.koordlet.runtimehooks.rule import RuleError
+from koord.koordlet.slo import HostApp, parse_host_apps
 from koord_testing.cgroupfs import make_fake_v1_cgroup
 
 POOLS = {"node.koordinator.sh/cpu-shared-pools":
@@ -39,7 +40,7 @@ def slo(*apps: dict) -> dict:
      HostApp("nginx", "LS", KubeQoS.GUARANTEED, "a/b")),
 ])
 def test_host_app_cgroup_dir(app: dict, want: HostApp) -> None:
-    assert parse_host_apps(slo(app)) == (want,)
+    assert parse_host_apps(slo(app)["spec"]) == (want,)
     assert parse_rules(slo(app), None)[HOST_APPS] == (want,)
 
 

@@ -193,7 +193,7 @@ def test_in_a_cluster_objects_come_from_the_api_server_and_status_goes_back(tmp_
             while not api.status_updates and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert k.informer.get_node()["status"]["capacity"]["cpu"] == "2"
-            assert k.informer.get_node_slo()["spec"]["resourceUsedThresholdWithBE"]["enable"] is False
+            assert k.informer.get_node_slo().thresholds.enable is False
         finally:
             k.stop()
         assert api.status_updates, "koordlet never updated the NodeMetric status"

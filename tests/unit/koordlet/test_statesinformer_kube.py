@@ -57,8 +57,8 @@ def test_list_watch_sees_only_this_node_and_every_change(api, informer):
     api.put(NODESLOS, {"metadata": {"name": "node1"},
                        "spec": {"resourceUsedThresholdWithBE": {"enable": True}}})
     wait_for(lambda: informer.get_node_slo() is not None, "the NodeSLO watch event")
-    spec = informer.get_node_slo()["spec"]["resourceUsedThresholdWithBE"]
-    assert spec["enable"] is True and spec["cpuSuppressThresholdPercent"] == 65
+    thresholds = informer.get_node_slo().thresholds
+    assert thresholds.enable is True and thresholds.cpu_suppress_threshold_percent == 65
     assert fired == ["slo"]
     api.put(NODES, {"metadata": {"name": "other", "annotations": {"x": "y"}}})
     api.put(NODES, {"metadata": {"name": "node1", "annotations": {"a": "2"}}})

@@ -25,7 +25,6 @@ def test_node_slo_sections_merge_over_defaults():
     assert merged["resourceQOSStrategy"]["beClass"]["resctrlQOS"] == {
         "enable": True, "catRangeStartPercent": 0, "catRangeEndPercent": 30, "mbaPercent": 100}
     assert merged["resourceQOSStrategy"]["lsClass"]["resctrlQOS"]["catRangeEndPercent"] == 100
-    assert merged_node_slo(None) is None
     assert merged_node_slo({"spec": "garbage"})["spec"]["resourceUsedThresholdWithBE"]["enable"] is False
 
 
@@ -45,7 +44,9 @@ def test_merge_over_is_go_json_unmarshal_over_a_copy(default, received, want):
 def test_informer_get_node_slo_is_merged():
     informer = StatesInformer()
     informer.set_object("node_slo", {"spec": {}})
-    assert informer.get_node_slo()["spec"]["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 65
+    node_slo = informer.get_node_slo()
+    assert node_slo is not None and node_slo.thresholds.cpu_suppress_threshold_percent == 65
+    assert node_slo.merged["spec"]["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 65
     assert informer.get_node_slo_object() == {"spec": {}}
 
 

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector as PromCollector
 from ..metriccache import MetricCache, Samples
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor
 from ..resourceexecutor.pathcache import CgroupFileCache
+from ..slo import NodeSLO
 from ..statesinformer.meta import ContainerMeta, PodMeta
 from .config import AdvisorConfig
 from .openfiles import OpenFiles
@@ -32,7 +33,7 @@ class PodSource(Protocol):
 
     def get_all_pods(self) -> list[PodMeta]: ...
 
-    def get_node_slo(self) -> Any: ...
+    def get_node_slo(self) -> NodeSLO | None: ...
 
     def has_synced(self) -> bool: ...
 

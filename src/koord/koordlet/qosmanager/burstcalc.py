@@ -99,10 +99,8 @@ def _merge_config(base: BurstConfig, raw: Any, where: str) -> BurstConfig:
     return replace(base, **values)
 
 
-def burst_strategy(node_slo: Mapping[str, Any] | None) -> BurstStrategy | None:
-    """NodeSLO's ``spec.cpuBurstStrategy`` over the defaults; None without a NodeSLO."""
-    if node_slo is None:
-        return None
+def burst_strategy(node_slo: Mapping[str, Any]) -> BurstStrategy:
+    """NodeSLO's ``spec.cpuBurstStrategy`` over the defaults."""
     spec = node_slo.get("spec")
     if not isinstance(spec, dict):
         raise BurstError(f"NodeSLO spec: want an object, got {type(spec).__name__}")

@@ -120,15 +120,14 @@ class CPUBurst(Strategy):
     def _run_once(self) -> None:
         ctx = self.ctx
         changes = ctx.changes  # before the pods: a change after this shows next round
+        node_slo = ctx.node_slo(self.name)
+        if node_slo is None:
+            return
         try:
-            strategy = burst_strategy(ctx.current_node_slo())
+            strategy = burst_strategy(node_slo.merged)
         except BurstError as exc:
             ctx.log_once(self.name, f"NodeSLO rejected, nothing done until it is fixed: {exc}", logging.ERROR)
             return
-        if strategy is None:
-            ctx.log_once(self.name, "no NodeSLO yet: nothing to do", logging.WARNING)
-            return
-        ctx.log_once(self.name, None)
         pods = ctx.informer.get_all_pods()
         state = self.node_state(strategy.share_pool_threshold_percent, pods)
         self.settled.begin((changes, strategy))

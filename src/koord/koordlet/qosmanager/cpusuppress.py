@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from koord.hookapi import format_cpuset, parse_cpuset
 
@@ -37,7 +36,7 @@ from ..metriccache import (
 from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import BatchResult, Update, quota_value
 from ..resources import KubeQoS
-from ..slo import CFS_QUOTA_POLICY, CPUSET_POLICY, ThresholdConfig
+from ..slo import CFS_QUOTA_POLICY, CPUSET_POLICY, HostApp, ThresholdConfig
 from ..statesinformer import PodMeta
 from .framework import Context, Strategy
 from .nodeinfo import (
@@ -64,23 +63,7 @@ log = logging.getLogger(__name__)
 
 USING, RECOVERED = "using", "recovered"
 POD_DEPTH, CONTAINER_DEPTH = 1, 2
-MAX_HOST_APPS = 256
 TREE_REWALK_ROUNDS = 10
-
-
-def host_applications(node_slo: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    """NodeSLO ``spec.hostApplications``: a list of objects with a name."""
-    spec = (node_slo or {}).get("spec") or {}
-    apps = spec.get("hostApplications") if isinstance(spec, dict) else None
-    if apps is None:
-        return []
-    if not isinstance(apps, list) or len(apps) > MAX_HOST_APPS:
-        raise NodeInfoError(f"NodeSLO spec.hostApplications: want a list of at most "
-                            f"{MAX_HOST_APPS} objects")
-    for i, app in enumerate(apps):
-        if not isinstance(app, dict) or not isinstance(app.get("name"), str) or not app["name"]:
-            raise NodeInfoError(f"NodeSLO spec.hostApplications[{i}]: want an object with a name")
-    return apps
 
 
 class CPUSuppress(Strategy):
@@ -104,16 +87,16 @@ class CPUSuppress(Strategy):
 
     def run_once(self) -> None:
         self.round += 1
-        node_slo = self.ctx.current_node_slo()
-        cfg = self.ctx.thresholds_of(self.name, node_slo)
-        if cfg is None:
+        node_slo = self.ctx.node_slo(self.name)
+        if node_slo is None:
             return
+        cfg = node_slo.thresholds
         try:
             if not cfg.enable:
                 self.recover_quota()
                 self.recover_cpuset(CONTAINER_DEPTH)
                 return
-            suppress = self.calculate(node_slo, cfg)
+            suppress = self.calculate(node_slo.host_apps, cfg)
             if suppress is None:
                 return
             if cfg.cpu_suppress_policy == CFS_QUOTA_POLICY:
@@ -129,9 +112,10 @@ class CPUSuppress(Strategy):
 
     # ---- the formula ----------------------------------------------------------------------
 
-    def calculate(self, node_slo: dict | None, cfg: ThresholdConfig) -> Suppress | None:
+    def calculate(self, apps: Sequence[HostApp], cfg: ThresholdConfig) -> Suppress | None:
         """The suppress formula over this round's node, pods and usage; None (said once) while
-        one of them is missing. ``node_slo``, ``cfg``: the round's NodeSLO and its thresholds."""
+        one of them is missing. ``apps``, ``cfg``: the round's NodeSLO host applications and
+        thresholds."""
         ctx = self.ctx
         node = ctx.informer.get_node()
         pods = ctx.informer.get_all_pods()
@@ -144,8 +128,7 @@ class CPUSuppress(Strategy):
             return None
         self.ctx.log_once(self.name + "/data", None)
         pod_used = ctx.last_by(POD_CPU_USAGE, POD_UID, (p.uid for p in pods))
-        apps = host_applications(node_slo)
-        app_used = ctx.last_by(HOST_APPLICATION_CPU_USAGE, HOST_APP_NAME, (a["name"] for a in apps)) if apps else {}
+        app_used = ctx.last_by(HOST_APPLICATION_CPU_USAGE, HOST_APP_NAME, (a.name for a in apps)) if apps else {}
         suppress = calculate_suppress(
             capacity_milli=capacity_milli_cpu(node), reserved_milli=reserved_milli_cpu(node),
             node_used=node_used, pod_used=pod_used, pods=pods, host_apps=apps,

@@ -20,7 +20,7 @@ from ..features import QOS_FEATURE_GATES
 from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
 from ..resourceexecutor.updater import ResourceExecutor
-from ..slo import SLOError, ThresholdConfig, threshold_config
+from ..slo import NodeSLO, ThresholdConfig
 from ..statesinformer import NODE_SLO, PODS, StatesInformer
 from .evictor import Evictor
 from .metrics import QOSMetrics
@@ -120,7 +120,6 @@ class Context:
     compares the value it derived it at with this one. Read it before reading what it
     covers: a change in between then shows as a move next time."""
     _change_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-    _node_slo: tuple[int, dict | None] | None = None
 
     def __post_init__(self) -> None:
         for kind in (PODS, NODE_SLO):
@@ -130,17 +129,6 @@ class Context:
         """Called back by the states informer and PLEG, on their threads (``next`` on a
         counter is atomic, so two concurrent calls still move ``changes``)."""
         self.changes = next(self._change_counter)
-
-    def current_node_slo(self) -> dict | None:
-        """The merged NodeSLO, asked of the informer again only after ``changes`` moved (it
-        merges a deep copy on each call, and strategies ask every second). Shared by the
-        strategies that call this, so read-only."""
-        changes, held = self.changes, self._node_slo
-        if held is not None and held[0] == changes:
-            return held[1]
-        node_slo = self.informer.get_node_slo()
-        self._node_slo = (changes, node_slo)
-        return node_slo
 
     def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
         """Every tick would repeat the same complaint: say it when it starts or changes;
@@ -168,32 +156,21 @@ class Context:
         now = self.clock()
         return self.metric_cache.last_by(kind, label, values, now - 2 * self.config.collect_interval, now)
 
-    def node_slo(self, strategy: str) -> dict | None:
-        """The merged NodeSLO, or None (logged once) before there is one: the strategy then
-        does nothing this tick."""
+    def node_slo(self, strategy: str) -> NodeSLO | None:
+        """The NodeSLO's typed sections (the states informer parsed and checked them once,
+        when it took the version: shared, read-only), or None (logged once) before there is
+        one: the strategy then does nothing this tick."""
         node_slo = self.informer.get_node_slo()
         if node_slo is None:
             self.log_once(strategy, "no NodeSLO yet: nothing to do", logging.WARNING)
+        else:
+            self.log_once(strategy, None)
         return node_slo
 
     def thresholds(self, strategy: str) -> ThresholdConfig | None:
-        """The NodeSLO thresholds, or None (logged once per distinct reason) when there is
-        no NodeSLO or it is invalid: a strategy then does nothing this tick."""
-        return self.thresholds_of(strategy, self.informer.get_node_slo())
-
-    def thresholds_of(self, strategy: str, node_slo: dict | None) -> ThresholdConfig | None:
-        """``thresholds`` of a merged NodeSLO the strategy read for more than them."""
-        try:
-            config = threshold_config(node_slo)
-        except SLOError as exc:
-            self.log_once(strategy, f"NodeSLO rejected, nothing done until it is fixed: {exc}",
-                      logging.ERROR)
-            return None
-        if config is None:
-            self.log_once(strategy, "no NodeSLO yet: nothing to do", logging.WARNING)
-            return None
-        self.log_once(strategy, None)
-        return config
+        """``node_slo(strategy).thresholds``, or None (logged once) before there is a NodeSLO."""
+        node_slo = self.node_slo(strategy)
+        return None if node_slo is None else node_slo.thresholds
 
 
 class Strategy:

@@ -196,7 +196,7 @@ class CgroupReconcile(Strategy):
             if allocatable is None:
                 raise NodeInfoError("Node status.allocatable.memory: missing")
             qos_dirs = {q: ctx.executor.kube_qos_dir(q) for q in KubeQoS}
-            levels = calculate(node_slo, ctx.informer.get_all_pods(), int(allocatable), qos_dirs,
+            levels = calculate(node_slo.merged, ctx.informer.get_all_pods(), int(allocatable), qos_dirs,
                                self._bad_annotation)
         except (SLOError, NodeInfoError) as exc:
             ctx.log_once(self.name, f"skipped, nothing written: {exc}", logging.ERROR)

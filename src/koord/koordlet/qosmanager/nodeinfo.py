@@ -13,13 +13,16 @@ from fractions import Fraction
 from typing import Any
 
 from koord.apis.extension import (
-    ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
     ANNOTATION_NODE_RESERVATION,
     ANNOTATION_SYSTEM_QOS_RESOURCE,
     AnnotationError,
+    NodeReservation,
+    kubelet_cpu_manager_policy,
+    node_reservation,
     resource_status,
+    system_qos_resource,
 )
-from koord.hookapi import MAX_CPU_ID, json_annotation, parse_cpuset, parse_quantity
+from koord.hookapi import MAX_CPU_ID, parse_cpuset, parse_quantity
 
 from ..statesinformer import PodMeta
 
@@ -87,47 +90,44 @@ def reserved_milli_cpu(node: dict) -> int:
     cap = node_quantity(node, "capacity", "cpu") or Fraction(0)
     alloc = node_quantity(node, "allocatable", "cpu")
     kubelet = max(cap - alloc, Fraction(0)) if alloc is not None else Fraction(0)
-    anno = json_annotation(_annotations(node), ANNOTATION_NODE_RESERVATION, error=NodeInfoError, owner="node")
+    reservation = _reservation(node)
     by_anno = Fraction(0)
-    if anno is not None:
-        resources = anno.get("resources") or {}
-        if not isinstance(resources, dict):
-            raise NodeInfoError(f"node annotation {ANNOTATION_NODE_RESERVATION}: resources is not an object")
-        if resources.get("cpu") is not None:
-            try:
-                by_anno = parse_quantity(resources["cpu"])
-            except ValueError as exc:
-                raise NodeInfoError(f"node annotation {ANNOTATION_NODE_RESERVATION}: resources.cpu: {exc}") from None
-        elif anno.get("reservedCPUs"):
-            by_anno = Fraction(len(reserved_cpus(node)))
+    if reservation.cpu is not None:
+        by_anno = reservation.cpu
+    elif reservation.reserved_cpus:
+        by_anno = Fraction(len(reserved_cpus(node)))
     return math.ceil(max(kubelet, by_anno) * 1000)
 
 
+def _reservation(node: dict) -> NodeReservation:
+    try:
+        return node_reservation(_annotations(node))
+    except AnnotationError as exc:
+        raise NodeInfoError(str(exc)) from None
+
+
 def reserved_cpus(node: dict) -> set[int]:
-    anno = json_annotation(_annotations(node), ANNOTATION_NODE_RESERVATION, error=NodeInfoError, owner="node")
-    if anno is None or not anno.get("reservedCPUs"):
+    text = _reservation(node).reserved_cpus
+    if not text:
         return set()
-    return cpuset_of(anno["reservedCPUs"], f"node annotation {ANNOTATION_NODE_RESERVATION}: reservedCPUs")
+    return cpuset_of(text, f"node annotation {ANNOTATION_NODE_RESERVATION}: reservedCPUs")
 
 
 def system_qos_exclusive_cpus(node: dict) -> set[int]:
-    anno = json_annotation(_annotations(node), ANNOTATION_SYSTEM_QOS_RESOURCE, error=NodeInfoError,
-                           owner="node")
-    if anno is None or not anno.get("cpuset"):
+    try:
+        system_qos = system_qos_resource(_annotations(node))
+    except AnnotationError as exc:
+        raise NodeInfoError(str(exc)) from None
+    if system_qos is None or not system_qos.cpuset or not system_qos.is_exclusive:
         return set()
-    exclusive = anno.get("cpusetExclusive", True)
-    if not isinstance(exclusive, bool):
-        raise NodeInfoError(f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpusetExclusive="
-                            f"{exclusive!r:.40} is not a boolean")
-    if not exclusive:
-        return set()
-    return cpuset_of(anno["cpuset"], f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpuset")
+    return cpuset_of(system_qos.cpuset, f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpuset")
 
 
 def kubelet_static_policy(node: dict) -> bool:
-    anno = json_annotation(_annotations(node), ANNOTATION_KUBELET_CPU_MANAGER_POLICY, error=NodeInfoError,
-                           owner="node")
-    return anno is not None and anno.get("policy") == "static"
+    try:
+        return kubelet_cpu_manager_policy(_annotations(node)).policy == "static"
+    except AnnotationError as exc:
+        raise NodeInfoError(str(exc)) from None
 
 
 def pod_allocated_cpus(pod: PodMeta) -> set[int]:

@@ -132,7 +132,7 @@ class ResctrlReconcile(Strategy):
         if cpu is None:
             return
         try:
-            configs = {g: resctrl_qos(node_slo, g) for g in GROUPS}
+            configs = {g: resctrl_qos(node_slo.merged, g) for g in GROUPS}
             info = self.fs.info()
             plans = plan_groups(configs, info, cpu)
             created = self.fs.ensure_groups(GROUPS, info)

@@ -21,7 +21,7 @@ from koord.hookapi import json_annotation
 from ..runtimehooks.protocol import KubeQoS
 from ..slo import SLOError
 from ..statesinformer import PodMeta
-from ..statesinformer.specs import merge_over
+from ..statesinformer.specs import DEFAULT_NODE_SLO_SPEC, merge_over
 
 FIELD = "spec.resourceQOSStrategy"
 POLICY_DEFAULT, POLICY_NONE, POLICY_AUTO = "default", "none", "auto"
@@ -58,9 +58,10 @@ NONE_MEMORY_QOS: dict[str, int] = _memory(0, 50, 0)
 """Every knob at the kernel's default: what a disabled class (or ``policy: none``) gets."""
 
 DEFAULT_RESCTRL_QOS: dict[str, dict[str, int]] = {
-    cls: {"catRangeStartPercent": 0, "catRangeEndPercent": 30 if cls == BE else 100, "mbaPercent": 100}
-    for cls in CLASS_KEYS
+    cls: {k: v for k, v in DEFAULT_NODE_SLO_SPEC["resourceQOSStrategy"][key]["resctrlQOS"].items() if k != "enable"}
+    for cls, key in CLASS_KEYS.items()
 }
+"""Upstream's defaults, as the default NodeSLO spec holds them (for a null section)."""
 NONE_RESCTRL_QOS: dict[str, int] = {"catRangeStartPercent": 0, "catRangeEndPercent": 100,
                                     "mbaPercent": 100}
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from ..slo import HostApp
 from ..statesinformer import PodMeta
 from .nodeinfo import Processor, is_be
 
@@ -46,16 +46,9 @@ class Suppress:
                 f"{self.non_be_host_apps:.3f} - system {self.system:.3f} cores")
 
 
-def host_app_is_be(app: Mapping[str, Any]) -> bool:
-    """A host app counts as BE only when it is BE *and* lives under the besteffort dir."""
-    cgroup = app.get("cgroupPath") or {}
-    base = cgroup.get("base") if isinstance(cgroup, dict) else None
-    return app.get("qos") == "BE" and base == "KubepodsBesteffort"
-
-
 def calculate_suppress(*, capacity_milli: int, reserved_milli: int, node_used: float,
                        pod_used: Mapping[str, float], pods: Sequence[PodMeta],
-                       host_apps: Sequence[Mapping[str, Any]], host_app_used: Mapping[str, float],
+                       host_apps: Sequence[HostApp], host_app_used: Mapping[str, float],
                        threshold_percent: int, min_percent: int | None) -> Suppress:
     """The formula above. A pod with a metric but no PodMeta counts as non-BE (it may be a
     pod the informer has not listed yet; assuming BE would starve LS pods)."""
@@ -68,11 +61,11 @@ def calculate_suppress(*, capacity_milli: int, reserved_milli: int, node_used: f
             non_be += used
     non_be_apps = all_apps = 0.0
     for app in host_apps:
-        app_used = host_app_used.get(str(app.get("name", "")))
+        app_used = host_app_used.get(app.name)
         if app_used is None:
             continue
         all_apps += app_used
-        if not host_app_is_be(app):
+        if not app.is_be:
             non_be_apps += app_used
     system = max(node_used - all_pods - all_apps, 0.0, reserved_milli / 1000)
     milli = (capacity_milli * threshold_percent // 100 - int(non_be * 1000)

@@ -101,8 +101,7 @@ class SystemConfig(Strategy):
         node_slo = ctx.node_slo(self.name)
         if node_slo is None:
             return
-        spec = node_slo.get("spec") if isinstance(node_slo, dict) else None
-        strategy = spec.get("systemStrategy") if isinstance(spec, dict) else None
+        strategy = node_slo.merged["spec"].get("systemStrategy")
         if strategy is not None and not isinstance(strategy, dict):
             ctx.log_once(self.name, f"spec.systemStrategy: want an object, got {type(strategy).__name__}; "
                          "nothing written", logging.ERROR)

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from ..resourceexecutor.executor import CgroupExecutor
+    from ..slo import HostApp
     from ..statesinformer import meta as statesinformer
-    from .hostapps import HostApp
     from .rule import Rule, Rules
 
 log = logging.getLogger(__name__)

@@ -73,8 +73,9 @@ class RuntimeHooksModule:
 
     def apply_rules(self) -> None:
         """Rule callback: new NodeSLO/Node → every plugin's rules → refresh existing pods."""
+        node_slo = self.informer.get_node_slo()
         try:
-            rules = parse_rules(self.informer.get_node_slo_object(), self.informer.get_node(),
+            rules = parse_rules(None if node_slo is None else node_slo.merged, self.informer.get_node(),
                                 self.informer.get_node_topo())
         except RuleError as exc:
             log.error("rules from NodeSLO/Node rejected, keeping the current rules: %s", exc)

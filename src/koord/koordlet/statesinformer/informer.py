@@ -10,6 +10,10 @@ An object kind may come with a check (``checks``): a version the check refuses i
 taken. It is logged once, in one line naming the object and the problem, and readers go on
 with the last good version (none before the first one): they never see, and never each
 complain about, a version they could not use.
+
+A NodeSLO version is merged over upstream's defaults and parsed into its typed sections
+(``slo.NodeSLO``) once, when it is taken; readers share that frozen value, so a strategy
+ticking every second or a hook answering every request costs no merge and no check.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from ..slo import NodeSLO, parse_node_slo
 from .meta import PodMeta
 from .objects import KIND_NAMES, NODE, NODE_METRIC, NODE_SLO, FileObjectsSource, KubeObjectsSource, Sink
 from .pods import PodsUnavailable
@@ -64,6 +69,7 @@ class StatesInformer:
         self._objects: dict[str, dict | None] = {NODE: None, NODE_SLO: None, NODE_METRIC: None,
                                                  NODE_TOPOLOGY: None}
         self._seen: set[str] = set()
+        self._node_slo: NodeSLO | None = None
         self._pods: tuple[PodMeta, ...] = ()
         self._pods_synced = False
         self._pods_error: str | None = None
@@ -78,13 +84,14 @@ class StatesInformer:
         with self._lock:
             return copy.deepcopy(self._objects[NODE])
 
-    def get_node_slo(self) -> dict | None:
-        """The NodeSLO with its spec merged per section over upstream's defaults."""
+    def get_node_slo(self) -> NodeSLO | None:
+        """The NodeSLO's typed sections, parsed when its version was taken (None before one)."""
         with self._lock:
-            return merged_node_slo(self._objects[NODE_SLO])
+            return self._node_slo
 
     def get_node_slo_object(self) -> dict | None:
-        """The NodeSLO as received (runtime-hooks rules treat absent fields themselves)."""
+        """The NodeSLO as the source delivered it, for showing what was taken; modules read
+        ``get_node_slo``."""
         with self._lock:
             return copy.deepcopy(self._objects[NODE_SLO])
 
@@ -153,28 +160,36 @@ class StatesInformer:
 
     def set_object(self, kind: str, obj: dict | None) -> None:
         """Sink for the objects source: stores and calls back when the content changed; a
-        version its kind's check refuses is logged (once) and not stored."""
-        if obj is not None and not self._acceptable(kind, obj):
-            with self._lock:
-                self._seen.add(kind)  # answered: nothing waits for a good version
-            return
+        version its kind's check (or, for a NodeSLO, its parse) refuses is logged (once) and
+        not stored. The same content again (a relist) is neither checked nor parsed again."""
+        with self._lock:
+            self._seen.add(kind)  # answered: nothing waits for a good version
+            if self._objects.get(kind) == obj:
+                self._refused.pop(kind, None)
+                return
+        node_slo = None
+        if obj is not None:
+            try:
+                node_slo = self._parse(kind, obj)
+            except ValueError as exc:
+                self._refuse(kind, obj, str(exc))
+                return
         self._refused.pop(kind, None)
         with self._lock:
-            self._seen.add(kind)
-            if self._objects.get(kind) == obj:
-                return
             self._objects[kind] = copy.deepcopy(obj)
+            if kind == NODE_SLO:
+                self._node_slo = node_slo
         self._notify(kind)
 
-    def _acceptable(self, kind: str, obj: dict) -> bool:
+    def _parse(self, kind: str, obj: dict) -> NodeSLO | None:
+        """Runs ``kind``'s check and, for a NodeSLO, returns its typed sections; ValueError
+        naming the problem when the version cannot be used."""
         check = self.checks.get(kind)
-        if check is None:
-            return True
-        try:
+        if check is not None:
             check(obj)
-            return True
-        except ValueError as exc:
-            problem = str(exc)
+        return parse_node_slo(merged_node_slo(obj)) if kind == NODE_SLO else None
+
+    def _refuse(self, kind: str, obj: dict, problem: str) -> None:
         if self._refused.get(kind) != problem:
             self._refused[kind] = problem
             name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj.get("metadata"), dict) else ""
@@ -182,7 +197,6 @@ class StatesInformer:
                 kept = "the last good version" if self._objects.get(kind) is not None else "none (defaults)"
             log.error("states informer: %s %s refused: %s; keeping %s", KIND_NAMES.get(kind, kind),
                       name or "(no name)", problem, kept)
-        return False
 
     def sync_pods(self) -> bool:
         """Lists pods once; on error the previous list stays. True when the list changed."""

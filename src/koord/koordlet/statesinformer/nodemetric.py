@@ -51,6 +51,7 @@ from ..metriccache import (
     Aggregation,
 )
 from ..rfc3339 import format_time
+from ..slo import HostApp
 from .meta import PodMeta
 from .specs import format_go_duration
 
@@ -194,7 +195,7 @@ class Report:
     system_windows: list[tuple[float, dict[str, Usage | None]]] = field(default_factory=list)
     pods: list[tuple[PodMeta, Usage]] = field(default_factory=list)
     containers: list[tuple[PodMeta, str, str, Usage]] = field(default_factory=list)
-    host_apps: list[tuple[dict[str, Any], Usage]] = field(default_factory=list)
+    host_apps: list[tuple[HostApp, Usage]] = field(default_factory=list)
     numa: list[tuple[int, Usage, Usage | None]] = field(default_factory=list)
     """(NUMA node id, node usage, system usage)."""
     prod: tuple[Resources | None, Resources | None] | None = None
@@ -231,10 +232,11 @@ def averages_by(cache: MetricQuerier, cpu_kind: str, memory_kind: str, label: st
 
 
 def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any],
-            node_slo: dict | None = None, now: float | None = None,
+            host_apps: Iterable[HostApp] = (), now: float | None = None,
             predictor: ProdPredictor | None = None) -> Report:
-    """Everything a report needs, for ``policy`` (a merged ``metricCollectPolicy``); the
-    predictor sees the pods with samples in the window, as upstream's."""
+    """Everything a report needs, for ``policy`` (a merged ``metricCollectPolicy``) and the
+    NodeSLO's ``host_apps``; the predictor sees the pods with samples in the window, as
+    upstream's."""
     end = time.time() if now is None else now
     start = end - policy["aggregateDurationSeconds"]
     node_mem, pod_mem, container_mem, app_mem = memory_kinds(policy["nodeMemoryCollectPolicy"])
@@ -263,16 +265,12 @@ def collect(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any
             cu = containers_used.get(c.id)
             if cu is not None:
                 report.containers.append((pod, c.id, c.name, cu))
-    apps = ((node_slo or {}).get("spec") or {}).get("hostApplications") or []
-    for app in apps if isinstance(apps, list) else []:
-        name = app.get("name") if isinstance(app, dict) else None
-        if not isinstance(name, str) or not name:
-            continue
+    for app in host_apps:
         found = usage(cache, HOST_APPLICATION_CPU_USAGE, app_mem, start, end, Aggregation.AVG,
-                      {HOST_APP_NAME: name})
+                      {HOST_APP_NAME: app.name})
         if found is not None:
             report.host_apps.append((app, found))
-    report.host_apps.sort(key=lambda a: a[0]["name"])
+    report.host_apps.sort(key=lambda a: a[0].name)
     if predictor is not None:
         report.prod = predictor.report()
     for numa_id in numa_node_ids(cache):
@@ -341,13 +339,13 @@ def status_of(report: Report) -> dict[str, Any]:
             status["prodPeakMetric"] = {"resource": resource_map_of(peak)}
     if report.host_apps:
         status["hostApplicationMetric"] = [
-            {"name": app["name"], "usage": resource_map(*found),
-             **{k: app[k] for k in ("priority", "qos") if isinstance(app.get(k), str) and app[k]}}
+            {"name": app.name, "usage": resource_map(*found),
+             **{k: v for k, v in (("priority", app.priority), ("qos", app.qos)) if v}}
             for app, found in report.host_apps]
     return status
 
 
 def build_status(cache: MetricQuerier, pods: Iterable[PodMeta], policy: dict[str, Any],
-                 node_slo: dict | None = None, now: float | None = None,
+                 host_apps: Iterable[HostApp] = (), now: float | None = None,
                  predictor: ProdPredictor | None = None) -> dict[str, Any]:
-    return status_of(collect(cache, pods, policy, node_slo, now, predictor))
+    return status_of(collect(cache, pods, policy, host_apps, now, predictor))

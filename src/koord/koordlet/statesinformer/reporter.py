@@ -248,7 +248,9 @@ class NodeMetricReporter:
         policy = self.informer.get_node_metric_spec()
         pods = self.informer.get_all_pods()
         predictor = None if self.predictor is None else self.predictor(self.informer.get_node())
-        report = collect(self.cache, pods, policy, self.informer.get_node_slo(), now, predictor)
+        node_slo = self.informer.get_node_slo()
+        report = collect(self.cache, pods, policy, () if node_slo is None else node_slo.host_apps,
+                         now, predictor)
         status = status_of(report)
         ok = self.writer.write(node_metric, status)
         if self.metrics is not None:

@@ -13,13 +13,17 @@ from typing import Any
 
 from koord.hookapi import parse_duration
 
+from ..slo import ThresholdConfig
+
+_THRESHOLD = ThresholdConfig()
 _BE_THRESHOLD = {
-    "enable": False,
-    "cpuSuppressThresholdPercent": 65,
-    "cpuSuppressPolicy": "cpuset",
-    "memoryEvictThresholdPercent": 70,
-    "cpuEvictPolicy": "evictByRealLimit",
+    "enable": _THRESHOLD.enable,
+    "cpuSuppressThresholdPercent": _THRESHOLD.cpu_suppress_threshold_percent,
+    "cpuSuppressPolicy": _THRESHOLD.cpu_suppress_policy,
+    "memoryEvictThresholdPercent": _THRESHOLD.memory_evict_threshold_percent,
+    "cpuEvictPolicy": _THRESHOLD.cpu_evict_policy,
 }
+"""Upstream's default ``resourceUsedThresholdWithBE``: its values are ``ThresholdConfig``'s."""
 
 
 def _class_qos(group_identity: int, core_expeller: bool, cat_end: int) -> dict[str, Any]:
@@ -61,10 +65,8 @@ def merge_over(default: Any, received: Any) -> Any:
     return copy.deepcopy(received)
 
 
-def merged_node_slo(node_slo: dict | None) -> dict | None:
+def merged_node_slo(node_slo: dict) -> dict:
     """The NodeSLO object with its spec merged per section over the defaults."""
-    if node_slo is None:
-        return None
     merged = copy.deepcopy(node_slo)
     spec = node_slo.get("spec")
     merged["spec"] = merge_over(DEFAULT_NODE_SLO_SPEC, spec if isinstance(spec, dict) else {})

@@ -31,8 +31,12 @@ from koord.apis.extension import (
     ANNOTATION_POD_CPU_ALLOCS,
     ANNOTATION_SYSTEM_QOS_RESOURCE,
     LABEL_ENABLE_NUMA_RESERVATION,
+    AnnotationError,
+    NodeReservation,
 )
-from koord.hookapi import format_cpuset, parse_cpuset, parse_quantity
+from koord.apis.extension import node_reservation as parse_node_reservation
+from koord.apis.extension import system_qos_resource as parse_system_qos_resource
+from koord.hookapi import format_cpuset, parse_cpuset
 
 from .meta import PodMeta
 from .topologyinputs import (
@@ -40,7 +44,6 @@ from .topologyinputs import (
     NONE_POLICY,
     KubeletConfig,
     TopologyError,
-    annotation_object,
     cpu_manager_entries,
     cpus_of,
     cpus_or_none,
@@ -51,6 +54,7 @@ from .topologyinputs import (
 )
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
+NO_RESERVATION = NodeReservation({}, None, "", "")
 
 MANAGED_ANNOTATIONS = (ANNOTATION_CPU_BASIC_INFO, ANNOTATION_KUBELET_CPU_MANAGER_POLICY, ANNOTATION_CPU_SHARED_POOLS,
                        ANNOTATION_BE_CPU_SHARED_POOLS, ANNOTATION_CPU_TOPOLOGY, ANNOTATION_POD_CPU_ALLOCS,
@@ -96,46 +100,40 @@ def take_by_topology(cpus: list[CPU], count: int) -> list[int]:
 def node_reservation(annotations: Mapping[str, str], cpus: list[CPU]) -> dict:
     """``node.koordinator.sh/reservation`` as upstream re-writes it: the Node's value with
     ``reservedCPUs`` resolved (a cpu quantity becomes that many cpus taken by topology;
-    an unparsable list becomes none)."""
+    an unparsable list becomes none). A malformed annotation counts as none, as upstream's."""
     try:
-        anno = annotation_object(annotations, ANNOTATION_NODE_RESERVATION, "node") or {}
-    except TopologyError:
-        anno = {}
+        anno = parse_node_reservation(annotations)
+    except AnnotationError:
+        anno = NO_RESERVATION
     out: dict[str, Any] = {}
-    resources = anno.get("resources")
-    if isinstance(resources, dict) and resources:
-        out["resources"] = resources
-    reserved_text = anno.get("reservedCPUs") if isinstance(anno.get("reservedCPUs"), str) else ""
-    if reserved_text:
-        reserved = cpus_or_none(reserved_text) or []
+    if anno.resources:
+        out["resources"] = dict(anno.resources)
+    if anno.reserved_cpus:
+        reserved = cpus_or_none(anno.reserved_cpus) or []
     else:
-        count = 0
-        if isinstance(resources, dict) and resources.get("cpu") is not None:
-            try:
-                count = math.ceil(parse_quantity(resources["cpu"]))
-            except ValueError:
-                count = 0
+        count = math.ceil(anno.cpu) if anno.cpu is not None else 0
         reserved = take_by_topology(cpus, min(count, len(cpus)))
     if reserved:
         out["reservedCPUs"] = format_cpuset(reserved)
-    if isinstance(anno.get("applyPolicy"), str) and anno["applyPolicy"]:
-        out["applyPolicy"] = anno["applyPolicy"]
+    if anno.apply_policy:
+        out["applyPolicy"] = anno.apply_policy
     return out
 
 
 def system_qos_resource(annotations: Mapping[str, str]) -> dict | None:
-    """``node.koordinator.sh/system-qos-resource`` of the Node (None when absent)."""
-    anno = annotation_object(annotations, ANNOTATION_SYSTEM_QOS_RESOURCE, "node")
+    """``node.koordinator.sh/system-qos-resource`` of the Node (None when absent) as Go's
+    ``omitempty`` writes it back; TopologyError when malformed (upstream fails the report)."""
+    try:
+        anno = parse_system_qos_resource(annotations)
+    except AnnotationError as exc:
+        raise TopologyError(str(exc)) from None
     if anno is None:
         return None
     out: dict[str, Any] = {}
-    if isinstance(anno.get("cpuset"), str) and anno["cpuset"]:
-        out["cpuset"] = anno["cpuset"]
-    exclusive = anno.get("cpusetExclusive")
-    if exclusive is not None:
-        if not isinstance(exclusive, bool):
-            raise TopologyError(f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpusetExclusive is not a boolean")
-        out["cpusetExclusive"] = exclusive
+    if anno.cpuset:
+        out["cpuset"] = anno.cpuset
+    if anno.exclusive is not None:
+        out["cpusetExclusive"] = anno.exclusive
     return out
 
 

@@ -6,7 +6,6 @@ input raises TopologyError naming it; ``topology`` computes from what these retu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -166,21 +165,6 @@ def cpus_or_none(text: Any) -> list[int] | None:
         return parse_cpuset(text)
     except ValueError:
         return None
-
-
-def annotation_object(annotations: Mapping[str, str], key: str, where: str) -> dict | None:
-    text = annotations.get(key)
-    if not text:
-        return None
-    if not isinstance(text, str) or len(text) > 256 * 1024:
-        raise TopologyError(f"{where} annotation {key}: want a JSON string of at most 256 KiB")
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        raise TopologyError(f"{where} annotation {key}: not JSON") from None
-    if value is not None and not isinstance(value, dict):
-        raise TopologyError(f"{where} annotation {key}: want an object")
-    return value
 
 
 def resource_status_cpus(pod: PodMeta) -> list[int]:

@@ -146,7 +146,7 @@ def batch_cfs_quota_enabled(spec: dict[str, Any]) -> bool:
         config = threshold_config({"spec": spec})
     except SLOError as exc:
         raise RuleError(str(exc)) from None
-    return config is None or not (config.enable and config.cpu_suppress_policy == CFS_QUOTA_POLICY)
+    return not (config.enable and config.cpu_suppress_policy == CFS_QUOTA_POLICY)
 
 
 BATCH_CFS_QUOTA: Rule[bool] = Rule("batchCFSQuota", Source.NODE_SLO, batch_cfs_quota_enabled, absent=True)

@@ -29,8 +29,8 @@ from koord.apis.extension import AnnotationError, ResourceStatus
 from koord.hookapi import HookPoint
 
 from ...resources import KoordQoS, KubeQoS, Resources
+from ...slo import HostApp
 from ..hooks import Hooks, InvalidInput, PluginEnv, RuntimePlugin
-from ..hostapps import HostApp
 from ..protocol import ContainerContext, ContainerRequest, PodContext
 from ..rule import Rules
 from .cpusetmetrics import CPUSetMetrics

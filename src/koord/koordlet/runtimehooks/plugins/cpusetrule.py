@@ -10,6 +10,9 @@ from koord.apis.extension import (
     ANNOTATION_CPU_SHARED_POOLS,
     ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
     ANNOTATION_SYSTEM_QOS_RESOURCE,
+    AnnotationError,
+    kubelet_cpu_manager_policy,
+    system_qos_resource,
 )
 from koord.hookapi import cpuset_value, json_annotation
 
@@ -63,21 +66,24 @@ def _shared_pools(annotations: dict[str, str], key: str) -> tuple[CPUSharedPool,
 
 
 def _cpu_manager_policy(annotations: dict[str, str]) -> str:
-    raw = json_annotation(annotations, ANNOTATION_KUBELET_CPU_MANAGER_POLICY, error=RuleError, owner="node")
-    if raw is None:
-        return CPUSetRule.kubelet_cpu_manager_policy
-    policy = raw.get("policy") or CPUSetRule.kubelet_cpu_manager_policy
+    try:
+        policy = kubelet_cpu_manager_policy(annotations).policy or CPUSetRule.kubelet_cpu_manager_policy
+    except AnnotationError as exc:
+        raise RuleError(str(exc)) from None
     if policy not in CPU_MANAGER_POLICIES:
         raise RuleError(f"node annotation {ANNOTATION_KUBELET_CPU_MANAGER_POLICY}: policy={policy!r}: "
                         f"want one of {CPU_MANAGER_POLICIES}")
-    return str(policy)
+    return policy
 
 
 def _system_qos_cpuset(annotations: dict[str, str]) -> str:
-    raw = json_annotation(annotations, ANNOTATION_SYSTEM_QOS_RESOURCE, error=RuleError, owner="node")
-    if raw is None or raw.get("cpuset") in (None, ""):
+    try:
+        system_qos = system_qos_resource(annotations)
+    except AnnotationError as exc:
+        raise RuleError(str(exc)) from None
+    if system_qos is None or not system_qos.cpuset:
         return ""
-    return cpuset_value(raw["cpuset"], f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpuset", RuleError)
+    return cpuset_value(system_qos.cpuset, f"node annotation {ANNOTATION_SYSTEM_QOS_RESOURCE}: cpuset", RuleError)
 
 
 CPUSET: Rule[CPUSetRule] = Rule("cpuset", Source.NODE_TOPOLOGY, parse_cpuset_rule, absent=CPUSetRule())

@@ -28,8 +28,8 @@ from koord.hookapi import HookPoint, json_annotation
 
 from ... import schedsysctl
 from ...resources import KoordQoS, KubeQoS, Resources
+from ...slo import HostApp
 from ..hooks import Hooks, InvalidInput, RuntimePlugin
-from ..hostapps import HostApp
 from ..protocol import PodContext
 from ..rule import DEFAULT_SPEC, Rule, RuleError, Rules, Source
 from .cpuqos import BASE, CPU_POLICY_GROUP_IDENTITY, class_cpu_qos, cpu_policy
