@@ -575,7 +575,7 @@ def test_log_once_forgets_what_is_over_and_stays_bounded(tmp_path: Path, monkeyp
     ctx = Rig(tmp_path, []).manager.ctx
     for i in range(1000):
         ctx.log_once(f"CPUBurst/container/{i}", None)
-    assert len(ctx._logged) == 0
+    assert len(ctx._said) == 0
     for i in range(1000):
         ctx.log_once(f"CPUBurst/container/{i}", "missing")
-        assert len(ctx._logged) <= 50
+        assert len(ctx._said) <= 50

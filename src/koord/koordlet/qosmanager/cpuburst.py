@@ -25,6 +25,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from ...logonce import LogOnce
 from ..features import CPU_BURST
 from ..metriccache import (
     CONTAINER_CPU_THROTTLED,
@@ -102,8 +103,8 @@ class CPUBurst(Strategy):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx, ctx.config.reconcile_interval, CPU_BURST)
         self.limiters: dict[str, BurstLimiter] = {}
-        self.clamped: dict[str, int] = {}
-        """Container id -> the burst it wanted when it was last clamped (said once)."""
+        self.clamped = LogOnce(log)
+        """Per container id, the burst it wanted when it was last clamped (said once)."""
         self.last_state: NodeState = NodeState.UNKNOWN
         self.has_burst_file = False
         """A cgroup showed the kernel's burst file: the kernel has it, for every cgroup (not
@@ -256,10 +257,9 @@ class CPUBurst(Strategy):
                 current = target
         wanted = static_burst_us(limit, config)
         burst = clamp_burst(wanted, [current])
-        if burst < wanted and self.clamped.get(c.id) != wanted:
-            log.warning("%s: %s: cpu burst %d us is above the container's quota %d: clamped to it "
-                        "(the kernel refuses a burst larger than the quota)", self.name, who, wanted, current)
-            self.clamped[c.id] = wanted
+        if burst < wanted:
+            self.clamped.say(c.id, f"%s: %s: cpu burst {wanted} us is above the container's quota %d: clamped "
+                             "to it (the kernel refuses a burst larger than the quota)", self.name, who, current)
         # The quota just read is still the file's unless it was scaled (then read it back).
         if self.write_burst(c.cgroup_dir, burst, who, quota=read if current == read else None):
             return burst
@@ -329,5 +329,4 @@ class CPUBurst(Strategy):
         now = self.ctx.clock()
         for cid in [k for k, lim in self.limiters.items() if lim.expired(now)]:
             del self.limiters[cid]
-        for cid in [k for k in self.clamped if k not in live]:
-            del self.clamped[cid]
+        self.clamped.keep_only(live)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...logonce import LogOnce
 from ..features import QOS_FEATURE_GATES
 from ..flagtypes import flag_bool
 from ..metriccache import Aggregation, MetricCache
@@ -113,7 +114,7 @@ class Context:
     metrics: QOSMetrics
     evictor: Evictor
     clock: Callable[[], float] = time.time
-    _logged: dict[str, str] = field(default_factory=dict)
+    _said: LogOnce = field(default_factory=lambda: LogOnce(log, max_keys=MAX_CONDITIONS))
     changes: int = 0
     """Moves whenever the node's pods, their cgroup directories or the NodeSLO change (the
     states informer's callbacks, PLEG): a strategy that keeps what it derived from them
@@ -144,17 +145,12 @@ class Context:
 
     def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
         """Every tick would repeat the same complaint: say it when it starts or changes;
-        ``None`` marks the condition over, and it is forgotten. Keys name pods and
-        containers, which come and go: the last complaints of those that left are
-        forgotten all at once past ``MAX_CONDITIONS``, so one that still holds is said
-        once more then."""
+        ``None`` marks the condition over, and it is forgotten. The strategy named before the
+        key's first ``/`` prefixes the line."""
         if message is None:
-            self._logged.pop(key, None)
-        elif self._logged.get(key) != message:
-            log.log(level, "%s: %s", key.split("/")[0], message)
-            if len(self._logged) >= MAX_CONDITIONS:
-                self._logged.clear()
-            self._logged[key] = message
+            self._said.clear(key)
+        else:
+            self._said.say(key, f"{key.split('/')[0]}: {message}", level=level)
 
     def last(self, kind: str, labels: Mapping[str, str] | None = None) -> float | None:
         """The newest sample within two collect intervals: older means the collector stalled."""

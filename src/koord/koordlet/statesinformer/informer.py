@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from ...logonce import LogOnce
 from .meta import PodMeta
 from .objects import KIND_NAMES, NODE, NODE_METRIC, NODE_SLO, FileObjectsSource, KubeObjectsSource, Sink
 from .pods import PodsUnavailable
@@ -55,7 +56,7 @@ class StatesInformer:
                  checks: Mapping[str, Check] | None = None) -> None:
         self.objects = objects
         self.checks = dict(checks or {})
-        self._refused: dict[str, str] = {}
+        self._refused = LogOnce(log)
         """The problem last logged per kind, so a source that delivers the same refused
         version again (a relist) does not log it again."""
         self.pods_source = pods
@@ -158,7 +159,7 @@ class StatesInformer:
             with self._lock:
                 self._seen.add(kind)  # answered: nothing waits for a good version
             return
-        self._refused.pop(kind, None)
+        self._refused.clear(kind)
         with self._lock:
             self._seen.add(kind)
             if self._objects.get(kind) == obj:
@@ -175,13 +176,11 @@ class StatesInformer:
             return True
         except ValueError as exc:
             problem = str(exc)
-        if self._refused.get(kind) != problem:
-            self._refused[kind] = problem
-            name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj.get("metadata"), dict) else ""
-            with self._lock:
-                kept = "the last good version" if self._objects.get(kind) is not None else "none (defaults)"
-            log.error("states informer: %s %s refused: %s; keeping %s", KIND_NAMES.get(kind, kind),
-                      name or "(no name)", problem, kept)
+        name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj.get("metadata"), dict) else ""
+        with self._lock:
+            kept = "the last good version" if self._objects.get(kind) is not None else "none (defaults)"
+        self._refused.say(kind, f"states informer: {KIND_NAMES.get(kind, kind)} {name or '(no name)'} "
+                          f"refused: {problem}; keeping {kept}", level=logging.ERROR)
         return False
 
     def sync_pods(self) -> bool:
