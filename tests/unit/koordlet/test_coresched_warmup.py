@@ -23,8 +23,7 @@ from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.plugins.coreschedrule import CORE_SCHED
-from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodContext, PodRequest
-from koord.koordlet.runtimehooks.protocol import PodMeta as RequestPodMeta
+from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, HookPodMeta, PodContext, PodRequest
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
 from .test_plugin_coresched import FakeCookies, slo
@@ -119,7 +118,7 @@ def test_warm_up(tmp_path: Path, name, procs, cookies, failing, pods, warmed, gr
 
 def run_container(plugin: CoreSched, hooks: Hooks, meta: PodMeta, container: str) -> None:
     hooks.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(
-        pod_meta=RequestPodMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid), container_name=container,
+        pod_meta=HookPodMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid), container_name=container,
         container_id=next(c.id for c in meta.containers if c.name == container), pod_labels=meta.labels,
         pod_cgroup_parent="/" + meta.cgroup_dir)))
 
@@ -213,7 +212,7 @@ def test_metrics_follow_the_containers_cookie(tmp_path: Path) -> None:
     plugin.update_rules(ENABLED)
     run_container(plugin, hooks, meta, "main")
     assert len(sample(registry, "koordlet_container_core_sched_cookie")) == 1
-    hooks.run(HookPoint.POST_STOP_POD_SANDBOX, PodContext(PodRequest(meta=RequestPodMeta(uid="u1"))))
+    hooks.run(HookPoint.POST_STOP_POD_SANDBOX, PodContext(PodRequest(meta=HookPodMeta(uid="u1"))))
     assert sample(registry, "koordlet_container_core_sched_cookie") == {}
 
 
