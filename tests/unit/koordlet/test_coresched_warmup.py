@@ -18,6 +18,7 @@ from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import cli, flags
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import KoordQoS
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager
@@ -62,7 +63,7 @@ def pod(uid: str, qos: str, group: str, parent: str, sandbox: str, containers: d
         running: bool = True) -> PodMeta:
     """A pod as the states informer lists it; ``containers`` name -> id, all running."""
     return PodMeta(namespace="default", name=f"test-pod-{uid}", uid=uid, labels={QOS: qos, GROUP_ID: group},
-                   annotations={}, kube_qos="", koord_qos=qos, priority=None, cgroup_dir=parent,
+                   annotations={}, kube_qos="", koord_qos=KoordQoS(qos), priority=None, cgroup_dir=parent,
                    sandbox_id=sandbox, running=running,
                    containers=[ContainerMeta(name=name, id=cid, cgroup_dir=f"{parent}/{cid}", running=True)
                                for name, cid in containers.items()])

@@ -39,6 +39,7 @@ from ..metriccache import (
 )
 from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import Update, quota_value
+from ..resources import KoordQoS
 from ..statesinformer import PodMeta
 from ..statesinformer.meta import ContainerMeta
 from .burstcalc import (
@@ -62,8 +63,8 @@ from .settled import SettledPods
 
 log = logging.getLogger(__name__)
 
-NOT_BURSTABLE = ("LSR", "LSE", "BE")
-SHARE_POOL_EXCLUDED = ("LSR", "LSE", "BE")
+NOT_BURSTABLE = (KoordQoS.LSR, KoordQoS.LSE, KoordQoS.BE)
+SHARE_POOL_EXCLUDED = (KoordQoS.LSR, KoordQoS.LSE, KoordQoS.BE)
 MAX_STATE_WINDOW = 10.0
 REREAD_ROUNDS = 30
 """A settled pod's cgroup files are read again after at most this many rounds: at the
@@ -168,8 +169,8 @@ class CPUBurst(Strategy):
         except NodeInfoError:
             total = None
         excluded = [p for p in pods if p.koord_qos in SHARE_POOL_EXCLUDED]
-        excluded_requests = sum(c.requests.get("cpu", 0) for p in excluded if p.koord_qos in ("LSR", "LSE")
-                                for c in p.containers)
+        excluded_requests = sum(c.requests.get("cpu", 0) for p in excluded
+                                if p.koord_qos in (KoordQoS.LSR, KoordQoS.LSE) for c in p.containers)
         excluded_used = 0.0
         for used in self._averages(POD_CPU_USAGE, [p.uid for p in excluded], len(pods), start, now):
             excluded_used += used

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ...metriccache import Samples
 from ...metriccache import kinds as k
+from ...resources import KoordQoS
 from ...runtimehooks.hooks import HookError
 from ...runtimehooks.plugins.batchresource import BATCH_CPU, parse_extended_resource_spec
 from ...statesinformer.meta import PodMeta
@@ -133,7 +134,7 @@ class BEResourceCollector(Collector):
                 out.add(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REAL_LIMIT), limit)
         if self.env.pods.has_synced():
             request = sum(self._batch_cpu_request(pod) for pod in self.env.all_pods()
-                          if pod.running and pod.koord_qos == "BE")
+                          if pod.running and pod.koord_qos is KoordQoS.BE)
             out.add(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REQUEST), request)
         return out
 
