@@ -30,6 +30,8 @@ from pathlib import Path
 
 from watchfiles import Change, awatch
 
+from .logonce import LogOnce
+
 log = logging.getLogger(__name__)
 # watchfiles says "N changes detected" at INFO for every batch of events: a log file kept
 # beside a watched file would write a line per second. The watcher's own lines suffice.
@@ -74,7 +76,7 @@ class DirWatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
-        self._reported: str | None = None
+        self._said = LogOnce(log)
         self._lost = False
 
     def start(self) -> None:
@@ -161,7 +163,7 @@ class DirWatcher:
             self._call(self._on_poll)
 
     def _watching(self) -> None:
-        self._reported = None  # watching again: a new problem is worth a new warning
+        self._said.clear("problem")  # watching again: a new problem is worth a new warning
         if not self._ready.is_set():
             self._call(self._on_poll)
             self._ready.set()
@@ -190,6 +192,4 @@ class DirWatcher:
 
     def _report(self, message: str) -> None:
         """Logs a problem once, not on every retry."""
-        if message != self._reported:
-            self._reported = message
-            log.warning("%s: %s", self.name, message)
+        self._said.say("problem", f"{self.name}: {message}")
