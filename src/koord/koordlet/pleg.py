@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..logonce import LogOnce
 from .cgrouplayout import DRIVERS
 from .resourceexecutor.executor import CgroupExecutor
 from .runtimehooks.protocol import KubeQoS
@@ -156,7 +157,7 @@ class Pleg:
         self._limiter = TokenBucket(RATE_PER_SECOND, BURST)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._reported: str | None = None
+        self._said = LogOnce(log)
 
     def qos_dirs(self) -> list[Path]:
         """The kube-QoS directories in the hierarchy that stands for all (v1: ``cpu``); with
@@ -270,9 +271,7 @@ class Pleg:
         return found
 
     def _report(self, message: str) -> None:
-        if message != self._reported:
-            self._reported = message
-            log.warning("PLEG: %s", message)
+        self._said.say("problem", f"PLEG: {message}")
 
     # ---- the loop -----------------------------------------------------------------------
 
