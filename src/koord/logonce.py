@@ -52,7 +52,7 @@ class LogOnce:
             self._held[key] = (message, now)
         if fresh:
             return False
-        self._log.log(level, message, *args, exc_info=exc_info)
+        self._log.log(level, message, *args, exc_info=exc_info, stacklevel=2)  # the caller's file:line
         return True
 
     def clear(self, key: Hashable) -> bool:

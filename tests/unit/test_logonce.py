@@ -62,3 +62,10 @@ def test_keep_only_forgets_the_keys_that_left() -> None:
         said.say(key, "m")
     said.keep_only({"b"})
     assert (said.holds("a"), said.holds("b"), said.holds("c"), len(said)) == (False, True, False, 1)
+
+
+def test_the_line_names_the_caller_not_the_helper(caplog: pytest.LogCaptureFixture) -> None:
+    """klog prints each record's file:line: it must point where the problem was met."""
+    with caplog.at_level(logging.WARNING, logger="t"):
+        LogOnce(logging.getLogger("t")).say("k", "m")
+    assert caplog.records[0].filename == "test_logonce.py"
