@@ -102,34 +102,41 @@ class DirWatcher:
         last: DirIdentity | None = None
         while not self._stopping.is_set():
             identity = self._identity()
-            if last is not None and identity != last:
-                self._call(self._on_event)  # a directory appeared, went away or was replaced
+            changed = last is not None and identity != last
             last = identity
+            inotify = self._watched(identity) if identity else None
             if not identity:
                 self._report(f"none of {', '.join(map(str, self.dirs))} exists yet; checking every {self._poll:g}s")
+            if changed:  # a directory appeared, went away or was replaced; said once it is
+                self._call(self._on_event)  # watched, so what the callee reads is all there was
+            if inotify is None:
                 self._poll_once()
-                continue
-            try:
-                inotify = Inotify()
-            except OSError as exc:
-                self._unwatchable(identity, exc)
-                continue
-            try:
-                for d, _, _ in identity:
-                    inotify.add_watch(Path(d), FILE_MASK)
-            except OSError as exc:  # e.g. inotify limits reached: polling still keeps callers current
-                inotify.close()
-                self._unwatchable(identity, exc)
                 continue
             try:
                 self._watch(inotify, identity)
             finally:
                 inotify.close()
 
+    def _watched(self, identity: DirIdentity) -> Inotify | None:
+        """inotify on the directories; None (said) when it cannot be set up, e.g. inotify's
+        limits reached: polling still keeps callers current."""
+        try:
+            inotify = Inotify()
+        except OSError as exc:
+            self._unwatchable(identity, exc)
+            return None
+        try:
+            for d, _, _ in identity:
+                inotify.add_watch(Path(d), FILE_MASK)
+        except OSError as exc:
+            inotify.close()
+            self._unwatchable(identity, exc)
+            return None
+        return inotify
+
     def _unwatchable(self, identity: DirIdentity, exc: OSError) -> None:
         self._report(f"cannot watch {', '.join(d for d, _, _ in identity)} ({exc}); "
                      f"checking every {self._poll:g}s instead")
-        self._poll_once()
 
     def _watch(self, inotify: Inotify, identity: DirIdentity) -> None:
         """Watches until stopped or until a directory appears, disappears or is replaced."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import struct
 from pathlib import Path
@@ -31,11 +32,17 @@ class InotifyError(OSError):
     pass
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """Loaded once: ``find_library`` runs a subprocess, too slow for every watch set up."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 class Inotify:
     """The three inotify calls through libc, and events decoded from the descriptor."""
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = _libc()
         self._add = libc.inotify_add_watch
         self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
         self._rm = libc.inotify_rm_watch
