@@ -29,6 +29,7 @@ from koord.koordlet import metriccache as mc
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import KoordQoS
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 from koord_testing.cgroupfs import memory_stat_text, write_usage
 from koord_testing.pods import FakeStatesInformer
@@ -55,7 +56,7 @@ def fake_pods(root: Path, pods: int, containers: int) -> list[PodMeta]:
             write_usage(root, f"{pod_dir}/{cid}", 1, cpu_ns=10**9 * j, memory_stat=memory_stat_text(1, 30 * MiB))
             metas.append(ContainerMeta(name=f"c{j}", id=cid, cgroup_dir=f"{pod_dir}/{cid}", running=True))
         out.append(PodMeta(namespace="bench", name=f"pod-{i}", uid=uid, labels={}, annotations={},
-                           kube_qos="burstable", koord_qos="LS", priority=None, cgroup_dir=pod_dir,
+                           kube_qos="burstable", koord_qos=KoordQoS.LS, priority=None, cgroup_dir=pod_dir,
                            sandbox_id=f"sb{i}", running=True, containers=metas))
     # The BE QoS dir the BE collector reads.
     write_usage(root, "kubepods/besteffort", 1, cpu_ns=0, memory_stat=memory_stat_text(1, 0))

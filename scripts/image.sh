@@ -100,7 +100,7 @@ chroot "$ROOTFS" /usr/bin/python3 -m compileall -q -j 1 --invalidation-mode unch
 chroot "$ROOTFS" /koordlet --version >/dev/null || fail "/koordlet --version does not run in the image"
 # Every compiled extension koordlet loads, so a missing shared library fails the build, not a node.
 chroot "$ROOTFS" /usr/bin/python3 -I -c "import sys; sys.path.append('$PREFIX'); import grpc._cython.cygrpc, \
-  google.protobuf.internal.api_implementation, watchfiles, kubernetes.client, aiohttp, pydantic_core; \
+  google.protobuf.internal.api_implementation, kubernetes.client, aiohttp, pydantic_core; \
   from yaml import CSafeLoader" || fail "a compiled extension does not load in the image"
 rm -rf "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/cache/apt/* "$ROOTFS"/var/cache/debconf/*-old \
   "$ROOTFS"/var/log/* "$ROOTFS"/dev/* "$ROOTFS"/tmp/* "$ROOTFS"/etc/machine-id

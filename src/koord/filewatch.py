@@ -1,59 +1,59 @@
 """One watcher for the directories the processes react to: the proxy's hook config dir,
 koordlet's NodeSLO and Node files.
 
-Events come from ``watchfiles`` (inotify, through Rust's notify) on an asyncio loop that
-runs in the watcher's own thread, so callers with or without an event loop use it the
-same way. A burst of events (an editor writing in several steps, a temp file renamed into
-place) becomes one ``on_event`` call ``debounce`` to twice ``debounce`` seconds after its
-last event: watchfiles looks for new events every ``debounce`` (its ``step``; each look
-wakes a thread and takes the GIL, so it is as long as the debounce allows) and delivers
-once a look finds none (a burst that never pauses, about every ``debounce``).
+Events come from inotify (``koord.inotify``, as PLEG's) read by the watcher's own thread,
+so callers with or without an event loop use it the same way. A burst of events (an editor
+writing in several steps, a temp file renamed into place) becomes one ``on_event`` call
+once ``debounce`` seconds passed without an event, or ``2 * debounce`` after the burst's
+first (a burst that never pauses). The thread sleeps in ``select`` until an event, the
+next periodic check or ``stop``: an idle watcher does not wake otherwise.
 
 inotify cannot report everything: a watched directory that is deleted and created again
 is a new inode nobody watches, a directory missing at start has nothing to watch, and
 inotify's limits can be exhausted by other processes. So ``on_poll`` also runs every
 ``poll_interval`` seconds whatever happens, the directories' identities are checked then
-(and re-watched when they changed), and without inotify polling is all there is. The check
-is a timer on the loop: the watch itself never times out, since every return from
-watchfiles hands the watch to a worker thread again, the costliest part of an idle watcher.
+(and re-watched when they changed), and without inotify polling is all there is.
 Callbacks run on the watcher's thread, one at a time; an exception in one is logged, never fatal.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
+import select
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from watchfiles import Change, awatch
+from .inotify import (
+    IN_ATTRIB,
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_Q_OVERFLOW,
+    Inotify,
+)
+from .logonce import LogOnce
 
 log = logging.getLogger(__name__)
-# watchfiles says "N changes detected" at INFO for every batch of events: a log file kept
-# beside a watched file would write a line per second. The watcher's own lines suffice.
-logging.getLogger("watchfiles.main").setLevel(logging.WARNING)
 
 DirIdentity = tuple[tuple[str, int, int], ...]
 
 START_TIMEOUT = 10.0
 """How long start() waits for the watch to be set up before it goes on without it."""
 
-
-class _EitherEvent:
-    """The stop event watchfiles checks at every step: set when either event is. ``set`` is
-    what awatch calls when its task is cancelled."""
-
-    def __init__(self, stop: asyncio.Event, leave: asyncio.Event) -> None:
-        self._stop = stop
-        self._leave = leave
-
-    def is_set(self) -> bool:
-        return self._stop.is_set() or self._leave.is_set()
-
-    def set(self) -> None:
-        self._leave.set()
+FILE_MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
+             | IN_DELETE_SELF | IN_MOVE_SELF)
+_LOST = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_Q_OVERFLOW
+"""The directory itself went (or events were lost): an event, and the directories are
+looked at again."""
 
 
 class DirWatcher:
@@ -68,109 +68,120 @@ class DirWatcher:
         self._accept = accept
         self._on_event = on_event
         self._on_poll = on_poll or on_event
-        self._debounce_ms = max(1, round(debounce * 1000))
+        self._debounce = debounce
         self._poll = poll_interval
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
+        self._stopping = threading.Event()
+        self._wake_r = self._wake_w = -1
+        """A pipe ``stop`` writes to: it wakes the thread from ``select`` at once."""
         self._ready = threading.Event()
-        self._reported: str | None = None
-        self._lost = False
+        self._said = LogOnce(log)
 
     def start(self) -> None:
         """Returns once the directories are watched (or found unwatchable), so no later change is missed."""
         self._ready.clear()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name=self.name, daemon=True)
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         self._thread.start()
         self._ready.wait(START_TIMEOUT)
 
     def stop(self) -> None:
         if self._thread is None:
             return
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+        self._stopping.set()
+        os.write(self._wake_w, b"x")
         self._thread.join()
         self._thread = None
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        self._stopping.clear()
 
     # -- the watcher's thread ---------------------------------------------------------------
 
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    def _main(self) -> None:
         last: DirIdentity | None = None
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             identity = self._identity()
-            if last is not None and identity != last:
-                self._call(self._on_event)  # a directory appeared, went away or was replaced
+            changed = last is not None and identity != last
             last = identity
+            inotify = self._watched(identity) if identity else None
             if not identity:
                 self._report(f"none of {', '.join(map(str, self.dirs))} exists yet; checking every {self._poll:g}s")
-                await self._poll_once()
+            if changed:  # a directory appeared, went away or was replaced; said once it is
+                self._call(self._on_event)  # watched, so what the callee reads is all there was
+            if inotify is None:
+                self._poll_once()
                 continue
             try:
-                await self._watch(identity)
-            except Exception as exc:  # e.g. inotify limits reached: polling still keeps callers current
-                self._report(f"cannot watch {', '.join(d for d, _, _ in identity)} ({exc}); "
-                             f"checking every {self._poll:g}s instead")
-                await self._poll_once()
+                self._watch(inotify, identity)
+            finally:
+                inotify.close()
 
-    async def _watch(self, identity: DirIdentity) -> None:
+    def _watched(self, identity: DirIdentity) -> Inotify | None:
+        """inotify on the directories; None (said) when it cannot be set up, e.g. inotify's
+        limits reached: polling still keeps callers current."""
+        try:
+            inotify = Inotify()
+        except OSError as exc:
+            self._unwatchable(identity, exc)
+            return None
+        try:
+            for d, _, _ in identity:
+                inotify.add_watch(Path(d), FILE_MASK)
+        except OSError as exc:
+            inotify.close()
+            self._unwatchable(identity, exc)
+            return None
+        return inotify
+
+    def _unwatchable(self, identity: DirIdentity, exc: OSError) -> None:
+        self._report(f"cannot watch {', '.join(d for d, _, _ in identity)} ({exc}); "
+                     f"checking every {self._poll:g}s instead")
+
+    def _watch(self, inotify: Inotify, identity: DirIdentity) -> None:
         """Watches until stopped or until a directory appears, disappears or is replaced."""
-        self._lost = False
         log.debug("%s: watching %s", self.name, ", ".join(d for d, _, _ in identity))
-        assert self._loop is not None and self._stop is not None
-        leave = asyncio.Event()
-        # awatch sets up inotify before its first await; this runs right after that, so anything
-        # changed from here on is reported, and the poll catches what changed before.
-        watching = self._loop.call_soon(self._watching)
-        checks = asyncio.ensure_future(self._check_while_watching(identity, leave))
-        try:
-            async for _ in awatch(*(d for d, _, _ in identity), watch_filter=self._filter,
-                                  debounce=self._debounce_ms, step=self._debounce_ms,
-                                  stop_event=_EitherEvent(self._stop, leave), rust_timeout=0,
-                                  recursive=False, force_polling=False, ignore_permission_denied=True):
-                self._call(self._on_event)
-                if self._moved(identity):
-                    return
-        except BaseException:
-            watching.cancel()  # inotify could not be set up: not watching after all
-            raise
-        finally:
-            checks.cancel()
-
-    async def _check_while_watching(self, identity: DirIdentity, leave: asyncio.Event) -> None:
-        """The periodic check while watching; sets ``leave`` (ending the watch) once a
-        directory appeared, went away or was replaced."""
-        while True:
-            await asyncio.sleep(self._poll)
-            self._call(self._on_poll)
-            if self._moved(identity):
-                leave.set()
-                return
-
-    def _moved(self, identity: DirIdentity) -> bool:
-        """Re-watch; after a delete always, since a new directory may reuse the inode number."""
-        return self._lost or self._identity() != identity
-
-    async def _poll_once(self) -> None:
-        assert self._stop is not None
-        self._ready.set()
-        try:
-            await asyncio.wait_for(self._stop.wait(), self._poll)
-        except TimeoutError:
-            self._call(self._on_poll)
-
-    def _watching(self) -> None:
-        self._reported = None  # watching again: a new problem is worth a new warning
-        if not self._ready.is_set():
+        self._said.clear("problem")  # watching again: a new problem is worth a new warning
+        if not self._ready.is_set():  # what changed before the watch was set up
             self._call(self._on_poll)
             self._ready.set()
+        next_poll = time.monotonic() + self._poll
+        first = last = None  # the pending burst's first and last event
+        lost = False
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            deadline = next_poll if first is None or last is None else min(
+                next_poll, last + self._debounce, first + 2 * self._debounce)
+            readable, _, _ = select.select([inotify.fd, self._wake_r], [], [], max(0.0, deadline - now))
+            if self._wake_r in readable:
+                return
+            now = time.monotonic()
+            if inotify.fd in readable:
+                for _, mask, name in inotify.read():
+                    if mask & _LOST:
+                        lost = True
+                    elif not self._accept(name):
+                        continue
+                    first = now if first is None else first
+                    last = now
+            if first is not None and last is not None and (
+                    now - last >= self._debounce or now - first >= 2 * self._debounce):
+                first = last = None
+                self._call(self._on_event)
+                if lost or self._identity() != identity:
+                    return
+            if now >= next_poll:
+                next_poll = now + self._poll
+                self._call(self._on_poll)
+                if self._identity() != identity:
+                    return
 
-    def _filter(self, change: Change, path: str) -> bool:
-        if change is Change.deleted and Path(path) in self.dirs:
-            self._lost = True
-            return True
-        return self._accept(os.path.basename(path))
+    def _poll_once(self) -> None:
+        """Waits one poll interval (or until stopped), then runs the periodic check."""
+        self._ready.set()
+        readable, _, _ = select.select([self._wake_r], [], [], self._poll)
+        if not readable:
+            self._call(self._on_poll)
 
     def _identity(self) -> DirIdentity:
         ids = []
@@ -190,6 +201,4 @@ class DirWatcher:
 
     def _report(self, message: str) -> None:
         """Logs a problem once, not on every retry."""
-        if message != self._reported:
-            self._reported = message
-            log.warning("%s: %s", self.name, message)
+        self._said.say("problem", f"{self.name}: {message}")

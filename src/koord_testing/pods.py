@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from koord.koordlet.resources import KoordQoS
 from koord.koordlet.slo import NodeSLO, parse_node_slo
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 from koord.koordlet.statesinformer.specs import merged_node_slo
@@ -24,12 +25,12 @@ def container_meta(name: str, id: str, cgroup_dir: str, *, running: bool = True,
 
 
 def pod_meta(namespace: str, name: str, uid: str, cgroup_dir: str, *, kube_qos: str = "burstable",
-             koord_qos: str = "", running: bool = True, containers: Iterable[ContainerMeta] = (),
+             koord_qos: KoordQoS | str = "", running: bool = True, containers: Iterable[ContainerMeta] = (),
              labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None,
              priority: int | None = None) -> PodMeta:
     """A PodMeta with the fields tests rarely care about filled in."""
     return PodMeta(namespace=namespace, name=name, uid=uid, labels=labels or {}, annotations=annotations or {},
-                   kube_qos=kube_qos, koord_qos=koord_qos, priority=priority, cgroup_dir=cgroup_dir,
+                   kube_qos=kube_qos, koord_qos=KoordQoS(koord_qos), priority=priority, cgroup_dir=cgroup_dir,
                    sandbox_id=f"sandbox-{uid}", running=running, containers=tuple(containers))
 
 

@@ -102,20 +102,19 @@ def test_the_periodic_check_runs_while_events_keep_coming(tmp_path: Path, watch)
     assert rec.events >= 1 and rec.polls >= 4
 
 
-def test_an_idle_watch_is_one_watchfiles_call_not_one_per_check(tmp_path: Path, monkeypatch) -> None:
-    """Each return from watchfiles hands the watch to a worker thread again: the periodic
-    check must not end the watch."""
+def test_an_idle_watch_is_set_up_once_not_once_per_check(tmp_path: Path, monkeypatch) -> None:
+    """The periodic check must not end the watch: setting inotify up again each time would
+    cost a descriptor and a watch per check and open a window for missed events."""
     import koord.filewatch as filewatch
-    calls: list[dict] = []
-    real = filewatch.awatch
+    made: list[object] = []
+    real = filewatch.Inotify
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(filewatch, "awatch", counting)
+    def counting() -> object:
+        made.append(real())
+        return made[-1]
+    monkeypatch.setattr(filewatch, "Inotify", counting)
     run_until_checked(tmp_path, 6)
-    assert len(calls) == 1
-    assert calls[0]["step"] == calls[0]["debounce"], "watchfiles looks for events once per debounce"
+    assert len(made) == 1
 
 
 def test_a_directory_created_later_is_watched(tmp_path: Path, watch) -> None:
@@ -174,7 +173,7 @@ def test_without_inotify_the_periodic_check_is_all_there_is(tmp_path: Path, monk
     def no_inotify(*args, **kwargs):
         raise OSError("OS file watch limit reached")
 
-    monkeypatch.setattr("koord.filewatch.awatch", no_inotify)
+    monkeypatch.setattr("koord.filewatch.Inotify", no_inotify)
     run_until_checked(tmp_path, 5)
     warnings = [r for r in caplog.records if r.name == "koord.filewatch" and "watch limit" in r.getMessage()]
     assert len(warnings) == 1, "the problem is logged once, not on every retry"

@@ -98,6 +98,7 @@ class Koordlet:
         self.informer.register_callback(NODE, lambda: self.metrics.record_node_allocatable(self.informer.get_node()))
         self.metric_cache = Started("metric-cache", lambda: metriccache.from_args(a), metriccache.MetricCache.close)
         self.prediction = Started("prediction", self._start_prediction, prediction.PeakPredictServer.stop)
+        self.prediction_problems = prediction.report_problems()
         self.qos_manager = Started("qos-manager", self._start_qos_manager, qosmanager.QOSManager.stop)
         modules: list[Module] = [
             Started("resource-executor", lambda: self.executor, lambda _: None),  # built above
@@ -151,7 +152,7 @@ class Koordlet:
         """A report's predictor; None (no prediction fields) while the predict server is down."""
         server = self.prediction.running
         return None if server is None else prediction.ProdReclaimablePredictor(
-            server, node, server.config, observe=self.metrics.record_prediction)
+            server, node, server.config, observe=self.metrics.record_prediction, said=self.prediction_problems)
 
     def _serve_metrics(self) -> None:
         if not self.args.addr:

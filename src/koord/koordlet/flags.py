@@ -12,14 +12,15 @@ from koord.commonflags import log_level, version_text
 from koord.hookapi import FailurePolicy, HookPoint, unix_socket_path
 
 from . import goflags, metriccache, metricsadvisor, prediction, qosmanager, upstreamflags
+from .cgrouplayout import DEFAULT_ROOT, KUBE_DIR
 from .features import ALL_GATE_DEFAULTS, parse_feature_gates
 from .flagtypes import choice, flag_bool, go_duration, port_number
+from .hostpaths import CONTAINERD_SOCKET, PROC_ROOT, SYS_FS_ROOT
 from .runtimehooks import nri
 from .runtimehooks.server import Network
 
 DEFAULT_ADDR = "/var/run/koordlet/koordlet.sock"
 DEFAULT_CONFIG_PATH = "/etc/runtime/hookserver.d"
-DEFAULT_CONTAINERD = "/var/run/containerd/containerd.sock"
 
 
 def failure_policy(text: str) -> FailurePolicy:
@@ -95,14 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
       "e.g. PreStartContainer,PostStopContainer (default: none)")
     a("--runtime-hooks-reconcile-interval", type=go_duration, default=10.0, metavar="DURATION",
       help="Standalone reconcile period, e.g. 10s, 500ms; 0 disables (default: 10s)")
-    a("--cgroup-root-dir", type=existing_dir, default=Path("/sys/fs/cgroup/"), metavar="DIR",
+    a("--cgroup-root-dir", type=existing_dir, default=DEFAULT_ROOT, metavar="DIR",
       help="cgroup root (default: %(default)s)")
     a("--cgroup-driver", type=choice("cgroupfs", "systemd", "auto"), default="auto",
       metavar="cgroupfs|systemd|auto",
       help="cgroupfs, systemd or auto (from each pod's cgroup parent) (default: %(default)s)")
-    a("--sys-fs-root-dir", type=Path, default=Path("/sys/fs"), metavar="DIR",
+    a("--sys-fs-root-dir", type=Path, default=SYS_FS_ROOT, metavar="DIR",
       help="host /sys/fs; resctrl lives under <it>/resctrl (default: %(default)s)")
-    a("--proc-root-dir", type=Path, default=Path("/proc"), metavar="DIR", help="procfs root (default: %(default)s)")
+    a("--proc-root-dir", type=Path, default=PROC_ROOT, metavar="DIR", help="procfs root (default: %(default)s)")
     a("--feature-gates", type=feature_gates, default=dict(ALL_GATE_DEFAULTS), metavar="GATES",
       help="upstream's gates, e.g. AllAlpha=true,AllBeta=true,Resctrl=false; gates without a feature "
       "here are accepted with a warning (defaults: "
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kubeconfig", type=Path, default=None, metavar="FILE",
       help="kubeconfig for the API server (default: $KUBECONFIG, else the in-cluster config when "
       "KUBERNETES_SERVICE_HOST is set)")
-    a("--cgroup-kube-dir", default="kubepods/", metavar="DIR",
+    a("--cgroup-kube-dir", default=KUBE_DIR + "/", metavar="DIR",
       help="pod cgroups' root under each cgroup subsystem (default: %(default)s; "
       "kubepods.slice with the systemd driver)")
     a("--kubelet-sync-interval", type=go_duration, default=10.0, metavar="DURATION",
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--node-topology-file", type=Path, default=None, metavar="FILE",
       help="standalone mode: write this node's NodeResourceTopology to this file (YAML) instead of "
       "the API server (default: none)")
-    a("--containerd-endpoint", type=socket_path, default=DEFAULT_CONTAINERD, metavar="SOCKET",
+    a("--containerd-endpoint", type=socket_path, default=CONTAINERD_SOCKET, metavar="SOCKET",
       help="CRI socket the reconciler lists pods from (default: %(default)s)")
     a("--addr", default=":9316", metavar="HOST:PORT",
       help="serve Prometheus /metrics, /healthz and /readyz here; empty disables "

@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
+
+from ..logonce import LogOnce
 
 log = logging.getLogger("koordlet")
 
@@ -82,7 +84,7 @@ class Started(Generic[T]):
 class _Pending:
     module: Module
     attempts: int = 1
-    last_error: str = ""
+    said: LogOnce = field(default_factory=lambda: LogOnce(log))
 
 
 class ModuleStarter:
@@ -155,10 +157,8 @@ class ModuleStarter:
             if raise_required and module.required:
                 raise
             error = str(exc) or type(exc).__name__
-            if error != pending.last_error:  # a failure that repeats is logged once
-                log.error("module %s cannot start: %s; the other modules go on, retrying "
-                          "with back-off", module.name, error)
-                pending.last_error = error
+            pending.said.say("start", f"module {module.name} cannot start: {error}; the other modules go on, "
+                             "retrying with back-off", level=logging.ERROR)
             self._set_up(module.name, False)
             return False
         if pending.attempts > 1:

@@ -23,93 +23,42 @@ in another process).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import logging
 import os
 import select
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..inotify import (
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+    Inotify,
+    InotifyError,
+)
+from ..logonce import LogOnce
 from .cgrouplayout import DRIVERS
 from .resourceexecutor.executor import CgroupExecutor
 from .runtimehooks.protocol import KubeQoS
 
 log = logging.getLogger(__name__)
 
-IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
-IN_MOVED_FROM, IN_MOVED_TO = 0x40, 0x80
-IN_Q_OVERFLOW, IN_IGNORED, IN_ISDIR, IN_ONLYDIR = 0x4000, 0x8000, 0x40000000, 0x01000000
-IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
-_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
-_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
-READ_BYTES = 64 * 1024
-"""One read takes at most this much of the kernel's queue; the rest waits there (bounded by
-the kernel's max_queued_events, an overflow event when full)."""
+DIR_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 DEFAULT_MAX_WATCHES = 8192
 QOS, POD, ANCESTOR = "qos", "pod", "ancestor"
 """What a watched directory is: a kube-QoS dir (pod dirs appear in it), a pod dir (container
 dirs appear in it), or the nearest existing ancestor of a QoS dir not there yet."""
 RATE_PER_SECOND, BURST = 5.0, 10
-
-
-class InotifyError(OSError):
-    pass
-
-
-class Inotify:
-    """The three inotify calls through libc, and events decoded from the descriptor."""
-
-    def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        self._add = libc.inotify_add_watch
-        self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
-        self._rm = libc.inotify_rm_watch
-        self._rm.argtypes = (ctypes.c_int, ctypes.c_int)
-        fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            code = ctypes.get_errno()
-            raise InotifyError(code, f"inotify_init1: {os.strerror(code)}")
-        self.fd: int = fd
-
-    def add_watch(self, path: Path, mask: int = _MASK) -> int:
-        wd = self._add(self.fd, os.fsencode(path), mask)
-        if wd < 0:
-            code = ctypes.get_errno()
-            raise InotifyError(code, f"inotify_add_watch {path}: {os.strerror(code)}")
-        return int(wd)
-
-    def rm_watch(self, wd: int) -> None:
-        self._rm(self.fd, wd)  # EINVAL when the kernel already dropped it: nothing to do
-
-    def read(self) -> list[tuple[int, int, str]]:
-        """(wd, mask, name) of the queued events, at most READ_BYTES of them; [] when none."""
-        try:
-            return decode_events(os.read(self.fd, READ_BYTES))
-        except BlockingIOError:
-            return []
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def decode_events(data: bytes) -> list[tuple[int, int, str]]:
-    """struct inotify_event records (wd, mask, cookie, len, NUL-padded name) as (wd, mask,
-    name); a record cut short at the end (never from the kernel) is dropped."""
-    events, offset = [], 0
-    while offset + _EVENT.size <= len(data):
-        wd, mask, _, size = _EVENT.unpack_from(data, offset)
-        end = offset + _EVENT.size + size
-        if end > len(data):
-            break
-        name = data[offset + _EVENT.size:end].split(b"\0", 1)[0]
-        events.append((wd, mask, os.fsdecode(name)))
-        offset = end
-    return events
 
 
 def is_pod_dir(name: str) -> bool:
@@ -156,7 +105,7 @@ class Pleg:
         self._limiter = TokenBucket(RATE_PER_SECOND, BURST)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._reported: str | None = None
+        self._said = LogOnce(log)
 
     def qos_dirs(self) -> list[Path]:
         """The kube-QoS directories in the hierarchy that stands for all (v1: ``cpu``); with
@@ -209,7 +158,7 @@ class Pleg:
                          "by polling")
             return False
         try:
-            wd = self._inotify.add_watch(directory)
+            wd = self._inotify.add_watch(directory, DIR_MASK)
         except InotifyError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # gone meanwhile: normal churn
                 self._report(f"cannot watch {directory}: {exc.strerror}; polling covers it")
@@ -270,9 +219,7 @@ class Pleg:
         return found
 
     def _report(self, message: str) -> None:
-        if message != self._reported:
-            self._reported = message
-            log.warning("PLEG: %s", message)
+        self._said.say("problem", f"PLEG: {message}")
 
     # ---- the loop -----------------------------------------------------------------------
 

@@ -18,6 +18,9 @@ A handler gets the typed request and returns the changes (or None for none). A h
 that raises fails the hook call; the proxy then applies the registration's
 ``failure_policy``. The server and registration file are koordlet's own, so a plugin
 behaves on the wire exactly like koordlet.
+
+``PodMeta`` here is a request's pod identity (koordlet's ``HookPodMeta``): the SDK has
+only the one, so it keeps the short name.
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ from koord.koordlet.runtimehooks.protocol import (
     ContainerRequest,
     ContainerResponse,
     PodContext,
-    PodMeta,
     PodRequest,
     PodResponse,
 )
+from koord.koordlet.runtimehooks.protocol import HookPodMeta as PodMeta
 from koord.koordlet.runtimehooks.server import Network, RuntimeHookServer
 
 __all__ = [

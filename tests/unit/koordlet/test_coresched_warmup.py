@@ -18,13 +18,13 @@ from koord.hookapi import FailurePolicy, HookPoint
 from koord.koordlet import cli, flags
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import KoordQoS
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.plugins.coreschedrule import CORE_SCHED
-from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodContext, PodRequest
-from koord.koordlet.runtimehooks.protocol import PodMeta as RequestPodMeta
+from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, HookPodMeta, PodContext, PodRequest
 from koord.koordlet.statesinformer.meta import ContainerMeta, PodMeta
 
 from .test_plugin_coresched import FakeCookies, slo
@@ -63,7 +63,7 @@ def pod(uid: str, qos: str, group: str, parent: str, sandbox: str, containers: d
         running: bool = True) -> PodMeta:
     """A pod as the states informer lists it; ``containers`` name -> id, all running."""
     return PodMeta(namespace="default", name=f"test-pod-{uid}", uid=uid, labels={QOS: qos, GROUP_ID: group},
-                   annotations={}, kube_qos="", koord_qos=qos, priority=None, cgroup_dir=parent,
+                   annotations={}, kube_qos="", koord_qos=KoordQoS(qos), priority=None, cgroup_dir=parent,
                    sandbox_id=sandbox, running=running,
                    containers=[ContainerMeta(name=name, id=cid, cgroup_dir=f"{parent}/{cid}", running=True)
                                for name, cid in containers.items()])
@@ -119,7 +119,7 @@ def test_warm_up(tmp_path: Path, name, procs, cookies, failing, pods, warmed, gr
 
 def run_container(plugin: CoreSched, hooks: Hooks, meta: PodMeta, container: str) -> None:
     hooks.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(
-        pod_meta=RequestPodMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid), container_name=container,
+        pod_meta=HookPodMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid), container_name=container,
         container_id=next(c.id for c in meta.containers if c.name == container), pod_labels=meta.labels,
         pod_cgroup_parent="/" + meta.cgroup_dir)))
 
@@ -213,7 +213,7 @@ def test_metrics_follow_the_containers_cookie(tmp_path: Path) -> None:
     plugin.update_rules(ENABLED)
     run_container(plugin, hooks, meta, "main")
     assert len(sample(registry, "koordlet_container_core_sched_cookie")) == 1
-    hooks.run(HookPoint.POST_STOP_POD_SANDBOX, PodContext(PodRequest(meta=RequestPodMeta(uid="u1"))))
+    hooks.run(HookPoint.POST_STOP_POD_SANDBOX, PodContext(PodRequest(meta=HookPodMeta(uid="u1"))))
     assert sample(registry, "koordlet_container_core_sched_cookie") == {}
 
 

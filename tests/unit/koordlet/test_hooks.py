@@ -7,14 +7,14 @@ from koord.koordlet.runtimehooks.hooks import HookError, Hooks
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
+    HookPodMeta,
     PodContext,
-    PodMeta,
     PodRequest,
 )
 
 
 def _ctx() -> ContainerContext:
-    return ContainerContext(ContainerRequest(pod_meta=PodMeta(name="web", namespace="prod"),
+    return ContainerContext(ContainerRequest(pod_meta=HookPodMeta(name="web", namespace="prod"),
                                              container_name="c1"))
 
 

@@ -26,7 +26,7 @@ from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import build_plugins, implemented_gates, parse_rules
 from koord.koordlet.runtimehooks.plugins.cpusetrule import CPUSET
 from koord.koordlet.runtimehooks.plugins.groupidentity import GROUP_IDENTITY
-from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
+from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, HookPodMeta
 from koord.koordlet.runtimehooks.rule import RuleError
 from koord.koordlet.runtimehooks.server import RuntimeHookServer
 from koord.runtimeproxy import convert
@@ -204,7 +204,7 @@ def test_every_plugin_answers_within_limits_or_fails_cleanly(tmp_path_factory, p
 def test_hooks_framework_never_lets_an_out_of_range_value_through(tmp_path_factory, annotations, labels) -> None:
     root = tmp_path_factory.mktemp("node")
     hooks, executor = all_plugin_hooks(root, FailurePolicy.IGNORE, NODE)
-    ctx = ContainerContext(ContainerRequest(pod_meta=PodMeta(name="p", namespace="ns", uid="uid1"),
+    ctx = ContainerContext(ContainerRequest(pod_meta=HookPodMeta(name="p", namespace="ns", uid="uid1"),
                                             container_name="c1", container_id=CONTAINER_ID,
                                             pod_labels=labels, pod_annotations=annotations,
                                             pod_cgroup_parent="/" + PARENT))

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from koord.koordlet import flags
 from koord.koordlet import metriccache as mc
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metricsadvisor import AdvisorConfig, MetricsAdvisor, add_flags, from_args
@@ -82,10 +83,7 @@ def test_interval_below_one_second_disables(caplog):
 
 
 def test_flags():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cgroup-root-dir", default="/sys/fs/cgroup")
-    parser.add_argument("--feature-gates", type=lambda t: dict(x.split("=") for x in t.split(",")), default={})
-    add_flags(parser)
+    parser = flags.build_parser()
     cfg = from_args(parser.parse_args([]))
     assert (cfg.collect_res_used_interval, cfg.collect_sys_metric_outdated_interval,
             cfg.collect_node_cpu_info_interval, cfg.psi_collector_interval,

@@ -25,7 +25,7 @@ from koord.koordlet.metricsadvisor.collectors import (
     PSICollector,
     SystemResourceCollector,
 )
-from koord.koordlet.metricsadvisor.framework import CgroupTarget, Env, Point, Problems, Rates
+from koord.koordlet.metricsadvisor.framework import CgroupTarget, Env, Point, Rates, collector_problems
 from koord.koordlet.metricsadvisor.gauges import HostAppGauges, PSIGauges
 from koord.koordlet.metricsadvisor.parsers import FileProblem
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
@@ -574,18 +574,6 @@ def test_host_application_without_node_slo_still_reports_zero(make_env):
 
 # ---- framework ---------------------------------------------------------------------------
 
-def test_problems_log_once_until_cleared_or_forgotten(caplog):
-    now = [0.0]
-    p = Problems(logging.getLogger("t"), forget_after=100, clock=lambda: now[0])
-    assert p.report("k", "m") and not p.report("k", "m")
-    p.clear("k")
-    assert p.report("k", "m")
-    now[0] = 50
-    assert not p.report("k", "m")
-    now[0] = 200
-    assert p.report("k", "m")
-
-
 def test_rates_prime_backwards_and_ttl():
     r = Rates(ttl=20)
     assert r.rate("a", 100, 0) is None
@@ -623,7 +611,7 @@ def test_rates_in_one_call_as_rate(name, ticks, want):
     ("too old to difference", [(0, (10, 1)), (25, (20, 4))], [None, None]),
 ])
 def test_deltas_of_counter_pairs(name, ticks, want, caplog):
-    r = Rates(ttl=20, problems=Problems(logging.getLogger("t")), counter="cpu.stat")
+    r = Rates(ttl=20, problems=collector_problems(logging.getLogger("t")), counter="cpu.stat")
     assert [r.deltas(["a"], [pair], now, ["pod ns/a"])[0] for now, pair in ticks] == want
     assert ("backwards" in name) == any("pod ns/a: cpu.stat went backwards" in m for m in caplog.messages)
 

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from koord.inotify import IN_IGNORED, Inotify, decode_events
 from koord.koordlet.cgrouplayout import CgroupLayout
-from koord.koordlet.pleg import BURST, IN_IGNORED, RATE_PER_SECOND, Inotify, Pleg, decode_events, is_pod_dir
+from koord.koordlet.pleg import BURST, RATE_PER_SECOND, Pleg, is_pod_dir
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord_testing.wait import wait_for
 

@@ -18,9 +18,9 @@ from koord.koordlet.runtimehooks.plugins.cpunormalization import CPU_NORMALIZATI
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
+    HookPodMeta,
     KubeQoS,
     PodContext,
-    PodMeta,
     PodRequest,
 )
 from koord.koordlet.runtimehooks.rule import Rules
@@ -50,7 +50,7 @@ def hooks() -> Hooks:
 
 
 def run_pod(labels: dict, annotations: dict, period: int | None = None) -> PodContext:
-    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"), labels=labels,
+    ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"), labels=labels,
                                 annotations=annotations, cgroup_parent="/kubepods/besteffort/pod1",
                                 resources=Resources(cpu_period=period)))
     hooks().run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
@@ -60,7 +60,7 @@ def run_pod(labels: dict, annotations: dict, period: int | None = None) -> PodCo
 def run_container(labels: dict, annotations: dict, name: str = "c1",
                   stage: HookPoint = HookPoint.PRE_CREATE_CONTAINER) -> ContainerContext:
     ctx = ContainerContext(ContainerRequest(
-        pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name=name, container_id="cid",
+        pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name=name, container_id="cid",
         pod_labels=labels, pod_annotations=annotations, pod_cgroup_parent="/kubepods/besteffort/pod1",
         resources=Resources(cpu_shares=2)))
     hooks().run(stage, ctx)
@@ -155,11 +155,11 @@ def run_with_rules(rules: Rules, stage: HookPoint) -> Resources:
     plugin.register(h)
     ctx: PodContext | ContainerContext
     if stage is HookPoint.PRE_RUN_POD_SANDBOX:
-        ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"), labels=BE,
+        ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"), labels=BE,
                                     annotations=spec(c1=C1), cgroup_parent="/kubepods/besteffort/pod1"))
     else:
         ctx = ContainerContext(ContainerRequest(
-            pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
+            pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
             pod_labels=BE, pod_annotations=spec(c1=C1), pod_cgroup_parent="/kubepods/besteffort/pod1"))
     h.run(stage, ctx)
     return ctx.response.resources

@@ -20,7 +20,7 @@ from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.cookies import CookieError, CookieManager, PrctlCookies, pod_group, supported
 from koord.koordlet.runtimehooks.plugins.coresched import CPU_IDLE, CoreSched
 from koord.koordlet.runtimehooks.plugins.coreschedrule import CORE_SCHED, CoreSchedParam, CoreSchedRule
-from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, KubeQoS, PodMeta, Resources
+from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, HookPodMeta, KubeQoS, Resources
 from koord.koordlet.runtimehooks.rule import RuleError
 from koord_testing.cgroupfs import make_fake_v1_cgroup
 
@@ -207,7 +207,7 @@ def run_container(tmp_path: Path, plugin: CoreSched, labels: dict, pids: list[in
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
     hooks.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(
-        pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c", container_id=cid,
+        pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name="c", container_id=cid,
         pod_labels=labels, pod_cgroup_parent="/" + parent)))
 
 

@@ -16,8 +16,8 @@ from koord.koordlet.runtimehooks.plugins.cpunormalization import CPUNormalizatio
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
+    HookPodMeta,
     PodContext,
-    PodMeta,
     PodRequest,
 )
 
@@ -41,7 +41,7 @@ def hooks_with(ratio: str | None) -> Hooks:
 
 def container_ctx(qos: str, quota: int | None, annotations: dict | None = None) -> ContainerContext:
     return ContainerContext(ContainerRequest(
-        pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1",
+        pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name="c1",
         pod_labels={"koordinator.sh/qosClass": qos} if qos else {},
         pod_annotations=annotations or {}, resources=Resources(cpu_quota=quota, cpu_period=100000)))
 
@@ -78,7 +78,7 @@ def test_update_stage_and_earlier_answer_wins_over_request() -> None:
 
 
 def test_pod_quota() -> None:
-    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+    ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"),
                                 labels={"koordinator.sh/qosClass": "LS"},
                                 resources=Resources(cpu_quota=200000)))
     hooks_with("1.2").run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
@@ -120,7 +120,7 @@ def test_recorded_base_prevents_double_scaling(quota: int, recorded: str | None,
 
 
 def test_pod_level_base_is_recorded_in_pod_annotations() -> None:
-    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+    ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"),
                                 annotations={BASE: "100000"}, resources=Resources(cpu_quota=83334)))
     hooks_with("1.2").run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
     assert ctx.response.resources.cpu_quota == 83334

@@ -19,8 +19,8 @@ from koord.koordlet.runtimehooks.plugins.cpusetrule import CPUSET
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
+    HookPodMeta,
     PodContext,
-    PodMeta,
     PodRequest,
 )
 
@@ -54,7 +54,7 @@ def run(node_obj: dict | None, qos: str, annotations: dict | None = None,
     plugin.register(hooks)
     labels = {"koordinator.sh/qosClass": qos} if qos else {}
     ctx = ContainerContext(ContainerRequest(
-        pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name=container, container_id="cid",
+        pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name=container, container_id="cid",
         pod_labels=labels, pod_annotations=annotations or {}, pod_cgroup_parent=parent))
     hooks.run(stage, ctx)
     return ctx
@@ -194,7 +194,7 @@ def test_pod_cpu_quota_unset_for_cpuset_pods(qos: str, annotations: dict, expect
     plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS))
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
-    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+    ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"),
                                 labels={"koordinator.sh/qosClass": qos} if qos else {},
                                 annotations=annotations, cgroup_parent="/kubepods/pod1"))
     hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
@@ -205,7 +205,7 @@ def test_pod_cpu_quota_bad_resource_status_is_an_error() -> None:
     plugin = CPUSetAllocator(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS))
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
-    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+    ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"),
                                 annotations={STATUS: "bad-format"}, cgroup_parent="/kubepods/pod1"))
     with pytest.raises(HookError, match=STATUS):
         hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
@@ -220,7 +220,7 @@ def test_disable_unset_cpu_quota_keeps_pod_quota(disable_unset: bool, expected: 
                                        disable_unset_cpu_quota=disable_unset))
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
-    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+    ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"),
                                 labels={"koordinator.sh/qosClass": "LSR"},
                                 annotations={STATUS: '{"cpuset":"0-3"}'}, cgroup_parent="/kubepods/pod1"))
     hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)

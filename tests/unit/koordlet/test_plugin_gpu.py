@@ -12,7 +12,7 @@ from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins.gpu import GPUEnvInject
-from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
+from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, HookPodMeta
 
 ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 NO_FS = Path("/nonexistent")
@@ -23,7 +23,7 @@ def run(annotations: dict, envs: dict | None = None,
     hooks = Hooks(FailurePolicy.FAIL)
     GPUEnvInject(PluginEnv(CgroupExecutor(CgroupLayout(NO_FS, version=1)), NO_FS, NO_FS)).register(hooks)
     ctx = ContainerContext(ContainerRequest(
-        pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1",
+        pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name="c1",
         pod_annotations=annotations, envs=envs or {}))
     hooks.run(stage, ctx)
     return ctx

@@ -13,7 +13,7 @@ from koord.koordlet.resources import KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import HookError, Hooks, PluginEnv
 from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
-from koord.koordlet.runtimehooks.protocol import PodContext, PodMeta, PodRequest
+from koord.koordlet.runtimehooks.protocol import HookPodMeta, PodContext, PodRequest
 
 ALL_ON = {"spec": {"resourceQOSStrategy": {
     k: {"cpuQOS": {"enable": True}} for k in ("lsrClass", "lsClass", "beClass", "systemClass")}}}
@@ -38,7 +38,7 @@ def run_pod(plugin: GroupIdentity, labels: dict, annotations: dict | None = None
             parent: str = "/kubepods/burstable/pod1") -> PodContext:
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
-    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"), labels=labels,
+    ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"), labels=labels,
                                 annotations=annotations or {}, cgroup_parent=parent))
     hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
     return ctx

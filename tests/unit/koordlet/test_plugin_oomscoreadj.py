@@ -24,7 +24,7 @@ from koord.koordlet.runtimehooks.plugins.oomscoreadj import (
     oom_score_adj_for,
     set_oom_score_adj,
 )
-from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, PodMeta
+from koord.koordlet.runtimehooks.protocol import ContainerContext, ContainerRequest, HookPodMeta
 
 PARENT = "kubepods/burstable/pod1"
 
@@ -102,7 +102,7 @@ def run(tmp_path: Path, annotations: dict, pids: list[int], stage: HookPoint, co
     h = Hooks(FailurePolicy.FAIL)
     OOMScoreAdj(PluginEnv(CgroupExecutor(CgroupLayout(tmp_path / "cgroup", version=1)), tmp_path, proc)).register(h)
     h.run(stage, ContainerContext(ContainerRequest(
-        pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name=name, container_id=container_id,
+        pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name=name, container_id=container_id,
         pod_annotations=annotations, pod_cgroup_parent="/" + PARENT)))
     return proc
 
@@ -136,7 +136,7 @@ def test_refusal_is_reported_once(tmp_path: Path, caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.ERROR):
         for _ in range(3):
             h.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(
-                pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
+                pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
                 pod_annotations={ADJ: "-500"}, pod_cgroup_parent="/" + PARENT)))
     refusals = [r for r in caplog.records if "refused oom_score_adj -500" in r.message]
     assert len(refusals) == 1 and "CAP_SYS_RESOURCE" in refusals[0].message
@@ -163,7 +163,7 @@ def test_the_value_a_containers_processes_hold_is_exported_as_upstreams_gauge(
                     registry=registry, node="n1")
     OOMScoreAdj(env).register(h)
     h.run(HookPoint.POST_START_CONTAINER, ContainerContext(ContainerRequest(
-        pod_meta=PodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
+        pod_meta=HookPodMeta(name="p", namespace="ns", uid="1"), container_name="c1", container_id="cid",
         pod_annotations={ADJ: "700"}, pod_cgroup_parent="/" + PARENT)))
     assert registry.get_sample_value("koordlet_container_oom_score_adj", CONTAINER) == want
 

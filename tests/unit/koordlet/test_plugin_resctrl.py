@@ -21,8 +21,8 @@ from koord.koordlet.runtimehooks.plugins.resctrl import Resctrl, l3_mask
 from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
+    HookPodMeta,
     PodContext,
-    PodMeta,
     PodRequest,
 )
 from koord.nri import api_pb2 as api
@@ -59,13 +59,13 @@ def hooks_for(root: Path) -> Hooks:
 
 
 def pod_ctx(annotations: dict, uid: str = "uid1") -> PodContext:
-    return PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid=uid),
+    return PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid=uid),
                                  annotations=annotations, cgroup_parent=PARENT))
 
 
 def container_ctx(annotations: dict, container_id: str = "cid1") -> ContainerContext:
     return ContainerContext(ContainerRequest(
-        pod_meta=PodMeta(name="p", namespace="ns", uid="uid1"), container_name="c1",
+        pod_meta=HookPodMeta(name="p", namespace="ns", uid="uid1"), container_name="c1",
         container_id=container_id, pod_annotations=annotations, pod_cgroup_parent=PARENT))
 
 
@@ -172,7 +172,7 @@ def test_this_machine_says_in_one_line_why_not(tmp_path: Path, caplog: pytest.Lo
 
 def running(uid: str, annotations: dict, container_ids: tuple[str, ...] = ("cid1",),
             sandbox_id: str = "sb1") -> RunningPod:
-    return RunningPod(PodMeta(name="p", namespace="ns", uid=uid), annotations, PARENT, sandbox_id, container_ids)
+    return RunningPod(HookPodMeta(name="p", namespace="ns", uid=uid), annotations, PARENT, sandbox_id, container_ids)
 
 
 def test_reconcile_moves_container_and_sandbox_tasks_once(node: Path) -> None:

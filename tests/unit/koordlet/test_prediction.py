@@ -4,6 +4,7 @@ the Prod reclaimable predictors, with upstream's table cases and numbers."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ from koord.koordlet.prediction.predictor import (
     PriorityReclaimablePredictor,
     ProdReclaimablePredictor,
     node_allocatable,
+    report_problems,
 )
 from koord.koordlet.prediction.server import (
     CPU_OPTIONS,
@@ -404,6 +406,28 @@ def test_a_result_that_cannot_be_predicted_is_not_recorded_its_peak_is():
     assert result is None and peak is not None
     assert predicted(metrics, "reclaimable") == {}
     assert predicted(metrics, "peak")[("minPredictor", "cpu", "core")] == peak["cpu"] / 1000
+
+
+def test_a_missing_model_is_said_once_across_reports_until_it_clears(caplog):
+    """A predictor is built per report; the NodeMetric interval is seconds, a model's absence
+    lasts as long as its history takes to build."""
+    said, models = report_problems(), FakeServer()
+
+    def report() -> tuple:
+        return ProdReclaimablePredictor(models, node(3000, 3 * GiB), CONFIG, NOW, said=said).report()
+
+    with caplog.at_level(logging.INFO, logger="koord.koordlet.prediction.predictor"):
+        for _ in range(3):
+            assert report() == (None, None)
+        models.default = TEST_RESULT
+        report()
+        models.default = None
+        report()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(":")[1] for line in lines] == [" no prodReclaimable prediction", " no prodPeak prediction",
+                                                       " prodReclaimable predicted again",
+                                                       " prodPeak predicted again",
+                                                       " no prodReclaimable prediction", " no prodPeak prediction"]
 
 
 @pytest.mark.parametrize("case, the_node, want", [

@@ -12,8 +12,8 @@ from koord.koordlet.runtimehooks.protocol import (
     ContainerContext,
     ContainerRequest,
     ContainerResponse,
+    HookPodMeta,
     PodContext,
-    PodMeta,
     PodRequest,
     PodResponse,
 )
@@ -141,7 +141,7 @@ def test_kube_qos(parent, qos):
 
 
 def test_pod_meta_str_names_namespace_and_name():
-    assert str(PodMeta.from_proto(META)) == "prod/web"
+    assert str(HookPodMeta.from_proto(META)) == "prod/web"
 
 
 EVERY_FIELD = api_pb2.LinuxContainerResources(

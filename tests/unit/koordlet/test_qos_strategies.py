@@ -488,12 +488,9 @@ def test_gates_choose_threads_and_a_failing_tick_is_logged_and_retried(
 
 
 def test_add_flags_defaults() -> None:
-    import argparse
+    from koord.koordlet import flags
 
-    from koord.koordlet.qosmanager import add_flags
-
-    p = argparse.ArgumentParser()
-    add_flags(p)
+    p = flags.build_parser()
     cfg = QOSConfig.from_args(p.parse_args([]))
     assert (cfg.cpu_suppress_interval, cfg.cpu_evict_interval, cfg.memory_evict_interval,
             cfg.memory_evict_cool_time, cfg.cpu_evict_cool_time, cfg.only_evict_by_api,
@@ -597,7 +594,7 @@ def test_log_once_forgets_what_is_over_and_stays_bounded(tmp_path: Path, monkeyp
     ctx = Rig(tmp_path, []).manager.ctx
     for i in range(1000):
         ctx.log_once(f"CPUBurst/container/{i}", None)
-    assert len(ctx._logged) == 0
+    assert len(ctx._said) == 0
     for i in range(1000):
         ctx.log_once(f"CPUBurst/container/{i}", "missing")
-        assert len(ctx._logged) <= 50
+        assert len(ctx._said) <= 50

@@ -14,7 +14,7 @@ from koord.hookapi import FailurePolicy, HookPoint, parse_cpuset
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metrics import KoordletMetrics
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
-from koord.koordlet.resources import KubeQoS, Resources
+from koord.koordlet.resources import KoordQoS, KubeQoS, Resources
 from koord.koordlet.runtimehooks.hooks import Hooks, RuntimePlugin
 from koord.koordlet.runtimehooks.protocol import ContainerContext, PodContext
 from koord.koordlet.runtimehooks.reconciler import Reconciler
@@ -85,7 +85,7 @@ def be_pod_listed(ids, c0_cpu_limit: int):
                                      requests={"cpu": 100}, limits={"cpu": c0_cpu_limit if cid == "c0" else 500})
                        for cid in ids)
     return [PodMeta(namespace="ns", name="batch", uid="uid-p1", labels={QOS: "BE"}, annotations={},
-                    kube_qos="BestEffort", koord_qos="BE", priority=None, cgroup_dir=BE,
+                    kube_qos="BestEffort", koord_qos=KoordQoS.BE, priority=None, cgroup_dir=BE,
                     sandbox_id="p1", running=True, containers=containers)]
 
 

@@ -14,6 +14,7 @@ from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ as ADJ
 from koord.hookapi import FailurePolicy, HookPoint, PodHookRequest
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.resourceexecutor.executor import CgroupExecutor
+from koord.koordlet.resources import KoordQoS
 from koord.koordlet.runtimehooks.hooks import Hooks, PluginEnv, RuntimePlugin
 from koord.koordlet.runtimehooks.plugins.oomscoreadj import OOMScoreAdj
 from koord.koordlet.runtimehooks.reconciler import Reconciler, with_current_metadata
@@ -27,7 +28,7 @@ KUBELET_LABELS = {"io.kubernetes.pod.name": "web", "io.kubernetes.pod.uid": "uid
 
 def pod_meta(uid: str, labels: dict[str, str], annotations: dict[str, str]) -> PodMeta:
     return PodMeta(namespace="ns", name="web", uid=uid, labels=labels, annotations=annotations,
-                   kube_qos="Burstable", koord_qos="LS", priority=None, cgroup_dir=BURSTABLE,
+                   kube_qos="Burstable", koord_qos=KoordQoS.LS, priority=None, cgroup_dir=BURSTABLE,
                    sandbox_id="p1", running=True)
 
 

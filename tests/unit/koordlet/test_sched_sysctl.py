@@ -20,7 +20,7 @@ from koord.koordlet.runtimehooks.hostapps import HOST_APPS, host_app_updates
 from koord.koordlet.runtimehooks.plugins import parse_rules
 from koord.koordlet.runtimehooks.plugins.coresched import CoreSched
 from koord.koordlet.runtimehooks.plugins.groupidentity import GroupIdentity
-from koord.koordlet.runtimehooks.protocol import PodContext, PodMeta, PodRequest
+from koord.koordlet.runtimehooks.protocol import HookPodMeta, PodContext, PodRequest
 from koord.koordlet.runtimehooks.rule import RuleError
 
 from .test_plugin_coresched import FakeCookies
@@ -47,7 +47,7 @@ def read(proc: Path, switches: dict[str, str]) -> dict[str, str]:
 def be_bvt(plugin: GroupIdentity) -> int | None:
     hooks = Hooks(FailurePolicy.FAIL)
     plugin.register(hooks)
-    ctx = PodContext(PodRequest(meta=PodMeta(name="p", namespace="ns", uid="1"),
+    ctx = PodContext(PodRequest(meta=HookPodMeta(name="p", namespace="ns", uid="1"),
                                 labels={"koordinator.sh/qosClass": "BE"}, cgroup_parent="/kubepods/besteffort/pod1"))
     hooks.run(HookPoint.PRE_RUN_POD_SANDBOX, ctx)
     return ctx.response.resources.cpu_bvt_warp_ns

@@ -19,7 +19,7 @@ from ..metriccache import MetricCache, MetricCacheError, Samples
 from ..resourceexecutor.executor import CgroupExecutor
 from .collectors import all_collectors
 from .config import AdvisorConfig
-from .framework import Collector, Env, PodSource, Problems
+from .framework import Collector, Env, PodSource, collector_problems
 from .parsers import FileProblem
 
 log = logging.getLogger("koordlet.metricsadvisor")
@@ -33,7 +33,7 @@ class MetricsAdvisor:
         self.collectors = [c for c in all_collectors(self.env) if c.enabled()]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._problems = Problems(log)
+        self._problems = collector_problems(log)
 
     def start(self) -> None:
         if self.config.collect_res_used_interval < 1.0:
@@ -83,7 +83,7 @@ class MetricsAdvisor:
                     self.env.cache.append_ticks([samples])
                 collector.problems.clear("store")
             except MetricCacheError as exc:
-                collector.problems.report("store", "collector %s: %s", collector.name, exc)
+                collector.problems.say("store", "collector %s: %s", collector.name, exc)
 
     def _collect(self, collector: Collector) -> Samples | None:
         try:
@@ -91,9 +91,9 @@ class MetricsAdvisor:
             collector.problems.clear("tick")
             return samples
         except FileProblem as exc:
-            collector.problems.report("tick", "collector %s: %s; no samples this tick", collector.name, exc)
+            collector.problems.say("tick", "collector %s: %s; no samples this tick", collector.name, exc)
         except Exception as exc:  # noqa: BLE001 - a collector bug must not end its thread
-            collector.problems.report(("bug", type(exc).__name__, str(exc)),
+            collector.problems.say(("bug", type(exc).__name__, str(exc)),
                                       "collector %s failed: %r; it keeps running", collector.name, exc,
                                       level=logging.ERROR, exc_info=True)
         return None
@@ -104,7 +104,7 @@ class MetricsAdvisor:
             try:
                 self.tick(collectors)
             except Exception as exc:  # noqa: BLE001 - a bug in storing a tick must not end the thread
-                self._problems.report(("bug", type(exc).__name__, str(exc)),
+                self._problems.say(("bug", type(exc).__name__, str(exc)),
                                       "collectors' tick failed: %r; the next one runs as usual", exc,
                                       level=logging.ERROR, exc_info=True)
             # Fixed rate, not fixed delay: a slow tick does not shift every later one.

@@ -1,6 +1,6 @@
 """What every collector shares: paths, the pod source and its cgroups, the metric cache, the
 latest node and pod totals (for the system collector), counters for rates, and log-once
-problems."""
+problems (``koord.logonce``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
+from ...logonce import LogOnce
 from ..metriccache import MetricCache, Samples
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor
 from ..resourceexecutor.pathcache import CgroupFileCache
@@ -38,32 +39,10 @@ class PodSource(Protocol):
     def has_synced(self) -> bool: ...
 
 
-class Problems:
-    """Logs each distinct problem once, not every tick, and again only after it cleared
-    or was not seen for ``forget_after`` seconds (so a fixed-then-broken file is reported)."""
-
-    def __init__(self, logger: logging.Logger, forget_after: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._log = logger
-        self._seen: dict[Hashable, float] = {}
-        self._forget_after = forget_after
-        self._clock = clock
-
-    def report(self, key: Hashable, message: str, *args: object, level: int = logging.WARNING,
-               exc_info: bool = False) -> bool:
-        """Logs unless ``key`` was reported recently; True when it logged."""
-        now = self._clock()
-        last = self._seen.get(key)
-        self._seen[key] = now
-        if last is not None and now - last < self._forget_after:
-            return False
-        if len(self._seen) > 10_000:  # bounded: drop what has not recurred for a while
-            self._seen = {k: t for k, t in self._seen.items() if now - t < self._forget_after}
-        self._log.log(level, message, *args, exc_info=exc_info)
-        return True
-
-    def clear(self, key: Hashable) -> None:
-        self._seen.pop(key, None)
+def collector_problems(logger: logging.Logger) -> LogOnce:
+    """A collector's log-once problems: a file fixed and broken again unnoticed is said
+    again once it was not seen for ten minutes; many files' problems are held at once."""
+    return LogOnce(logger, forget_after=600.0, max_keys=10_000)
 
 
 class Rates:
@@ -73,7 +52,7 @@ class Rates:
     wrapped counter) gives no sample, is logged once per key, and primes again; entries not
     updated for ``ttl`` seconds are forgotten, so a pod that comes back starts fresh."""
 
-    def __init__(self, ttl: float, problems: Problems | None = None, counter: str = "") -> None:
+    def __init__(self, ttl: float, problems: LogOnce | None = None, counter: str = "") -> None:
         self._prev: dict[Hashable, tuple[Any, float]] = {}
         self._ttl = ttl
         self._problems = problems
@@ -83,7 +62,7 @@ class Rates:
     def _backwards(self, key: Hashable, what: str | Callable[[], str], old: object, new: object) -> None:
         if self._problems is not None:
             owner = (what() if callable(what) else what) or str(key)
-            self._problems.report(("backwards", key), "%s went backwards (%s -> %s); no sample, counting anew",
+            self._problems.say(("backwards", key), "%s went backwards (%s -> %s); no sample, counting anew",
                                   f"{owner}: {self._counter}" if self._counter else owner, old, new)
 
     def rate(self, key: Hashable, value: float, now: float, what: str | Callable[[], str] = "") -> float | None:
@@ -408,7 +387,7 @@ class Collector:
 
     def __init__(self, env: Env) -> None:
         self.env = env
-        self.problems = Problems(logging.getLogger(f"koordlet.metricsadvisor.{self.name}"))
+        self.problems = collector_problems(logging.getLogger(f"koordlet.metricsadvisor.{self.name}"))
 
     @property
     def interval(self) -> float:
@@ -439,5 +418,5 @@ class Collector:
         """One log line per pod (and container), file and reason; a vanished cgroup is normal
         while a pod stops, so it is logged at debug level."""
         level = logging.DEBUG if exc.missing else logging.WARNING
-        self.problems.report((target.id, str(exc.path), exc.reason),
+        self.problems.say((target.id, str(exc.path), exc.reason),
                              "%s: %s: %s; no sample", target.who, exc.path, exc.reason, level=level)

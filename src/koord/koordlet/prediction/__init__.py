@@ -4,8 +4,8 @@ Prod reclaimable predictor behind NodeMetric's ``prodReclaimableMetric`` and
 ``prodPeakMetric``."""
 
 from .config import PredictionConfig, add_flags
-from .predictor import PredictionError, ProdReclaimablePredictor
+from .predictor import PredictionError, ProdReclaimablePredictor, report_problems
 from .server import PeakPredictServer, PredictionUnavailable
 
 __all__ = ["PeakPredictServer", "PredictionConfig", "PredictionError", "PredictionUnavailable",
-           "ProdReclaimablePredictor", "add_flags"]
+           "ProdReclaimablePredictor", "add_flags", "report_problems"]

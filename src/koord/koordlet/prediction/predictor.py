@@ -25,6 +25,7 @@ from typing import Protocol
 
 from koord.apis.extension import ANNOTATION_RAW_ALLOCATABLE
 from koord.hookapi import json_annotation, parse_quantity
+from koord.logonce import LogOnce
 
 from ..statesinformer.meta import PodMeta
 from ..statesinformer.nodemetric import priority_class_with_default
@@ -196,16 +197,25 @@ Observe = Callable[[str, str, Resources], None]
 """Told each result (``reclaimable``) and ``peak`` as computed: (which, predictor name, resources)."""
 
 
+def report_problems() -> LogOnce:
+    """What reports could not predict: a model stays missing for many report intervals, so
+    hold one of these across reports (a predictor is built per report) to say it once."""
+    return LogOnce(log)
+
+
 class ProdReclaimablePredictor:
     """The minimum of both results, the maximum of both peaks (upstream's ``minPredictor``).
     ``observe`` is told each predictor's result and peak, then the minimum and maximum, as
-    each is computed, as upstream records its ``koordlet_node_predicted_resource_*`` gauges."""
+    each is computed, as upstream records its ``koordlet_node_predicted_resource_*`` gauges.
+    ``said`` (from :func:`report_problems`) is where :meth:`report` says what it cannot predict."""
 
     name = "minPredictor"
 
     def __init__(self, server: Predictions, node: dict | None, config: PredictionConfig,
-                 now: float | None = None, observe: Observe | None = None) -> None:
+                 now: float | None = None, observe: Observe | None = None,
+                 said: LogOnce | None = None) -> None:
         now = time.time() if now is None else now
+        self.said = report_problems() if said is None else said
         self.predictors: tuple[PodReclaimablePredictor, PriorityReclaimablePredictor] = (
             PodReclaimablePredictor(server, node, config, now),
             PriorityReclaimablePredictor(server, node, config))
@@ -230,13 +240,17 @@ class ProdReclaimablePredictor:
         return self._observed(PEAK, self.name, _max(pod, priority))
 
     def report(self) -> tuple[Resources | None, Resources | None]:
-        """(result, peak) for the NodeMetric; None for what cannot be predicted (logged)."""
+        """(result, peak) for the NodeMetric; None for what cannot be predicted (said once
+        per problem, until it changes or clears)."""
         out: list[Resources | None] = []
         for what, fn in (("prodReclaimable", self.result), ("prodPeak", self.peak)):
             try:
                 out.append(fn())
             except PredictionError as exc:
-                log.warning("NodeMetric: no %s prediction: %s", what, exc)
+                self.said.say(what, f"NodeMetric: no {what} prediction: {exc}")
                 out.append(None)
+                continue
+            if self.said.clear(what):
+                log.info("NodeMetric: %s predicted again", what)
         return out[0], out[1]
 

@@ -25,6 +25,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from ...logonce import LogOnce
 from ..features import CPU_BURST
 from ..metriccache import (
     CONTAINER_CPU_THROTTLED,
@@ -38,6 +39,7 @@ from ..metriccache import (
 )
 from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import Update, quota_value
+from ..resources import KoordQoS
 from ..statesinformer import PodMeta
 from ..statesinformer.meta import ContainerMeta
 from .burstcalc import (
@@ -61,8 +63,8 @@ from .settled import SettledPods
 
 log = logging.getLogger(__name__)
 
-NOT_BURSTABLE = ("LSR", "LSE", "BE")
-SHARE_POOL_EXCLUDED = ("LSR", "LSE", "BE")
+NOT_BURSTABLE = (KoordQoS.LSR, KoordQoS.LSE, KoordQoS.BE)
+SHARE_POOL_EXCLUDED = (KoordQoS.LSR, KoordQoS.LSE, KoordQoS.BE)
 MAX_STATE_WINDOW = 10.0
 REREAD_ROUNDS = 30
 """A settled pod's cgroup files are read again after at most this many rounds: at the
@@ -102,8 +104,8 @@ class CPUBurst(Strategy):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx, ctx.config.reconcile_interval, CPU_BURST)
         self.limiters: dict[str, BurstLimiter] = {}
-        self.clamped: dict[str, int] = {}
-        """Container id -> the burst it wanted when it was last clamped (said once)."""
+        self.clamped = LogOnce(log)
+        """Per container id, the burst it wanted when it was last clamped (said once)."""
         self.last_state: NodeState = NodeState.UNKNOWN
         self.has_burst_file = False
         """A cgroup showed the kernel's burst file: the kernel has it, for every cgroup (not
@@ -166,8 +168,8 @@ class CPUBurst(Strategy):
         except NodeInfoError:
             total = None
         excluded = [p for p in pods if p.koord_qos in SHARE_POOL_EXCLUDED]
-        excluded_requests = sum(c.requests.get("cpu", 0) for p in excluded if p.koord_qos in ("LSR", "LSE")
-                                for c in p.containers)
+        excluded_requests = sum(c.requests.get("cpu", 0) for p in excluded
+                                if p.koord_qos in (KoordQoS.LSR, KoordQoS.LSE) for c in p.containers)
         excluded_used = 0.0
         for used in self._averages(POD_CPU_USAGE, [p.uid for p in excluded], len(pods), start, now):
             excluded_used += used
@@ -255,10 +257,9 @@ class CPUBurst(Strategy):
                 current = target
         wanted = static_burst_us(limit, config)
         burst = clamp_burst(wanted, [current])
-        if burst < wanted and self.clamped.get(c.id) != wanted:
-            log.warning("%s: %s: cpu burst %d us is above the container's quota %d: clamped to it "
-                        "(the kernel refuses a burst larger than the quota)", self.name, who, wanted, current)
-            self.clamped[c.id] = wanted
+        if burst < wanted:
+            self.clamped.say(c.id, f"%s: %s: cpu burst {wanted} us is above the container's quota %d: clamped "
+                             "to it (the kernel refuses a burst larger than the quota)", self.name, who, current)
         # The quota just read is still the file's unless it was scaled (then read it back).
         if self.write_burst(c.cgroup_dir, burst, who, quota=read if current == read else None):
             return burst
@@ -328,5 +329,4 @@ class CPUBurst(Strategy):
         now = self.ctx.clock()
         for cid in [k for k, lim in self.limiters.items() if lim.expired(now)]:
             del self.limiters[cid]
-        for cid in [k for k in self.clamped if k not in live]:
-            del self.clamped[cid]
+        self.clamped.keep_only(live)

@@ -35,7 +35,7 @@ from ..metriccache import (
 )
 from ..resourceexecutor.executor import CgroupError
 from ..resourceexecutor.updater import BatchResult, Update, quota_value
-from ..resources import KubeQoS
+from ..resources import KoordQoS, KubeQoS
 from ..slo import CFS_QUOTA_POLICY, CPUSET_POLICY, HostApp, ThresholdConfig
 from ..statesinformer import PodMeta
 from .framework import Context, Strategy
@@ -219,9 +219,9 @@ class CPUSuppress(Strategy):
         lsr: set[int] = set()
         for pod in pods:
             allocated = pod_allocated_cpus(pod)
-            if pod.koord_qos == "LSE":
+            if pod.koord_qos is KoordQoS.LSE:
                 lse |= allocated
-            elif pod.koord_qos == "LSR":
+            elif pod.koord_qos is KoordQoS.LSR:
                 lsr |= allocated
         try:
             old = self._old_cpus(procs)
@@ -295,7 +295,7 @@ class CPUSuppress(Strategy):
         procs, excluded, pods = topo
         lse: set[int] = set()
         for pod in pods:
-            if pod.koord_qos == "LSE":
+            if pod.koord_qos is KoordQoS.LSE:
                 lse |= pod_allocated_cpus(pod)
         pool = be_pool(procs, excluded, lse)
         if not pool:

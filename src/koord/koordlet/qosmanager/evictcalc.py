@@ -23,6 +23,7 @@ from koord.apis.extension import (
     MID_MEMORY,
 )
 
+from ..resources import KoordQoS
 from ..statesinformer import PodMeta
 
 
@@ -114,7 +115,7 @@ def _by_priority_then(value: Callable[[PodMeta], float]) -> Callable[[PodMeta, P
 def be_memory_victims(pods: Sequence[PodMeta], used: Mapping[str, float], feature: str) -> list[PodMeta]:
     """BE pods in eviction order: lower spec priority first (when both pods have one), then
     larger memory use; pods without a sample last, by name descending."""
-    candidates = [p for p in pods if p.koord_qos == "BE" and p.running and eviction_allowed(p, feature)]
+    candidates = [p for p in pods if p.koord_qos is KoordQoS.BE and p.running and eviction_allowed(p, feature)]
     with_sample = sorted((p for p in candidates if p.uid in used),
                          key=cmp_to_key(_by_priority_then(lambda p: used[p.uid])))
     without = sorted((p for p in candidates if p.uid not in used), key=lambda p: p.name, reverse=True)
@@ -128,7 +129,7 @@ def be_cpu_victims(pods: Sequence[PodMeta], used: Mapping[str, float], feature: 
         request = sum(c.requests.get(BATCH_CPU, 0) for c in p.containers)
         return used.get(p.uid, 0.0) * 1000 / request if request > 0 else used.get(p.uid, 0.0)
 
-    candidates = [p for p in pods if p.koord_qos == "BE" and p.running and eviction_allowed(p, feature)]
+    candidates = [p for p in pods if p.koord_qos is KoordQoS.BE and p.running and eviction_allowed(p, feature)]
     return sorted(candidates, key=cmp_to_key(_by_priority_then(ratio)))
 
 
@@ -185,9 +186,9 @@ def priority_class(pod: PodMeta) -> str:
             if lo <= pod.priority <= hi:
                 return cls
         return NONE
-    if pod.koord_qos in ("SYSTEM", "LSE", "LSR", "LS"):
+    if pod.koord_qos in (KoordQoS.SYSTEM, KoordQoS.LSE, KoordQoS.LSR, KoordQoS.LS):
         return PROD
-    if pod.koord_qos == "BE":
+    if pod.koord_qos is KoordQoS.BE:
         return BATCH
     return NONE
 

@@ -16,9 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...logonce import LogOnce
 from ..features import QOS_FEATURE_GATES
 from ..flagtypes import flag_bool
+from ..hostpaths import CONTAINERD_SOCKET, PROC_ROOT, SYS_FS_ROOT, SYS_ROOT
 from ..metriccache import Aggregation, MetricCache
+from ..metricsadvisor.config import AdvisorConfig
 from ..resourceexecutor.updater import ResourceExecutor
 from ..slo import NodeSLO, ThresholdConfig
 from ..statesinformer import NODE_SLO, PODS, StatesInformer
@@ -42,63 +45,68 @@ def _seconds(text: str) -> int:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Upstream's QoS manager flags (and defaults); gates go through ``--feature-gates``."""
+    """Upstream's QoS manager flags, their defaults ``QOSConfig``'s; gates go through
+    ``--feature-gates``."""
+    d = QOSConfig()
     g = parser.add_argument_group("QoS manager")
-    g.add_argument("--cpu-suppress-interval-seconds", type=_seconds, default=1, metavar="N",
+    g.add_argument("--cpu-suppress-interval-seconds", type=_seconds, default=d.cpu_suppress_interval, metavar="N",
                    help="BECPUSuppress period; 0 disables (default: %(default)s)")
-    g.add_argument("--cpu-evict-interval-seconds", type=_seconds, default=1, metavar="N",
+    g.add_argument("--cpu-evict-interval-seconds", type=_seconds, default=d.cpu_evict_interval, metavar="N",
                    help="BECPUEvict/CPUEvict period; 0 disables (default: %(default)s)")
-    g.add_argument("--memory-evict-interval-seconds", type=_seconds, default=1, metavar="N",
+    g.add_argument("--memory-evict-interval-seconds", type=_seconds, default=d.memory_evict_interval, metavar="N",
                    help="BEMemoryEvict/MemoryEvict period; 0 disables (default: %(default)s)")
-    g.add_argument("--memory-evict-cool-time-seconds", type=_seconds, default=4, metavar="N",
+    g.add_argument("--memory-evict-cool-time-seconds", type=_seconds, default=d.memory_evict_cool_time, metavar="N",
                    help="no memory eviction this long after the last one (default: %(default)s)")
-    g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=20, metavar="N",
+    g.add_argument("--cpu-evict-cool-time-seconds", type=_seconds, default=d.cpu_evict_cool_time, metavar="N",
                    help="no CPU eviction this long after the last one (default: %(default)s)")
-    g.add_argument("--reconcile-interval-seconds", type=_seconds, default=1, metavar="N",
+    g.add_argument("--reconcile-interval-seconds", type=_seconds, default=d.reconcile_interval, metavar="N",
                    help="CPUBurst, CgroupReconcile, RdtResctrl and SystemConfig period; 0 disables "
                         "(default: %(default)s)")
-    g.add_argument("--only-evict-by-api", type=flag_bool, nargs="?", const=True, default=False, metavar="BOOL",
+    g.add_argument("--only-evict-by-api", type=flag_bool, nargs="?", const=True, default=d.only_evict_by_api,
+                   metavar="BOOL",
                    help="evict only through the API server's Eviction subresource, never by "
                    "stopping containers through CRI (default: false)")
 
 
 @dataclass(frozen=True)
 class QOSConfig:
-    cpu_suppress_interval: float = 1.0
-    cpu_evict_interval: float = 1.0
-    memory_evict_interval: float = 1.0
-    memory_evict_cool_time: float = 4.0
-    cpu_evict_cool_time: float = 20.0
-    reconcile_interval: float = 1.0
+    """The QoS manager's settings. Its own flags' defaults are stated here only (``add_flags``
+    gives them to the flags); the others come from where their flags are defined."""
+
+    cpu_suppress_interval: float = 1
+    cpu_evict_interval: float = 1
+    memory_evict_interval: float = 1
+    memory_evict_cool_time: float = 4
+    cpu_evict_cool_time: float = 20
+    reconcile_interval: float = 1
     only_evict_by_api: bool = False
-    collect_interval: float = 1.0
+    collect_interval: float = AdvisorConfig.collect_res_used_interval
     gates: Mapping[str, bool] = field(default_factory=lambda: dict(QOS_FEATURE_GATES))
-    cri_endpoint: str = "/var/run/containerd/containerd.sock"
+    cri_endpoint: str = CONTAINERD_SOCKET
     node_name: str = ""
-    sys_fs_root: Path = Path("/sys/fs")
-    proc_root: Path = Path("/proc")
-    sys_root: Path = Path("/sys")
+    sys_fs_root: Path = SYS_FS_ROOT
+    proc_root: Path = PROC_ROOT
+    sys_root: Path = SYS_ROOT
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, node_name: str = "") -> QOSConfig:
         gates = dict(QOS_FEATURE_GATES)
-        gates.update({k: v for k, v in (getattr(args, "feature_gates", None) or {}).items()
-                      if k in QOS_FEATURE_GATES})
+        gates.update({k: v for k, v in args.feature_gates.items() if k in QOS_FEATURE_GATES})
         return cls(
             cpu_suppress_interval=args.cpu_suppress_interval_seconds,
             cpu_evict_interval=args.cpu_evict_interval_seconds,
             memory_evict_interval=args.memory_evict_interval_seconds,
             memory_evict_cool_time=args.memory_evict_cool_time_seconds,
             cpu_evict_cool_time=args.cpu_evict_cool_time_seconds,
-            reconcile_interval=getattr(args, "reconcile_interval_seconds", 1),
+            reconcile_interval=args.reconcile_interval_seconds,
             only_evict_by_api=args.only_evict_by_api,
-            collect_interval=float(getattr(args, "collect_res_used_interval", 1.0) or 1.0),
+            collect_interval=args.collect_res_used_interval or cls.collect_interval,
             gates=gates,
-            cri_endpoint=getattr(args, "containerd_endpoint", cls.cri_endpoint),
+            cri_endpoint=args.containerd_endpoint,
             node_name=node_name,
-            sys_fs_root=Path(getattr(args, "sys_fs_root_dir", cls.sys_fs_root)),
-            proc_root=Path(getattr(args, "proc_root_dir", cls.proc_root)),
-            sys_root=Path(getattr(args, "sys_root_dir", cls.sys_root)),
+            sys_fs_root=Path(args.sys_fs_root_dir),
+            proc_root=Path(args.proc_root_dir),
+            sys_root=Path(args.sys_root_dir),
         )
 
 
@@ -113,7 +121,7 @@ class Context:
     metrics: QOSMetrics
     evictor: Evictor
     clock: Callable[[], float] = time.time
-    _logged: dict[str, str] = field(default_factory=dict)
+    _said: LogOnce = field(default_factory=lambda: LogOnce(log, max_keys=MAX_CONDITIONS))
     changes: int = 0
     """Moves whenever the node's pods, their cgroup directories or the NodeSLO change (the
     states informer's callbacks, PLEG): a strategy that keeps what it derived from them
@@ -132,17 +140,12 @@ class Context:
 
     def log_once(self, key: str, message: str | None, level: int = logging.INFO) -> None:
         """Every tick would repeat the same complaint: say it when it starts or changes;
-        ``None`` marks the condition over, and it is forgotten. Keys name pods and
-        containers, which come and go: the last complaints of those that left are
-        forgotten all at once past ``MAX_CONDITIONS``, so one that still holds is said
-        once more then."""
+        ``None`` marks the condition over, and it is forgotten. The strategy named before the
+        key's first ``/`` prefixes the line."""
         if message is None:
-            self._logged.pop(key, None)
-        elif self._logged.get(key) != message:
-            log.log(level, "%s: %s", key.split("/")[0], message)
-            if len(self._logged) >= MAX_CONDITIONS:
-                self._logged.clear()
-            self._logged[key] = message
+            self._said.clear(key)
+        else:
+            self._said.say(key, f"{key.split('/')[0]}: {message}", level=level)
 
     def last(self, kind: str, labels: Mapping[str, str] | None = None) -> float | None:
         """The newest sample within two collect intervals: older means the collector stalled."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from koord.apis.extension import BATCH_MEMORY
 
+from ...logonce import LogOnce
 from ..features import CGROUP_RECONCILE
 from ..resourceexecutor.executor import MEMORY_MAX, PAGE_SIZE
 from ..resourceexecutor.updater import Update
@@ -159,7 +160,7 @@ class CgroupReconcile(Strategy):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx, ctx.config.reconcile_interval, CGROUP_RECONCILE)
         self.last: Levels | None = None
-        self._bad_pods: dict[str, str] = {}
+        self._bad_pods = LogOnce(log, max_keys=1024)
 
     def supported(self) -> tuple[str, list[str]] | None:
         """(the probed kube dir, the memory QoS resources its kernel has); None while the
@@ -213,9 +214,6 @@ class CgroupReconcile(Strategy):
             logging.WARNING)
 
     def _bad_annotation(self, pod: PodMeta, message: str) -> None:
-        if self._bad_pods.get(pod.uid) != message:
-            log.error("%s: %s; the pod gets its class's memory QoS", self.name, message)
-        self._bad_pods[pod.uid] = message
-        if len(self._bad_pods) > 1024:
-            self._bad_pods.clear()
+        self._bad_pods.say(pod.uid, f"{self.name}: {message}; the pod gets its class's memory QoS",
+                           level=logging.ERROR)
 

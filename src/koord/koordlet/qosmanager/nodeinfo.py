@@ -24,6 +24,7 @@ from koord.apis.extension import (
 )
 from koord.hookapi import MAX_CPU_ID, parse_cpuset, parse_quantity
 
+from ..resources import KoordQoS
 from ..statesinformer import PodMeta
 
 MAX_CPUS = MAX_CPU_ID + 1
@@ -170,6 +171,6 @@ def processors(cpu_info: Any) -> list[Processor]:
 def is_be(pod: PodMeta) -> bool:
     """Koordinator's BE: the QoS label, or kube BestEffort for a pod without one."""
     if pod.koord_qos:
-        return pod.koord_qos == "BE"
+        return pod.koord_qos is KoordQoS.BE
     return pod.kube_qos == "besteffort"
 

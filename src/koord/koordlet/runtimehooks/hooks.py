@@ -19,7 +19,7 @@ from koord.hookapi import FailurePolicy, HookPoint
 
 from ..features import ALL_GATE_DEFAULTS
 from ..resources import CgroupFile, KubeQoS, Resources
-from .protocol import ContainerContext, HookContext, PodContext, PodMeta
+from .protocol import ContainerContext, HookContext, HookPodMeta, PodContext
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -74,7 +74,7 @@ class PluginEnv:
 class RunningPod:
     """A pod the reconciler found running (a ready sandbox) in one round."""
 
-    meta: PodMeta
+    meta: HookPodMeta
     annotations: dict[str, str]
     """The pods source's current ones when it knows the pod, else the sandbox's."""
     cgroup_parent: str

@@ -13,7 +13,7 @@ from __future__ import annotations
 from koord.nri import api_pb2 as api
 
 from ..resources import Resources
-from .protocol import ContainerRequest, ContainerResponse, PodMeta, PodRequest
+from .protocol import ContainerRequest, ContainerResponse, HookPodMeta, PodRequest
 
 MAX_ENV = 4096
 """Environment entries read from one NRI container: a container spec with more is refused."""
@@ -23,8 +23,8 @@ class NriInputError(ValueError):
     """An NRI message koordlet cannot make a request of; the message names the field."""
 
 
-def pod_meta(pod: api.PodSandbox) -> PodMeta:
-    return PodMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid)
+def pod_meta(pod: api.PodSandbox) -> HookPodMeta:
+    return HookPodMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid)
 
 
 def resources_of(msg: api.LinuxResources) -> Resources:

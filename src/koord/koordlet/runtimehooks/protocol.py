@@ -31,7 +31,10 @@ def _path_problems(value: str, name: str, *, single: bool) -> list[str]:
 
 
 @dataclass
-class PodMeta:
+class HookPodMeta:
+    """The pod's identity as a hook request carries it (CRI's sandbox metadata), not the
+    states informer's pod (``statesinformer.meta.PodMeta``), which a request may not have."""
+
     name: str = ""
     namespace: str = ""
     uid: str = ""
@@ -41,7 +44,7 @@ class PodMeta:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def from_proto(cls, msg: api_pb2.PodSandboxMetadata) -> PodMeta:
+    def from_proto(cls, msg: api_pb2.PodSandboxMetadata) -> HookPodMeta:
         return cls(name=msg.name, namespace=msg.namespace, uid=msg.uid, attempt=msg.attempt)
 
     def to_proto(self) -> api_pb2.PodSandboxMetadata | None:
@@ -52,7 +55,7 @@ class PodMeta:
 
 @dataclass
 class PodRequest:
-    meta: PodMeta = field(default_factory=PodMeta)
+    meta: HookPodMeta = field(default_factory=HookPodMeta)
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     cgroup_parent: str = ""
@@ -67,7 +70,7 @@ class PodRequest:
     @classmethod
     def from_proto(cls, msg: api_pb2.PodSandboxHookRequest) -> PodRequest:
         return cls(
-            meta=PodMeta.from_proto(msg.pod_meta),
+            meta=HookPodMeta.from_proto(msg.pod_meta),
             labels=dict(msg.labels),
             annotations=dict(msg.annotations),
             cgroup_parent=msg.cgroup_parent,
@@ -169,7 +172,7 @@ class PodContext:
 
 @dataclass
 class ContainerRequest:
-    pod_meta: PodMeta = field(default_factory=PodMeta)
+    pod_meta: HookPodMeta = field(default_factory=HookPodMeta)
     container_name: str = ""
     container_id: str = ""
     attempt: int = 0
@@ -198,7 +201,7 @@ class ContainerRequest:
     @classmethod
     def from_proto(cls, msg: api_pb2.ContainerResourceHookRequest) -> ContainerRequest:
         return cls(
-            pod_meta=PodMeta.from_proto(msg.pod_meta),
+            pod_meta=HookPodMeta.from_proto(msg.pod_meta),
             container_name=msg.container_meta.name,
             container_id=msg.container_meta.id,
             attempt=msg.container_meta.attempt,

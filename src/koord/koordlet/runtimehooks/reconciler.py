@@ -64,6 +64,7 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 from google.protobuf.message import Message
 
 from koord.hookapi import ContainerHookRequest, HookPoint, PodHookRequest, crilist, fromcri
+from koord.logonce import LogOnce
 
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor, cgroup_dir_exists
 from ..resources import KubeQoS, Resources
@@ -152,8 +153,7 @@ class Reconciler:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._cri_error: str | None = None
-        self._unreadable_logged: set[str] = set()
+        self._said = LogOnce(log)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
@@ -216,9 +216,8 @@ class Reconciler:
                 report.errors.append(f"CRI {self.cri_endpoint}: {exc}")
                 log.error("reconciler: CRI %s: %s", self.cri_endpoint, exc)
                 return report
-            if self._cri_error is not None:
+            if self._said.clear("cri"):
                 log.info("reconciler: CRI %s reachable again", self.cri_endpoint)
-                self._cri_error = None
             self._refreshing = refresh
             if refresh:
                 self._round += 1
@@ -243,19 +242,14 @@ class Reconciler:
         for item_id in unreadable:
             what = f"{item_type.DESCRIPTOR.name} {item_id or '(no readable id)'}"
             report.errors.append(f"{what}: not readable")
-            if what not in self._unreadable_logged:
-                self._unreadable_logged.add(what)
-                log.warning("reconciler: skipping %s: the runtime's record does not decode "
-                            "(a name that is not UTF-8?)", what)
+            self._said.say(("unreadable", what), "reconciler: skipping %s: the runtime's record does not "
+                           "decode (a name that is not UTF-8?)", what)
         return items
 
     def _cri_unavailable(self, report: ReconcileReport, exc: grpc.RpcError) -> None:
         message = f"CRI {self.cri_endpoint}: {exc.code().name}: {exc.details()}"
         report.errors.append(message)
-        if message != self._cri_error:
-            log.warning("reconciler: cannot list pods: %s; retrying every %.3gs",
-                        message, self.interval)
-            self._cri_error = message
+        self._said.say("cri", f"reconciler: cannot list pods: {message}; retrying every {self.interval:.3g}s")
 
     def _reconcile_kube_qos(self, report: ReconcileReport) -> None:
         for qos in KubeQoS:

@@ -23,8 +23,7 @@ from koord.hookapi import PodHookRequest
 from ..resourceexecutor.executor import CgroupError, CgroupExecutor, file_names
 from ..statesinformer.meta import PodMeta
 from .hooks import RunningPod, RuntimePlugin
-from .protocol import CgroupUpdate, ContainerContext, ContainerRequest, PodRequest
-from .protocol import PodMeta as RequestPodMeta
+from .protocol import CgroupUpdate, ContainerContext, ContainerRequest, HookPodMeta, PodRequest
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ def sandbox_context(request: bytes, sandbox_id: str) -> ContainerContext:
     the sandbox's id as the container's and no container name."""
     pod = PodHookRequest.FromString(request)
     return ContainerContext(ContainerRequest(
-        pod_meta=RequestPodMeta.from_proto(pod.pod_meta), container_id=sandbox_id,
+        pod_meta=HookPodMeta.from_proto(pod.pod_meta), container_id=sandbox_id,
         pod_labels=dict(pod.labels), pod_annotations=dict(pod.annotations), pod_cgroup_parent=pod.cgroup_parent))
 
 

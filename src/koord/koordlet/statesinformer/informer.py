@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from ...logonce import LogOnce
 from ..slo import NodeSLO, parse_node_slo
 from .meta import PodMeta
 from .objects import KIND_NAMES, NODE, NODE_METRIC, NODE_SLO, FileObjectsSource, KubeObjectsSource, Sink
@@ -60,7 +61,7 @@ class StatesInformer:
                  checks: Mapping[str, Check] | None = None) -> None:
         self.objects = objects
         self.checks = dict(checks or {})
-        self._refused: dict[str, str] = {}
+        self._refused = LogOnce(log)
         """The problem last logged per kind, so a source that delivers the same refused
         version again (a relist) does not log it again."""
         self.pods_source = pods
@@ -165,7 +166,7 @@ class StatesInformer:
         with self._lock:
             self._seen.add(kind)  # answered: nothing waits for a good version
             if self._objects.get(kind) == obj:
-                self._refused.pop(kind, None)
+                self._refused.clear(kind)
                 return
         node_slo = None
         if obj is not None:
@@ -174,7 +175,7 @@ class StatesInformer:
             except ValueError as exc:
                 self._refuse(kind, obj, str(exc))
                 return
-        self._refused.pop(kind, None)
+        self._refused.clear(kind)
         with self._lock:
             self._objects[kind] = copy.deepcopy(obj)
             if kind == NODE_SLO:
@@ -190,13 +191,11 @@ class StatesInformer:
         return parse_node_slo(merged_node_slo(obj)) if kind == NODE_SLO else None
 
     def _refuse(self, kind: str, obj: dict, problem: str) -> None:
-        if self._refused.get(kind) != problem:
-            self._refused[kind] = problem
-            name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj.get("metadata"), dict) else ""
-            with self._lock:
-                kept = "the last good version" if self._objects.get(kind) is not None else "none (defaults)"
-            log.error("states informer: %s %s refused: %s; keeping %s", KIND_NAMES.get(kind, kind),
-                      name or "(no name)", problem, kept)
+        name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj.get("metadata"), dict) else ""
+        with self._lock:
+            kept = "the last good version" if self._objects.get(kind) is not None else "none (defaults)"
+        self._refused.say(kind, f"states informer: {KIND_NAMES.get(kind, kind)} {name or '(no name)'} "
+                          f"refused: {problem}; keeping {kept}", level=logging.ERROR)
 
     def sync_pods(self) -> bool:
         """Lists pods once; on error the previous list stays. True when the list changed."""

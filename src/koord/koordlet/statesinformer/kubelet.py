@@ -23,8 +23,9 @@ from typing import Any
 from koord.hookapi import json_document, parse_quantity
 
 from ..cgrouplayout import CgroupLayout, container_cgroup_dir
+from ..resources import KoordQoS
 from ..rfc3339 import parse_time
-from .meta import ContainerMeta, PodMeta, koord_qos_of
+from .meta import ContainerMeta, PodMeta
 from .pods import PodsUnavailable
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def pod_meta_of(pod: Any, layout: CgroupLayout, driver: str) -> PodMeta:
             limits=resource_values(resources.get("limits"), f"container {cname} limits")))
     return PodMeta(namespace=namespace, name=name, uid=uid, labels=labels,
                    annotations=_strings(meta.get("annotations"), "metadata.annotations"),
-                   kube_qos=kube_qos, koord_qos=koord_qos_of(labels), priority=priority,
+                   kube_qos=kube_qos, koord_qos=KoordQoS.of(labels), priority=priority,
                    cgroup_dir=cgroup_dir, sandbox_id="", running=status.get("phase") == "Running",
                    containers=tuple(metas), created=created)
 

@@ -50,7 +50,8 @@ class PodMeta:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     kube_qos: str
-    koord_qos: str
+    koord_qos: KoordQoS
+    """Parsed from the label once, where the pod is built (``KoordQoS.of``)."""
     priority: int | None
     cgroup_dir: str
     sandbox_id: str
@@ -67,11 +68,6 @@ class PodMeta:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-def koord_qos_of(labels: Mapping[str, str]) -> str:
-    """The pod's Koordinator QoS class from its label, "" when absent or unknown."""
-    return KoordQoS.of(labels).value
 
 
 def kube_qos_of_cgroup_parent(cgroup_parent: str) -> str:

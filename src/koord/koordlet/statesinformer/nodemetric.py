@@ -139,7 +139,7 @@ _PRIORITY_RANGES = (("koord-prod", 9000, 9999), ("koord-mid", 7000, 7999),
 
 def qos_with_default(pod: PodMeta) -> str:
     """The pod's Koordinator QoS, else the one its kube QoS implies (as upstream)."""
-    return pod.koord_qos or _QOS_OF_KUBE_QOS.get(pod.kube_qos, "")
+    return pod.koord_qos.value or _QOS_OF_KUBE_QOS.get(pod.kube_qos, "")
 
 
 def priority_class_with_default(pod: PodMeta) -> str:

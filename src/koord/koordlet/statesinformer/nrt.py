@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import yaml
 
 from koord import documents
+from koord.logonce import LogOnce
 
 from ..metriccache import kinds
 from .kubelet import KubeletPodsSource
@@ -153,7 +154,7 @@ class NodeTopologyReporter:
         self.writer = writer
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._said: str | None = None
+        self._said = LogOnce(log)
 
     def start(self) -> None:
         where = self.writer.describe() if self.writer is not None else "kept locally only"
@@ -177,9 +178,7 @@ class NodeTopologyReporter:
 
     def _skip(self, why: str) -> None:
         """Logs why a round was skipped, once per reason."""
-        if why != self._said:
-            log.warning("NodeResourceTopology not computed: %s", why)
-            self._said = why
+        self._said.say("skip", f"NodeResourceTopology not computed: {why}")
 
     def kubelet_config(self) -> KubeletConfig | None:
         assert self.kubelet is not None
@@ -217,9 +216,8 @@ class NodeTopologyReporter:
         except (TopologyError, PodsUnavailable, OSError) as exc:
             self._skip(str(exc))
             return None
-        if self._said is not None:
+        if self._said.clear("skip"):
             log.info("NodeResourceTopology computed again")
-            self._said = None
         stored = self.writer.write(node, status) if self.writer is not None else None
         local = stored if stored is not None else updated(status, self.informer.get_node_topo() or new_nrt(node))
         self.informer.set_node_topo(local)

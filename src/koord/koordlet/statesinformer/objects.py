@@ -23,6 +23,7 @@ from typing import Any
 
 from koord import documents
 from koord.filewatch import DirWatcher
+from koord.logonce import LogOnce
 
 from .reachability import Reachability
 
@@ -250,17 +251,15 @@ class KubeObjectsSource:
         lister = self._lister(kind)
         selector = f"metadata.name={self.node_name}"
         name = KIND_NAMES[kind]
-        last_error = ""
-        not_served = False
+        said = LogOnce(log)
         while not self._stopping.is_set():
             started = self.reachability.now()
             try:
                 listed = self._as_dict(lister(field_selector=selector, _request_timeout=30))
                 self.reachability.answered()
-                last_error = ""
-                if not_served:
+                said.clear("error")
+                if said.clear("not-served"):
                     log.info("states informer: the API server serves %s now", name)
-                    not_served = False
                 items = listed.get("items") or []
                 self._emit(kind, self._as_dict(items[0]) if items else None)
                 version = (listed.get("metadata") or {}).get("resourceVersion")
@@ -279,11 +278,9 @@ class KubeObjectsSource:
             except Exception as exc:  # API errors, broken connections, bad objects
                 if api_status(exc) == 404:  # the kind is not served: its CRD is not installed
                     self.reachability.answered()
-                    if not not_served:
-                        log.warning("states informer: the API server does not serve %s (CRD not "
-                                    "installed?): treated as absent, defaults used; asking again "
-                                    "every %.0fs", name, NOT_SERVED_RETRY_SECONDS)
-                        not_served = True
+                    said.say("not-served", "states informer: the API server does not serve %s (CRD not "
+                             "installed?): treated as absent, defaults used; asking again every %.0fs",
+                             name, NOT_SERVED_RETRY_SECONDS)
                     self._emit(kind, None)
                     self._stopping.wait(NOT_SERVED_RETRY_SECONDS)
                     continue
@@ -292,11 +289,8 @@ class KubeObjectsSource:
                 else:
                     if isinstance(exc, ApiException):
                         self.reachability.answered()
-                    error = f"{type(exc).__name__}: {exc}"
-                    if error != last_error:  # the same answer every 5 s is logged once
-                        log.warning("states informer: list-watch %s %s: %s; retrying every %.0fs",
-                                    name, self.node_name, exc, RETRY_SECONDS)
-                        last_error = error
+                    said.say("error", f"states informer: list-watch {name} {self.node_name}: "
+                             f"{exc}; retrying every {RETRY_SECONDS:.0f}s")
                 self._stopping.wait(RETRY_SECONDS)
 
 

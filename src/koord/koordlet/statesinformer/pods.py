@@ -19,10 +19,10 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 from koord.hookapi import PodHookRequest, fromcri
 
 from ..cgrouplayout import CgroupLayout, container_cgroup_dir
+from ..resources import KoordQoS
 from .meta import (
     ContainerMeta,
     PodMeta,
-    koord_qos_of,
     kube_qos_of_cgroup_parent,
     milli_cpu_of_quota,
     milli_cpu_of_shares,
@@ -104,7 +104,7 @@ class CriPodsSource:
             meta = PodMeta(
                 namespace=request.pod_meta.namespace, name=request.pod_meta.name, uid=uid,
                 labels=dict(request.labels), annotations=dict(request.annotations),
-                kube_qos=kube_qos, koord_qos=koord_qos_of(dict(request.labels)), priority=None,
+                kube_qos=kube_qos, koord_qos=KoordQoS.of(dict(request.labels)), priority=None,
                 cgroup_dir=self.layout.pod_dir(kube_qos, uid, driver),
                 sandbox_id=sandbox.id, running=sandbox.state == cri.SANDBOX_READY,
                 created=sandbox.created_at / 1e9 if sandbox.created_at > 0 else None)

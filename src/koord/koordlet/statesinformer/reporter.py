@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import yaml
 
 from koord import documents
+from koord.logonce import LogOnce
 
 from ..metrics import KoordletMetrics, ReportRows
 from .informer import StatesInformer
@@ -58,16 +59,14 @@ class FileStatusWriter:
     def __init__(self, path: Path, on_written: Callable[[bytes], None] | None = None) -> None:
         self.path = Path(path)
         self.on_written = on_written
-        self._last_error: str | None = None
+        self._said = LogOnce(log)
         self._written: tuple[bytes, dict[str, Any]] | None = None  # (content, its document)
 
     def describe(self) -> str:
         return f"file {self.path}"
 
     def _error(self, message: str) -> bool:
-        if message != self._last_error:
-            log.error("NodeMetric %s", message)
-            self._last_error = message
+        self._said.say("error", f"NodeMetric {message}", level=logging.ERROR)
         return False
 
     def _current(self) -> tuple[bytes, dict[str, Any]] | None:
@@ -117,9 +116,8 @@ class FileStatusWriter:
                 except OSError:
                     pass
         self._written = (text, current)
-        if self._last_error is not None:
+        if self._said.clear("error"):
             log.info("NodeMetric file %s written again", self.path)
-            self._last_error = None
         return True
 
 
@@ -231,7 +229,7 @@ class NodeMetricReporter:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._waiting_logged = False
+        self._said = LogOnce(log)
         # A NodeMetric seen (or changed) after start may shorten the interval being waited.
         informer.register_callback(NODE_METRIC, self._wake.set)
 
@@ -239,12 +237,10 @@ class NodeMetricReporter:
         """Builds and writes one status; None when there is no NodeMetric object yet."""
         node_metric = self.informer.get_node_metric()
         if node_metric is None:
-            if not self._waiting_logged:
-                log.warning("NodeMetric has not been seen yet (%s): skipping reports until it "
-                            "exists", self.writer.describe())
-                self._waiting_logged = True
+            self._said.say("waiting", "NodeMetric has not been seen yet (%s): skipping reports until it "
+                           "exists", self.writer.describe())
             return None
-        self._waiting_logged = False
+        self._said.clear("waiting")
         policy = self.informer.get_node_metric_spec()
         pods = self.informer.get_all_pods()
         predictor = None if self.predictor is None else self.predictor(self.informer.get_node())

@@ -38,6 +38,7 @@ from koord.apis.extension import node_reservation as parse_node_reservation
 from koord.apis.extension import system_qos_resource as parse_system_qos_resource
 from koord.hookapi import format_cpuset, parse_cpuset
 
+from ..resources import KoordQoS
 from .meta import PodMeta
 from .topologyinputs import (
     CPU,
@@ -142,7 +143,7 @@ def pod_cpu_allocs(entries: Mapping[str, Mapping[str, str]], pods: Iterable[PodM
     """The kubelet's static allocations of pods Koordinator does not manage (LS/BE pods and
     pods with a resource-status cpuset are its own); their cpus leave ``shared``."""
     by_uid = {p.uid: p for p in pods}
-    managed = {p.uid for p in by_uid.values() if p.koord_qos in ("LS", "BE") or resource_status_cpus(p)}
+    managed = {p.uid for p in by_uid.values() if p.koord_qos in (KoordQoS.LS, KoordQoS.BE) or resource_status_cpus(p)}
     allocs = []
     for uid in entries:
         if uid in managed:
@@ -180,7 +181,7 @@ def cpu_share_pools(shared: Mapping[int, CPU], pods: Iterable[PodMeta]) -> tuple
         bound = resource_status_cpus(pod)
         for cpu in bound:
             ls.pop(cpu, None)
-            if pod.koord_qos == "LSE":
+            if pod.koord_qos is KoordQoS.LSE:
                 be.pop(cpu, None)
     return shared_pools_of(ls), shared_pools_of(be)
 

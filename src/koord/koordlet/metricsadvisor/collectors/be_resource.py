@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ...metriccache import Samples
 from ...metriccache import kinds as k
+from ...resources import KoordQoS
 from ...runtimehooks.hooks import HookError
 from ...runtimehooks.plugins.batchresource import BATCH_CPU, parse_extended_resource_spec
 from ...statesinformer.meta import PodMeta
@@ -74,7 +75,7 @@ class BEResourceCollector(Collector):
         found: list[str] = []
         for walked, (dirpath, _dirs, files) in enumerate(os.walk(top.parent)):
             if walked >= _MAX_WALK_DIRS:
-                self.problems.report("walk", "more than %d dirs below %s; BE cpuset from the first ones",
+                self.problems.say("walk", "more than %d dirs below %s; BE cpuset from the first ones",
                                      _MAX_WALK_DIRS, top.parent)
                 break
             if top.name in files:
@@ -89,7 +90,7 @@ class BEResourceCollector(Collector):
         for path, data in zip(paths, self.env.files.read_all(paths, SMALL_FILE_BYTES), strict=True):
             if isinstance(data, FileProblem):
                 if not data.missing:
-                    self.problems.report(("cpuset", str(data.path)), "%s; ignored for the BE cpuset", data)
+                    self.problems.say(("cpuset", str(data.path)), "%s; ignored for the BE cpuset", data)
                 continue
             size = self._cpuset_size.get(data)
             if size is None:
@@ -99,7 +100,7 @@ class BEResourceCollector(Collector):
                     size = self._cpuset_size[data] = len(parse_cpu_list(data.decode("utf-8")))
                 except (UnicodeDecodeError, ValueError) as exc:
                     reason = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
-                    self.problems.report(("cpuset", path), "%s: %s; ignored for the BE cpuset", path, reason)
+                    self.problems.say(("cpuset", path), "%s: %s; ignored for the BE cpuset", path, reason)
                     continue
             if size:  # an empty v1 cpuset inherits nothing: it is not a limit
                 sizes.append(size)
@@ -119,7 +120,7 @@ class BEResourceCollector(Collector):
         try:
             ns = self.env.read_cgroup(self.be_dir, "cpuacct_usage", lambda t: cgroup_cpu_ns(t, version))
         except FileProblem as exc:
-            self.problems.report(("usage", exc.reason), "BE usage: %s; no sample", exc)
+            self.problems.say(("usage", exc.reason), "BE usage: %s; no sample", exc)
         else:
             rate = self.rates.rate("be", ns, now, f"CPU time of {self.be_dir}")
             if rate is not None:
@@ -127,13 +128,13 @@ class BEResourceCollector(Collector):
         try:
             limit = real_limit_milli(self._cpuset_sizes(), *self._quota())
         except FileProblem as exc:
-            self.problems.report(("limit", exc.reason), "BE real limit: %s; no sample", exc)
+            self.problems.say(("limit", exc.reason), "BE real limit: %s; no sample", exc)
         else:
             if limit is not None:
                 out.add(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REAL_LIMIT), limit)
         if self.env.pods.has_synced():
             request = sum(self._batch_cpu_request(pod) for pod in self.env.all_pods()
-                          if pod.running and pod.koord_qos == "BE")
+                          if pod.running and pod.koord_qos is KoordQoS.BE)
             out.add(k.NODE_BE, _be_labels(k.BE_ALLOCATION_REQUEST), request)
         return out
 
@@ -143,7 +144,7 @@ class BEResourceCollector(Collector):
         try:
             spec = parse_extended_resource_spec(pod.annotations)
         except HookError as exc:
-            self.problems.report(("spec", pod.uid), "pod %s/%s: %s; its batch-cpu request counts as 0",
+            self.problems.say(("spec", pod.uid), "pod %s/%s: %s; its batch-cpu request counts as 0",
                                  pod.namespace, pod.name, exc)
             spec = {}
         total = 0

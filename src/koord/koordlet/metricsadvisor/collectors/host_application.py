@@ -47,7 +47,7 @@ class HostApplicationCollector(Collector):
                 memory, with_cache = self.env.read_cgroup(cgroup_dir, "memory_stat",
                                                           lambda t: parse_memory_stat(t, version))
             except FileProblem as exc:
-                self.problems.report(("app", name, exc.reason), "host application %s: %s; no sample", name, exc,
+                self.problems.say(("app", name, exc.reason), "host application %s: %s; no sample", name, exc,
                                      level=logging.INFO if exc.missing else logging.WARNING)
                 continue
             out.add(k.HOST_APPLICATION_MEMORY_USAGE, labels, memory)

@@ -44,7 +44,7 @@ class NodeInfoCollector(Collector):
             return parse(path, parser)
         except FileProblem as exc:
             if not exc.missing:
-                self.problems.report(("file", str(path)), "%s; using %r", exc, default)
+                self.problems.say(("file", str(path)), "%s; using %r", exc, default)
             return default
 
     def cpu_info(self) -> dict[str, Any]:

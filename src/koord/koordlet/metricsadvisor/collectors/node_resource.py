@@ -49,7 +49,7 @@ class NodeResourceCollector(Collector):
                 try:
                     out[m.group(1)] = parse(base / name / "cpulist", parse_cpu_list)
                 except FileProblem as exc:
-                    self.problems.report(("numa", str(exc.path)), "%s; no NUMA sample for it", exc)
+                    self.problems.say(("numa", str(exc.path)), "%s; no NUMA sample for it", exc)
         return out
 
     def collect(self, now: float) -> Samples:
@@ -77,10 +77,10 @@ class NodeResourceCollector(Collector):
             try:
                 used = numa_memory_bytes(parse(path, parse_meminfo))
             except ValueError as exc:
-                self.problems.report(("numa-mem", str(path)), "%s: %s; no NUMA memory sample", path, exc)
+                self.problems.say(("numa-mem", str(path)), "%s: %s; no NUMA memory sample", path, exc)
                 continue
             except FileProblem as exc:
-                self.problems.report(("numa-mem", str(path)), "%s; no NUMA memory sample", exc)
+                self.problems.say(("numa-mem", str(path)), "%s; no NUMA memory sample", exc)
                 continue
             out.add(k.NODE_NUMA_MEMORY_USAGE, labels, used)
         return out

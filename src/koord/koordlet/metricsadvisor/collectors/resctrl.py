@@ -44,18 +44,18 @@ class ResctrlCollector(Collector):
         try:
             flags = cpu_info(self.env.proc).flags
         except ResctrlError as exc:
-            self.problems.report("cpuinfo", "resctrl collector: %s", exc)
+            self.problems.say("cpuinfo", "resctrl collector: %s", exc)
             return out
         missing = [f for f in MONITORING_FLAGS if f not in flags]
         if missing or not fs.mounted():
             why = f"CPU flags lack {', '.join(missing)}" if missing else f"{fs.root} not mounted"
-            self.problems.report("unsupported", "resctrl collector: %s; nothing collected", why)
+            self.problems.say("unsupported", "resctrl collector: %s; nothing collected", why)
             return out
         for group in GROUPS:
             try:
                 data = fs.mon_data(group)
             except ResctrlError as exc:
-                self.problems.report(("group", group), "resctrl collector: group %s: %s", group, exc)
+                self.problems.say(("group", group), "resctrl collector: group %s: %s", group, exc)
                 continue
             self.problems.clear(("group", group))
             for cache_id, values in data.items():

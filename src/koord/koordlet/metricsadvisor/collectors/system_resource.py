@@ -25,7 +25,7 @@ class SystemResourceCollector(Collector):
             inputs["pods"] = None
         for what, point in inputs.items():
             if point is None or now - point.timestamp > outdated:
-                self.problems.report(("stale", what), "no recent %s usage (within %.0fs); no system usage",
+                self.problems.say(("stale", what), "no recent %s usage (within %.0fs); no system usage",
                                      what, outdated, level=logging.INFO)
                 return Samples(now)
             self.problems.clear(("stale", what))

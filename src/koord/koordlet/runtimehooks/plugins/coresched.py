@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 
 from koord.hookapi import HookPoint
+from koord.logonce import LogOnce
 
 from ... import schedsysctl
 from ...cgrouplayout import container_cgroup_dir, driver_of_cgroup_parent
@@ -61,7 +62,7 @@ class CoreSched(RuntimePlugin):
         self.metrics = CoreSchedMetrics(env.node, env.registry)
         self.supported: bool | None = None
         """None until a rule enables core scheduling and the kernel was asked."""
-        self._said: set[str] = set()
+        self._said = LogOnce(log)
 
     def register(self, hooks: Hooks) -> None:
         """cpu.idle lives at the kube-QoS level, which the reconciler writes; cookies go to
@@ -103,9 +104,7 @@ class CoreSched(RuntimePlugin):
                 log.info("plugin %s: set kernel.sched_core to 1", self.name)
         except schedsysctl.SysctlError as exc:
             message = f"cannot switch core scheduling on: {exc}"
-            if message not in self._said:
-                self._said.add(message)
-                log.warning("plugin %s: %s", self.name, message)
+            self._said.say(("switch", message), f"plugin {self.name}: {message}")
 
     def set_container_cookie(self, ctx: ContainerContext) -> None:
         req = ctx.request
@@ -193,8 +192,7 @@ class CoreSched(RuntimePlugin):
             return None
         qos_dir = self.env.executor.kube_qos_dir(qos)
         if not self.env.executor.file_path(qos_dir, CPU_IDLE).is_file():
-            if "no-file" not in self._said and self.env.executor.supports(qos_dir, "cpu_shares"):
-                self._said.add("no-file")
-                log.warning("plugin %s: this kernel has no cpu.idle (Linux 5.15+): not set", self.name)
+            if not self._said.holds("no-file") and self.env.executor.supports(qos_dir, "cpu_shares"):
+                self._said.say("no-file", "plugin %s: this kernel has no cpu.idle (Linux 5.15+): not set", self.name)
             return None
         return Resources(files={CPU_IDLE: rule.kube_qos_cpu_idle(qos)})

@@ -25,11 +25,12 @@ from typing import Any
 
 from koord.apis.extension import ANNOTATION_POD_CPU_QOS, LABEL_POD_QOS
 from koord.hookapi import HookPoint, json_annotation
+from koord.logonce import LogOnce
 
 from ... import schedsysctl
 from ...resources import KoordQoS, KubeQoS, Resources
 from ...slo import HostApp
-from ..hooks import Hooks, InvalidInput, RuntimePlugin
+from ..hooks import Hooks, InvalidInput, PluginEnv, RuntimePlugin
 from ..protocol import PodContext
 from ..rule import DEFAULT_SPEC, Rule, RuleError, Rules, Source
 from .cpuqos import BASE, CPU_POLICY_GROUP_IDENTITY, class_cpu_qos, cpu_policy
@@ -145,8 +146,9 @@ class GroupIdentity(RuntimePlugin):
     answers_from_request_and_rules = True
     rules_read = (GROUP_IDENTITY,)
 
-    _unsupported_logged = False
-    _sysctl_error: str | None = None
+    def __init__(self, env: PluginEnv) -> None:
+        super().__init__(env)
+        self._said = LogOnce(log)
 
     def register(self, hooks: Hooks) -> None:
         hooks.register_pod(HookPoint.PRE_RUN_POD_SANDBOX, self.name,
@@ -158,10 +160,9 @@ class GroupIdentity(RuntimePlugin):
         qos_dir = executor.kube_qos_dir(KubeQoS.GUARANTEED)
         if executor.supports(qos_dir, "cpu_bvt_warp_ns") or (self.env.proc_root / KERNEL_SWITCH).exists():
             return True
-        if not self._unsupported_logged:
-            self._unsupported_logged = True
-            log.info("plugin %s: neither %s nor %s exists; group identity is off on this node",
-                     self.name, executor.path(qos_dir, "cpu_bvt_warp_ns"), self.env.proc_root / KERNEL_SWITCH)
+        self._said.say("unsupported", "plugin %s: neither %s nor %s exists; group identity is off on this node",
+                       self.name, executor.path(qos_dir, "cpu_bvt_warp_ns"), self.env.proc_root / KERNEL_SWITCH,
+                       level=logging.INFO)
         return False
 
     def update_rules(self, rules: Rules) -> bool:
@@ -186,9 +187,7 @@ class GroupIdentity(RuntimePlugin):
             self._say_sysctl_error(f"cannot switch group identity on: {exc}")
 
     def _say_sysctl_error(self, message: str) -> None:
-        if message != self._sysctl_error:
-            self._sysctl_error = message
-            log.warning("plugin %s: %s", self.name, message)
+        self._said.say("sysctl", f"plugin {self.name}: {message}")
 
     def _rule(self) -> GroupIdentityRule | None:
         """The rule to answer by; None when unsupported, without rules, or when no class is

@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector as PromCollector
 from koord import cgrouplimits
 from koord.apis.extension import ANNOTATION_OOM_SCORE_ADJ, ANNOTATION_OOM_SCORE_ADJ_SPEC
 from koord.hookapi import HookPoint, json_annotation
+from koord.logonce import LogOnce
 
 from ...resourceexecutor.executor import CgroupError
 from ..hooks import Hooks, InvalidInput, PluginEnv, RuntimePlugin
@@ -106,8 +107,8 @@ class OOMScoreAdj(RuntimePlugin):
         super().__init__(env)
         self.gauge = OOMScoreAdjGauge(env.node)
         (env.registry if env.registry is not None else CollectorRegistry()).register(self.gauge)
-        self._refused: dict[str, int] = {}
-        """Container id -> the value the kernel last refused for it (said once)."""
+        self._refused = LogOnce(log, max_keys=MAX_PIDS)
+        """Per container id, the value the kernel last refused for it (said once)."""
 
     def register(self, hooks: Hooks) -> None:
         description = "set oom_score_adj of the container's processes from pod annotations"
@@ -137,14 +138,12 @@ class OOMScoreAdj(RuntimePlugin):
         if updated:
             log.info("plugin %s: %s: oom_score_adj %d set for %d of %d processes", self.name, who, value,
                      updated, len(pids))
-        if refused and self._refused.get(req.container_id) != value:
-            if len(self._refused) > MAX_PIDS:
-                self._refused.clear()
-            log.error("plugin %s: %s: the kernel refused oom_score_adj %d for %d process(es) (%s): "
-                      "lowering it needs CAP_SYS_RESOURCE", self.name, who, value, len(refused), refused[0])
-            self._refused[req.container_id] = value
-        elif not refused:
-            self._refused.pop(req.container_id, None)
+        if refused:
+            self._refused.say(req.container_id, f"plugin %s: %s: the kernel refused oom_score_adj {value} for %d "
+                              "process(es) (%s): lowering it needs CAP_SYS_RESOURCE", self.name, who,
+                              len(refused), refused[0], level=logging.ERROR)
+        else:
+            self._refused.clear(req.container_id)
 
 
 def set_oom_score_adj(proc_root: Path, pids: list[int], value: int) -> tuple[int, list[str]]:
