@@ -12,9 +12,10 @@ the whole version and every reader keeps the last good one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from .resources import KubeQoS
 
@@ -229,6 +230,9 @@ def _host_app(app: Any, where: str) -> HostApp:
     return HostApp(name, qos, _HOST_APP_BASES[base], rel, priority)
 
 
+S = TypeVar("S")
+
+
 @dataclass(frozen=True)
 class NodeSLO:
     """One accepted NodeSLO version, parsed once; shared by every reader, so read-only."""
@@ -239,6 +243,28 @@ class NodeSLO:
     hooks' rules). Shared by every reader: never changed."""
     thresholds: ThresholdConfig
     host_apps: tuple[HostApp, ...]
+    _sections: dict[Callable[[dict[str, Any]], Any], tuple[bool, Any]] = field(
+        default_factory=dict, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def section(self, parse: Callable[[dict[str, Any]], S]) -> S:
+        """``parse(merged)``, run once for this version and handed out after (its error
+        raised again each time): a strategy types its own section with its own parser, kept
+        in its package, and parses it once per NodeSLO version, not once per tick. ``parse``
+        must be a module-level function (it is the key) and its result read-only."""
+        with self._lock:
+            held = self._sections.get(parse)
+        if held is None:
+            try:
+                held = (True, parse(self.merged))
+            except ValueError as exc:
+                held = (False, exc)
+            with self._lock:
+                held = self._sections.setdefault(parse, held)
+        ok, value = held
+        if not ok:
+            raise value.with_traceback(None)  # not a traceback longer at every tick
+        return value
 
 
 def parse_node_slo(merged: dict) -> NodeSLO:

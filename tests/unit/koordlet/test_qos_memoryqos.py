@@ -16,7 +16,7 @@ from koord.apis.extension import ANNOTATION_POD_MEMORY_QOS
 from koord.koordlet.cgrouplayout import CgroupLayout
 from koord.koordlet.metriccache import MetricCache
 from koord.koordlet.qosmanager import QOSConfig, QOSManager
-from koord.koordlet.qosmanager.memoryqos import CgroupReconcile, calculate
+from koord.koordlet.qosmanager.memoryqos import CgroupReconcile, calculate, memory_qos_classes
 from koord.koordlet.qosmanager.resourceqos import NONE_MEMORY_QOS, memory_qos, pod_memory_qos_config
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
 from koord.koordlet.runtimehooks.protocol import KubeQoS
@@ -50,7 +50,7 @@ def values(updates) -> dict[tuple[str, str], int | str]:
 def test_single_pod_with_node_level_defaults() -> None:
     """Upstream "single pod using node-level config": everything 0, high max, wmarks static."""
     p = upstream_pod("burstable", "LS")
-    levels = calculate(slo(lsClass={"enable": True}), [p], GI, QOS_DIRS)
+    levels = calculate(memory_qos_classes(slo(lsClass={"enable": True})), [p], GI, QOS_DIRS)
     got = values(levels.qos)
     for d in QOS_DIRS.values():
         assert got[(d, "memory_min")] == 0 and got[(d, "memory_low")] == 0
@@ -72,7 +72,7 @@ def test_single_be_pod_with_pod_level_auto_config() -> None:
     p = upstream_pod("besteffort", "BE", {"policy": "auto", "minLimitPercent": 100, "lowLimitPercent": 0,
                                           "throttlingPercent": 80, "wmarkRatio": 95,
                                           "wmarkScalePermill": 20, "wmarkMinAdj": 50})
-    levels = calculate(slo(), [p], GI, QOS_DIRS)
+    levels = calculate(memory_qos_classes(slo()), [p], GI, QOS_DIRS)
     qos = values(levels.qos)
     assert qos[("kubepods", "memory_min")] == GI
     assert qos[("kubepods", "memory_low")] == 0
@@ -95,7 +95,8 @@ def test_multiple_pods_with_ls_disabled() -> None:
     ls = replace(upstream_pod("burstable", "LS"), uid="ls", cgroup_dir="kubepods/burstable/podls")
     be = upstream_pod("besteffort", "BE", {"policy": "auto", "minLimitPercent": 100,
                                            "throttlingPercent": 80})
-    levels = calculate(slo(lsClass={"enable": False, "minLimitPercent": 50}), [ls, be], GI, QOS_DIRS)
+    classes = memory_qos_classes(slo(lsClass={"enable": False, "minLimitPercent": 50}))
+    levels = calculate(classes, [ls, be], GI, QOS_DIRS)
     qos = values(levels.qos)
     assert qos[("kubepods", "memory_min")] == GI
     assert qos[("kubepods/burstable", "memory_min")] == 0
@@ -114,14 +115,15 @@ def test_multiple_pods_with_ls_disabled() -> None:
 def test_memory_high_formula(request_: int, limit: int, pct: int, allocatable: int, want_high: int) -> None:
     p = with_resources(pod("p", "LS", containers=1), requests={"memory": request_},
                        limits={"memory": limit} if limit > 0 else None)
-    levels = calculate(slo(lsClass={"enable": True, "throttlingPercent": pct}), [p], allocatable, QOS_DIRS)
+    classes = memory_qos_classes(slo(lsClass={"enable": True, "throttlingPercent": pct}))
+    levels = calculate(classes, [p], allocatable, QOS_DIRS)
     assert values(levels.containers)[(p.containers[0].cgroup_dir, "memory_high")] == want_high
 
 
 def test_low_and_high_at_least_min() -> None:
     p = with_resources(pod("p", "LS", containers=1), requests={"memory": GI}, limits={"memory": GI})
-    levels = calculate(slo(lsClass={"enable": True, "minLimitPercent": 80, "lowLimitPercent": 50,
-                                    "throttlingPercent": 10}), [p], 4 * GI, QOS_DIRS)
+    levels = calculate(memory_qos_classes(slo(lsClass={"enable": True, "minLimitPercent": 80, "lowLimitPercent": 50,
+                                    "throttlingPercent": 10})), [p], 4 * GI, QOS_DIRS)
     c = values(levels.containers)
     d = p.containers[0].cgroup_dir
     assert c[(d, "memory_min")] == GI * 80 // 100
@@ -135,7 +137,7 @@ def test_policy_none_opts_out_and_stopped_pods_do_not_count() -> None:
     b = with_resources(pod("b", "LS", containers=1, annotations={ANNOTATION_POD_MEMORY_QOS: '{"policy":"none"}'}),
                        requests={"memory": GI})
     c = with_resources(pod("c", "LS", containers=1, running=False), requests={"memory": GI})
-    levels = calculate(slo(lsClass=on), [a, b, c], 4 * GI, QOS_DIRS)
+    levels = calculate(memory_qos_classes(slo(lsClass=on)), [a, b, c], 4 * GI, QOS_DIRS)
     assert values(levels.qos)[("kubepods/burstable", "memory_min")] == GI
     assert values(levels.pods)[(b.cgroup_dir, "memory_min")] == 0
     assert not [u for u in levels.pods if u.cgroup_dir == c.cgroup_dir]

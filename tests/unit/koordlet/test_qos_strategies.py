@@ -21,8 +21,10 @@ from koord.koordlet.qosmanager import QOSConfig, QOSManager, framework
 from koord.koordlet.qosmanager.cpusuppress import TREE_REWALK_ROUNDS, CPUSuppress
 from koord.koordlet.qosmanager.evictor import Evictor
 from koord.koordlet.resourceexecutor.updater import ResourceExecutor
+from koord.koordlet.slo import SLOError, parse_node_slo
 from koord.koordlet.statesinformer import NODE, NODE_SLO, PodMeta, StatesInformer
 from koord.koordlet.statesinformer import informer as informer_module
+from koord.koordlet.statesinformer.specs import merged_node_slo
 from koord_testing.cgroupfs import make_fake_v1_cgroup
 from koord_testing.pods import container_meta
 
@@ -151,6 +153,36 @@ def test_node_slo_parsed_once_per_version(tmp_path: Path, monkeypatch: pytest.Mo
         assert node_slo is not None and node_slo.thresholds.cpu_suppress_threshold_percent == percent
         assert [app.name for app in collector.apps()] == ["agent"]
         assert rig.strategy("BECPUSuppress").last_suppress is not None
+
+
+calls: list[dict] = []
+
+
+def count_and_read(merged: dict) -> int:
+    calls.append(merged)
+    return int(merged["spec"]["n"])
+
+
+def refuse(merged: dict) -> int:
+    calls.append(merged)
+    raise SLOError("spec.n: not today")
+
+
+@pytest.mark.parametrize("parse, want", [(count_and_read, 3), (refuse, SLOError)])
+def test_a_strategys_own_section_is_parsed_once_per_version(parse, want) -> None:
+    """What a strategy types itself (CPU burst, memory and resctrl QoS) through
+    ``NodeSLO.section``: parsed at the first tick of a version, handed out after, its
+    error raised again at each tick; a new version is parsed again."""
+    calls.clear()
+    versions = [parse_node_slo(merged_node_slo({"spec": {"n": n}})) for n in (3, 3)]
+    for node_slo in versions:
+        for _ in range(4):
+            if want is SLOError:
+                with pytest.raises(SLOError, match="not today"):
+                    node_slo.section(parse)
+            else:
+                assert node_slo.section(parse) == want
+    assert len(calls) == 2, "once per version"
 
 
 def suppress_rig(tmp_path: Path, **kw) -> Rig:

@@ -126,7 +126,7 @@ class CPUBurst(Strategy):
         if node_slo is None:
             return
         try:
-            strategy = burst_strategy(node_slo.merged)
+            strategy = node_slo.section(burst_strategy)
         except BurstError as exc:
             ctx.log_once(self.name, f"NodeSLO rejected, nothing done until it is fixed: {exc}", logging.ERROR)
             return

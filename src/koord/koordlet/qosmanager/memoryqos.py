@@ -111,12 +111,16 @@ def _updates(cgroup_dir: str, values: Mapping[str, int], owner: str) -> list[Upd
     return [Update(cgroup_dir, r, v, owner) for r, v in values.items()]
 
 
-def calculate(node_slo: Mapping | None, pods: Sequence[PodMeta], allocatable: int,
+def memory_qos_classes(node_slo: Mapping | None) -> dict[str, Mapping[str, int]]:
+    """Each QoS class's memory QoS config from the NodeSLO; SLOError when it is unusable."""
+    return {cls: memory_qos(node_slo, cls).values for cls in ("LSR", "LS", "BE", "SYSTEM")}
+
+
+def calculate(class_cfg: Mapping[str, Mapping], pods: Sequence[PodMeta], allocatable: int,
               qos_dirs: Mapping[KubeQoS, str],
               on_bad_annotation: Callable[[PodMeta, str], None] = lambda p, m: None) -> Levels:
-    """Every memory QoS value of the node. SLOError when the NodeSLO is unusable; a pod
-    with a bad annotation gets its class's config and ``on_bad_annotation`` is called."""
-    class_cfg = {cls: memory_qos(node_slo, cls).values for cls in ("LSR", "LS", "BE", "SYSTEM")}
+    """Every memory QoS value of the node for the classes' configs (``memory_qos_classes``);
+    a pod with a bad annotation gets its class's config and ``on_bad_annotation`` is called."""
     levels = Levels()
     sums = {q: [0, 0] for q in KubeQoS}
     for pod in pods:
@@ -197,7 +201,8 @@ class CgroupReconcile(Strategy):
             if allocatable is None:
                 raise NodeInfoError("Node status.allocatable.memory: missing")
             qos_dirs = {q: ctx.executor.kube_qos_dir(q) for q in KubeQoS}
-            levels = calculate(node_slo.merged, ctx.informer.get_all_pods(), int(allocatable), qos_dirs,
+            levels = calculate(node_slo.section(memory_qos_classes), ctx.informer.get_all_pods(),
+                               int(allocatable), qos_dirs,
                                self._bad_annotation)
         except (SLOError, NodeInfoError) as exc:
             ctx.log_once(self.name, f"skipped, nothing written: {exc}", logging.ERROR)

@@ -55,6 +55,11 @@ from .resourceqos import BE, LS, LSR, ClassQOS, pod_class, resctrl_qos
 log = logging.getLogger(__name__)
 
 GROUPS = (LSR, LS, BE)
+
+
+def resctrl_classes(node_slo: Mapping | None) -> dict[str, ClassQOS]:
+    """Each group's resctrl QoS from the NodeSLO; SLOError when one is unusable."""
+    return {g: resctrl_qos(node_slo, g) for g in GROUPS}
 """Group name = NodeSLO class whose resctrlQOS it takes."""
 
 
@@ -132,7 +137,7 @@ class ResctrlReconcile(Strategy):
         if cpu is None:
             return
         try:
-            configs = {g: resctrl_qos(node_slo.merged, g) for g in GROUPS}
+            configs = node_slo.section(resctrl_classes)
             info = self.fs.info()
             plans = plan_groups(configs, info, cpu)
             created = self.fs.ensure_groups(GROUPS, info)
