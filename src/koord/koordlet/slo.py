@@ -239,8 +239,9 @@ class NodeSLO:
 
     merged: dict[str, Any]
     """The object with its spec merged per section over upstream's defaults, for the
-    sections not typed here (resource QoS classes, CPU burst, system strategy, the runtime
-    hooks' rules). Shared by every reader: never changed."""
+    sections not typed here: the runtime hooks' rules, the system strategy, and what a
+    strategy types through ``section`` (resource QoS classes, CPU burst). Shared by every
+    reader: never changed."""
     thresholds: ThresholdConfig
     host_apps: tuple[HostApp, ...]
     _sections: dict[Callable[[dict[str, Any]], Any], tuple[bool, Any]] = field(
