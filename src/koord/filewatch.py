@@ -114,6 +114,9 @@ class DirWatcher:
                 continue
             try:
                 self._watch(inotify, identity)
+            except OSError as exc:  # reading the events failed: poll, then watch afresh
+                self._unwatchable(identity, exc)
+                self._poll_once()
             finally:
                 inotify.close()
 

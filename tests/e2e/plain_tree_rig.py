@@ -22,7 +22,7 @@ from koord_testing.cgroupfs import make_fake_v1_cgroup, memory_stat_text, write_
 from koord_testing.koordlet import KoordletProcess
 from koord_testing.kubeletpods import KubeletPodsServer
 
-from .fault_rig import REPORT_SECONDS, MiB, node_files, pod_memory, shut_down
+from .fault_rig import MiB, node_files, pod_memory, shut_down
 
 V1_SUBSYSTEMS = ("cpu", "cpuacct", "cpuset", "memory")
 
@@ -116,5 +116,3 @@ def plain_tree_node(tmp_path: Path) -> Iterator[PlainTreeNode]:
     finally:
         shut_down(node)
 
-
-__all__ = ["REPORT_SECONDS", "MiB", "PlainPod", "PlainTreeNode", "plain_tree_node"]

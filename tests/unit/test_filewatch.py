@@ -188,3 +188,24 @@ def test_changes_are_not_logged_at_info(tmp_path: Path, watch, caplog: pytest.Lo
             (tmp_path / "a.json").write_text("{}")
             wait_for(lambda i=i: rec.events >= i + 1, f"event {i + 1}")
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO], caplog.text
+
+
+def test_events_that_cannot_be_read_leave_the_periodic_check_and_a_warning(tmp_path: Path, monkeypatch,
+                                                                         caplog) -> None:
+    """Reading the inotify queue fails: said once, the watcher keeps checking and watching
+    afresh instead of its thread ending."""
+    def unreadable(self):
+        raise OSError("inotify read failed")
+
+    monkeypatch.setattr("koord.filewatch.Inotify.read", unreadable)
+    rec = Recorder()
+    watcher = DirWatcher([tmp_path], rec.event, name="test-watch", on_poll=rec.poll, poll_interval=0.05)
+    watcher.start()
+    try:
+        (tmp_path / "f").write_text("1")  # an event to read
+        wait_for(lambda: rec.polls >= 5, "5 periodic checks")
+        assert watcher._thread is not None and watcher._thread.is_alive()
+    finally:
+        watcher.stop()
+    warnings = [r for r in caplog.records if r.name == "koord.filewatch" and "inotify read failed" in r.getMessage()]
+    assert len(warnings) == 1, "the problem is logged once, not on every retry"
